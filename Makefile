@@ -1,0 +1,51 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    create .venv, install the pinned stack, train on the embedded default dataset
+#   make test   the same set-up, then the whole test suite
+#
+# torch, fbgemm and torchrec are pinned together: each fbgemm release is built against one torch
+# minor version, and nothing in their metadata stops pip from mixing them.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION := 2.13.0
+FBGEMM_VERSION := 1.8.0
+TORCHREC_VERSION := 1.8.0
+# FBGEMM=cpu|cuda picks the fbgemm wheel; auto = cuda when nvidia-smi sees a GPU.
+FBGEMM ?= auto
+ifeq ($(FBGEMM),auto)
+  FBGEMM := $(shell nvidia-smi -L >/dev/null 2>&1 && echo cuda || echo cpu)
+endif
+ifeq ($(FBGEMM),cuda)
+  FBGEMM_PACKAGE := fbgemm-gpu==$(FBGEMM_VERSION)
+else
+  FBGEMM_PACKAGE := fbgemm-gpu-cpu==$(FBGEMM_VERSION)
+endif
+# Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.installed-$(FBGEMM)
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: run test setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(FBGEMM_PACKAGE) $(TORCH_PIP_ARGS)
+	# torchrec's metadata asks for the CUDA fbgemm-gpu wheel, which would overwrite the CPU one
+	$(PY) -m pip install --quiet --no-deps torchrec==$(TORCHREC_VERSION)
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -c "import torch, fbgemm_gpu, torchrec; print('torch', torch.__version__, '| torchrec', torchrec.__version__, '| fbgemm: $(FBGEMM)')"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+run: $(STAMP)
+	$(PY) -m recsys.train $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs outputs

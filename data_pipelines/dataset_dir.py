@@ -1,0 +1,254 @@
+"""The dataset dir: the one contract between ``data_pipelines`` and ``recsys``.
+
+Layout (every id a contiguous 0-based int64 index)::
+
+    <dir>/meta.json       name, protocol, seed, counts {train, valid, test}, num_users,
+                          num_items, num_categories, sources [{file, sha256}], code_version,
+                          cache_key (+ "spec" for synthetic data)
+    <dir>/train.parquet   user_id int64, item_id int64, timestamp int64 (s), rating float32
+    <dir>/valid.parquet     sorted by (user_id, timestamp, item_id)
+    <dir>/test.parquet
+    <dir>/items.parquet   item_id int64 (0..num_items-1, sorted), categories list<int64>
+                          (>= 1 ids in [0, num_categories), sorted, no duplicates), + side columns
+    <dir>/users.parquet   user_id int64 (0..num_users-1, sorted), + side columns
+
+``write_dataset_dir`` validates, writes into ``<dir>.tmp-<pid>-<random>`` and renames it into
+place, so a reader sees either the old complete dir or the new complete dir, never a mix.
+Output is deterministic: the same frames give byte-identical files (for one pyarrow version).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["CODE_VERSION", "SPLITS", "is_complete", "read_meta", "write_dataset_dir"]
+
+CODE_VERSION = "recsys-data/1"  # bump when any writer's output for the same input changes
+SPLITS = ("train", "valid", "test")
+PARQUET_FILES = ("train.parquet", "valid.parquet", "test.parquet", "items.parquet", "users.parquet")
+META_FILE = "meta.json"
+REQUIRED_META = ("name", "protocol", "seed", "num_users", "num_items", "num_categories", "sources", "code_version", "cache_key")
+
+INTERACTION_SCHEMA = pa.schema(
+    [("user_id", pa.int64()), ("item_id", pa.int64()), ("timestamp", pa.int64()), ("rating", pa.float32())]
+)
+# Fixed writer settings: byte-identical output depends on them, so they are not parameters.
+_WRITE_OPTIONS: dict[str, Any] = dict(
+    compression="zstd",
+    compression_level=3,
+    row_group_size=1 << 20,  # rows; ML-1M's train split fits in one group
+    use_dictionary=True,
+    write_statistics=True,
+    version="2.6",
+    data_page_version="1.0",
+)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _int_column(df: pd.DataFrame, table: str, column: str) -> np.ndarray:
+    if column not in df.columns:
+        raise ValueError(f"{table}: missing column {column!r}; have {list(df.columns)}")
+    values = df[column]
+    if not pd.api.types.is_integer_dtype(values.dtype):
+        raise ValueError(f"{table}.{column}: expected an integer dtype, got {values.dtype}")
+    return values.to_numpy(dtype=np.int64)
+
+
+def _check_range(values: np.ndarray, table: str, column: str, upper: int) -> None:
+    bad = (values < 0) | (values >= upper)
+    if bad.any():
+        raise ValueError(
+            f"{table}.{column}: value {int(values[np.argmax(bad)])} out of range [0, {upper}) "
+            f"({int(bad.sum())} bad row(s))"
+        )
+
+
+def _interactions_table(df: pd.DataFrame, split: str, num_users: int, num_items: int) -> pa.Table:
+    if len(df) == 0:
+        raise ValueError(f"{split}: split is empty")
+    extra = sorted(set(df.columns) - set(INTERACTION_SCHEMA.names))
+    if extra:
+        raise ValueError(f"{split}: unexpected column(s) {extra}; expected {INTERACTION_SCHEMA.names}")
+    user_ids = _int_column(df, split, "user_id")
+    item_ids = _int_column(df, split, "item_id")
+    timestamps = _int_column(df, split, "timestamp")
+    _check_range(user_ids, split, "user_id", num_users)
+    _check_range(item_ids, split, "item_id", num_items)
+    if "rating" not in df.columns:
+        raise ValueError(f"{split}: missing column 'rating'; have {list(df.columns)}")
+    if not pd.api.types.is_numeric_dtype(df["rating"].dtype):
+        raise ValueError(f"{split}.rating: expected a numeric dtype, got {df['rating'].dtype}")
+    ratings = df["rating"].to_numpy(dtype=np.float32)
+    if not np.isfinite(ratings).all():
+        raise ValueError(f"{split}.rating: non-finite value(s)")
+    order = np.lexsort((item_ids, timestamps, user_ids))
+    arrays = [pa.array(a[order]) for a in (user_ids, item_ids, timestamps, ratings)]
+    return pa.Table.from_arrays(arrays, schema=INTERACTION_SCHEMA)
+
+
+def _check_dense_ids(df: pd.DataFrame, table: str, column: str, n: int) -> np.ndarray:
+    ids = _int_column(df, table, column)
+    if len(ids) != n or not np.array_equal(ids, np.arange(n)):
+        first_bad = next((i for i, v in enumerate(ids[:n]) if v != i), min(len(ids), n))
+        raise ValueError(
+            f"{table}.{column}: must be exactly 0..{n - 1} in order ({n} rows), got {len(ids)} rows, "
+            f"first mismatch at row {first_bad}"
+        )
+    return ids
+
+
+def _side_table(df: pd.DataFrame, id_column: str) -> pa.Table:
+    """``df`` as an Arrow table: the id column int64, other columns as pandas gives them, no pandas metadata."""
+    table = pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None)
+    table = table.set_column(table.schema.get_field_index(id_column), id_column, pa.array(df[id_column].to_numpy(np.int64)))
+    return table
+
+
+def _items_table(items: pd.DataFrame, num_items: int, num_categories: int) -> pa.Table:
+    _check_dense_ids(items, "items", "item_id", num_items)
+    if "categories" not in items.columns:
+        raise ValueError(f"items: missing column 'categories'; have {list(items.columns)}")
+    lists = [np.asarray(c, dtype=np.int64).reshape(-1) for c in items["categories"]]
+    lengths = np.array([len(c) for c in lists], dtype=np.int64)
+    if (lengths == 0).any():
+        raise ValueError(f"items.categories: item {int(np.argmax(lengths == 0))} has no categories")
+    values = np.concatenate(lists)
+    _check_range(values, "items", "categories", num_categories)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    within_list = np.ones(len(values) - 1, dtype=bool)
+    within_list[offsets[1:-1] - 1] = False  # pairs that straddle two items
+    bad = within_list & (np.diff(values) <= 0)
+    if bad.any():
+        item_id = int(np.searchsorted(offsets, np.argmax(bad), side="right") - 1)
+        raise ValueError(f"items.categories: item {item_id} has unsorted or duplicate ids {lists[item_id].tolist()}")
+    categories = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values))
+    table = _side_table(items.drop(columns=["categories"]), "item_id")
+    return table.add_column(1, pa.field("categories", pa.list_(pa.int64())), categories)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_meta(dataset_dir: str | os.PathLike) -> dict[str, Any]:
+    """``<dataset_dir>/meta.json`` as a dict; FileNotFoundError / ValueError naming the path."""
+    path = Path(dataset_dir) / META_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{path} not found: {Path(dataset_dir)} is not a dataset dir "
+            "(create one with `python -m data_pipelines.prepare ...`)"
+        ) from None
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is corrupt (not JSON: {e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} is corrupt (expected a JSON object, got {type(meta).__name__})")
+    missing = [k for k in (*REQUIRED_META, "counts") if k not in meta]
+    if missing:
+        raise ValueError(f"{path} is corrupt (missing key(s) {missing})")
+    return meta
+
+
+def is_complete(dataset_dir: str | os.PathLike) -> bool:
+    """True when meta.json and all five parquet files are present."""
+    d = Path(dataset_dir)
+    return all((d / f).is_file() for f in (META_FILE, *PARQUET_FILES))
+
+
+# ---------------------------------------------------------------- writing
+
+
+def write_dataset_dir(
+    out_dir: str | os.PathLike,
+    *,
+    train: pd.DataFrame,
+    valid: pd.DataFrame,
+    test: pd.DataFrame,
+    items: pd.DataFrame,
+    users: pd.DataFrame,
+    meta: Mapping[str, Any],
+    extra_tables: Mapping[str, pd.DataFrame] | None = None,
+) -> Path:
+    """Validate and atomically write a dataset dir; returns its absolute path.
+
+    ``meta`` must hold the keys listed in the module docstring except ``counts``, which is
+    computed here (if given it must match). ``extra_tables`` maps relative paths such as
+    ``"vocab/items.parquet"`` to frames written as-is (index dropped).
+
+    Everything is written to ``<out_dir>.tmp-<pid>-<random>``; then an existing ``out_dir``
+    is renamed aside, the new one renamed in, and the old one deleted. On any exception the
+    temporary folder is removed and an existing ``out_dir`` is left untouched.
+    """
+    out_dir = Path(out_dir).absolute()
+    meta = dict(meta)
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise ValueError(f"meta: missing key(s) {missing}")
+    num_users, num_items, num_categories = (int(meta[k]) for k in ("num_users", "num_items", "num_categories"))
+    for key, n in (("num_users", num_users), ("num_items", num_items), ("num_categories", num_categories)):
+        if n <= 0:
+            raise ValueError(f"meta.{key}: must be positive, got {n}")
+
+    frames = {"train": train, "valid": valid, "test": test}
+    tables = {f"{s}.parquet": _interactions_table(df, s, num_users, num_items) for s, df in frames.items()}
+    tables["items.parquet"] = _items_table(items, num_items, num_categories)
+    _check_dense_ids(users, "users", "user_id", num_users)
+    tables["users.parquet"] = _side_table(users, "user_id")
+    for rel, df in (extra_tables or {}).items():
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel.endswith(".parquet"):
+            raise ValueError(f"extra_tables: {rel!r} must be a relative path ending in .parquet")
+        tables[rel] = pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None)
+
+    counts = {s: len(df) for s, df in frames.items()}
+    if "counts" in meta and {k: int(v) for k, v in dict(meta["counts"]).items()} != counts:
+        raise ValueError(f"meta.counts {meta['counts']} disagrees with the frames {counts}")
+    meta["counts"] = counts
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        tmp.mkdir()
+        for rel, table in tables.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, tmp / rel, **_WRITE_OPTIONS)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
+        _swap_into_place(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):  # numpy scalars (np.int64 counts etc.) -> Python numbers
+        return value.item()
+    raise TypeError(f"meta: {type(value).__name__} is not JSON serializable")
+
+
+def _swap_into_place(tmp: Path, out_dir: Path) -> None:
+    if not out_dir.exists():
+        tmp.rename(out_dir)
+        return
+    old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
+    out_dir.rename(old)
+    try:
+        tmp.rename(out_dir)
+    except BaseException:
+        old.rename(out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,134 @@
+"""Typed configuration schemas.
+
+Only the entry points (``recsys.train``, ``recsys.evaluate``, ``data_pipelines.prepare``) see a Hydra
+``DictConfig``; they turn it into these dataclasses with :func:`to_config`. The schemas are
+registered in Hydra's ConfigStore as ``config_schema`` so a typo in any key (``trainer.epoch=3``)
+fails at start-up with the key's full path, before any work is done.
+
+Required values are ``???`` (``MISSING``), never ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class SyntheticDataConfig:
+    num_users: int = 6040  # users; MovieLens-1M has 6040
+    num_items: int = 3706  # items; MovieLens-1M has 3706 rated movies
+    num_categories: int = 18  # categories (genres); MovieLens-1M has 18
+    num_interactions: int = 1_000_000  # total interactions before the split
+    latent_dim: int = 16  # dimension of the planted user / item factors
+    min_interactions_per_user: int = 20  # floor on each user's count; MovieLens-1M keeps users with >= 20
+    seed: int = 0  # generator seed (the split has its own, data.split_seed)
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING  # dataset name, also names the prepared dir ("synthetic", "movielens_1m")
+    source: str = "synthetic"  # which pipeline prepares it: "synthetic"
+    root: str = "data"  # folder for prepared dataset dirs (relative paths are relative to the launch dir)
+    protocol: str = "recbole"  # split protocol: "recbole" (random 8:1:1 per user) | "loo"
+    split_seed: int = 0  # seed of the split protocol
+    history_length: int = 20  # most recent items a query sees (history_item_ids); 0 disables history features
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+
+
+@dataclass
+class TableConfig:
+    embedding_dim: int = 64  # columns of the table
+    pooling: str = "mean"  # "sum" | "mean": how a bag of ids becomes one vector
+
+
+@dataclass
+class ModelConfig:
+    tables: Dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables
+    tower_dims: List[int] = field(default_factory=lambda: [128, 64])  # MLP widths of each tower; last = output dim
+    temperature: float = 0.05  # softmax temperature tau: scores are <q, c> / tau
+    logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
+    num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
+
+
+@dataclass
+class SparseOptimConfig:
+    name: str = "rowwise_adagrad"  # fused table optimizer: "rowwise_adagrad" | "adagrad" | "sgd" (+ "adam" on GPU)
+    lr: float = 0.05  # table learning rate
+    eps: float = 1e-8  # Adagrad / Adam epsilon
+    weight_decay: float = 0.0  # L2 on looked-up rows; 0 disables
+
+
+@dataclass
+class DenseOptimConfig:
+    name: str = "adam"  # tower optimizer: "adam" | "adamw" | "adagrad" | "sgd"
+    lr: float = 1e-3  # tower learning rate
+    weight_decay: float = 0.0  # 0 disables
+
+
+@dataclass
+class OptimConfig:
+    sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
+    dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
+
+
+@dataclass
+class TableShardingConfig:
+    sharding_types: List[str] = field(default_factory=list)  # allowed torchrec sharding types; [] = planner decides
+    compute_kernels: List[str] = field(default_factory=lambda: ["fused"])  # "fused" | "fused_uvm_caching" (GPU) | "dense"
+
+
+@dataclass
+class ShardingConfig:
+    tables: Dict[str, TableShardingConfig] = field(default_factory=dict)  # per-table planner constraints
+    device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
+    backend: str = "auto"  # process-group backend: "auto" (nccl on cuda, gloo on cpu) | "gloo" | "nccl"
+    hbm_cap_gb: float = 0.0  # per-device memory the planner may use; 0 = torchrec's default for the device
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 10  # passes over the training split (upper bound with early stopping)
+    global_batch_size: int = 1024  # examples per step summed over all ranks; must divide by world size
+    seed: int = 0  # seeds table / tower init, shuffling and negative sampling
+    early_stopping_patience: int = 2  # epochs without a better valid recall@20 before stopping; 0 disables
+    log_every_steps: int = 50  # steps between loss / samples-per-second log lines
+    progress_bar: bool = True  # tqdm on rank 0
+    max_steps_per_epoch: int = 0  # cap on steps per epoch (smoke tests); 0 = the whole epoch
+
+
+@dataclass
+class EvalConfig:
+    ks: List[int] = field(default_factory=lambda: [10, 20, 50])  # cut-offs reported
+    valid_metric: str = "recall@20"  # early-stopping metric, computed on the valid split each epoch
+    batch_size: int = 1024  # users / items embedded per forward pass
+    chunk_size: int = 4096  # query rows per chunked score matmul in exact top-k
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run_name: str = "default"  # names the run dir: runs/<run_name>
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="config_schema", node=Config)
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Validated ``DictConfig`` -> plain dataclasses (raises on missing ``???`` values)."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(f"config values required but not set: {', '.join(missing)}")
+    obj: Any = OmegaConf.to_object(cfg)
+    if not isinstance(obj, Config):
+        raise TypeError(f"expected a config built on the 'config_schema' schema, got {type(obj).__name__}")
+    return obj

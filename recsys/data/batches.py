@@ -1,0 +1,177 @@
+"""Turn interactions into Batches: training batches per rank, and eval batches of users / items.
+
+Training example = one training interaction (u, i, t). Its query is the user plus the
+``history_length`` items u interacted with just before t (in the training split); its positive
+candidate is i. At evaluation, a user's query history is their latest items in the splits that
+precede the evaluated one (train for valid; train + valid for test).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Tuple
+
+import numpy as np
+import torch
+
+from recsys.data.batch import Batch
+from recsys.data.dataset import Interactions, RetrievalData
+from recsys.data.features import CANDIDATE_FEATURES, build_kjt, query_features, validate_ids, FEATURE_TABLES
+from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
+
+Arrays = Dict[str, np.ndarray]
+
+
+class FeatureBuilder:
+    """Builds validated KJT batches from user / history / item arrays."""
+
+    def __init__(self, data: RetrievalData, history_length: int) -> None:
+        self.data = data
+        self.history_length = history_length
+        self.query_keys = query_features(history_length)
+        self.keys = self.query_keys + CANDIDATE_FEATURES
+
+    def query_arrays(self, user_ids: np.ndarray, hist_lengths: np.ndarray, hist_items: np.ndarray) -> Tuple[Arrays, Arrays]:
+        lengths: Arrays = {"user_id": np.ones(len(user_ids), dtype=np.int64)}
+        values: Arrays = {"user_id": user_ids}
+        if self.history_length > 0:
+            cat_lengths, cats = gather_rows(self.data.item_category_indptr, self.data.item_category_ids, hist_items)
+            lengths["history_item_ids"], values["history_item_ids"] = hist_lengths, hist_items
+            lengths["history_categories"] = segment_sum(cat_lengths, hist_lengths)
+            values["history_categories"] = cats
+        return lengths, values
+
+    def candidate_arrays(self, item_ids: np.ndarray) -> Tuple[Arrays, Arrays]:
+        cat_lengths, cats = gather_rows(self.data.item_category_indptr, self.data.item_category_ids, item_ids)
+        return (
+            {"item_id": np.ones(len(item_ids), dtype=np.int64), "item_categories": cat_lengths},
+            {"item_id": item_ids, "item_categories": cats},
+        )
+
+    def build(
+        self,
+        *,
+        user_ids: np.ndarray,
+        hist_lengths: np.ndarray,
+        hist_items: np.ndarray,
+        candidate_item_ids: np.ndarray,
+    ) -> Batch:
+        """Rows [0, len(user_ids)) carry queries; all len(candidate_item_ids) rows carry candidates."""
+        # ids first: they index the category table below, and numpy would wrap a negative one
+        sizes = self.data.table_num_rows
+        validate_ids("user_id", user_ids, sizes["user"])
+        validate_ids("history_item_ids", hist_items, sizes["item"])
+        validate_ids("item_id", candidate_item_ids, sizes["item"])
+        num_queries, stride = len(user_ids), len(candidate_item_ids)
+        if stride < num_queries:  # query-only batch: pad the candidate side with empty bags
+            pad = num_queries - stride
+            c_lengths, c_values = self.candidate_arrays(candidate_item_ids)
+            c_lengths = {k: np.concatenate([v, np.zeros(pad, dtype=np.int64)]) for k, v in c_lengths.items()}
+            stride = num_queries
+        else:
+            c_lengths, c_values = self.candidate_arrays(candidate_item_ids)
+        q_lengths, q_values = self.query_arrays(user_ids, hist_lengths, hist_items)
+        q_lengths = {k: np.concatenate([v, np.zeros(stride - num_queries, dtype=np.int64)]) for k, v in q_lengths.items()}
+        lengths, values = {**q_lengths, **c_lengths}, {**q_values, **c_values}
+        for key in ("history_categories", "item_categories"):
+            if key in values:
+                validate_ids(key, values[key], sizes[FEATURE_TABLES[key]])
+        return Batch(
+            features=build_kjt(self.keys, lengths, values),
+            candidate_item_ids=torch.from_numpy(np.ascontiguousarray(candidate_item_ids, dtype=np.int64)),
+            num_queries=num_queries,
+        )
+
+
+class TrainBatches:
+    """This rank's share of every global batch of an epoch, in a seeded order.
+
+    The epoch's order is a permutation drawn from (seed, epoch), identical on every rank; global
+    batch b is rows [b*G, (b+1)*G) of it and rank r takes the r-th of its ``world_size`` equal
+    slices. The last incomplete global batch is dropped (a different one each epoch).
+    Uniform negatives for batch b are drawn from (seed, epoch, b), so all ranks share them.
+    """
+
+    def __init__(
+        self,
+        data: RetrievalData,
+        *,
+        history_length: int,
+        global_batch_size: int,
+        num_uniform_negatives: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if global_batch_size % world_size:
+            raise ValueError(
+                f"trainer.global_batch_size={global_batch_size} must be divisible by the world size {world_size}"
+            )
+        self.train: Interactions = data.splits["train"]
+        if len(self.train) < global_batch_size:
+            raise ValueError(
+                f"trainer.global_batch_size={global_batch_size} exceeds the {len(self.train)} training examples"
+            )
+        self.builder = FeatureBuilder(data, history_length)
+        self.num_items = data.num_items
+        self.global_batch_size = global_batch_size
+        self.local_batch_size = global_batch_size // world_size
+        self.num_uniform_negatives = num_uniform_negatives
+        self.seed, self.rank = seed, rank
+        self.history_length = history_length
+        self.user_start = self.train.user_bounds(data.num_users)[self.train.user_ids]
+
+    def __len__(self) -> int:
+        return len(self.train) // self.global_batch_size
+
+    def batch(self, rows: np.ndarray, negatives: np.ndarray) -> Batch:
+        t = self.train
+        ends = rows
+        starts = np.maximum(self.user_start[rows], rows - self.history_length)
+        hist_lengths, hist_items = gather_ranges(starts, ends, t.item_ids)
+        return self.builder.build(
+            user_ids=t.user_ids[rows],
+            hist_lengths=hist_lengths,
+            hist_items=hist_items,
+            candidate_item_ids=np.concatenate([t.item_ids[rows], negatives]),
+        )
+
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
+        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.train))
+        for b in range(start_batch, len(self)):
+            global_rows = order[b * self.global_batch_size : (b + 1) * self.global_batch_size]
+            rows = global_rows[self.rank * self.local_batch_size : (self.rank + 1) * self.local_batch_size]
+            negatives = np.random.default_rng([self.seed, epoch, b]).integers(
+                0, self.num_items, self.num_uniform_negatives, dtype=np.int64
+            )
+            yield self.batch(rows, negatives)
+
+
+def latest_items(timeline: Interactions, users: np.ndarray, num_users: int, history_length: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Each user's ``history_length`` latest items in ``timeline``: (lengths, items), oldest first."""
+    bounds = timeline.user_bounds(num_users)
+    ends = bounds[users + 1]
+    starts = np.maximum(bounds[users], ends - history_length)
+    return gather_ranges(starts, ends, timeline.item_ids)
+
+
+def query_batches(
+    builder: FeatureBuilder, users: np.ndarray, timeline: Interactions, batch_size: int
+) -> Iterator[Batch]:
+    """Query-only batches for ``users`` with histories taken from ``timeline``."""
+    num_users = builder.data.num_users
+    for lo in range(0, len(users), batch_size):
+        chunk = users[lo : lo + batch_size]
+        hist_lengths, hist_items = latest_items(timeline, chunk, num_users, builder.history_length)
+        yield builder.build(
+            user_ids=chunk,
+            hist_lengths=hist_lengths,
+            hist_items=hist_items,
+            candidate_item_ids=np.zeros(0, dtype=np.int64),
+        )
+
+
+def item_batches(builder: FeatureBuilder, item_ids: np.ndarray, batch_size: int) -> Iterator[Batch]:
+    """Candidate-only batches (no queries) for ``item_ids``."""
+    empty = np.zeros(0, dtype=np.int64)
+    for lo in range(0, len(item_ids), batch_size):
+        yield builder.build(user_ids=empty, hist_lengths=empty, hist_items=empty, candidate_item_ids=item_ids[lo : lo + batch_size])

@@ -1,0 +1,110 @@
+"""Read a prepared dataset dir (see data_pipelines/README.md) into flat numpy arrays.
+
+Every id is checked against the sizes in meta.json here, once, with an error naming the file,
+column and value; batches re-check their features before each lookup.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import pyarrow.parquet as pq
+
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class Interactions:
+    """One split, sorted by (user_id, timestamp, item_id); all arrays have the same length."""
+
+    user_ids: np.ndarray  # int64
+    item_ids: np.ndarray  # int64
+    timestamps: np.ndarray  # int64, seconds
+
+    def __len__(self) -> int:
+        return int(self.user_ids.shape[0])
+
+    def user_bounds(self, num_users: int) -> np.ndarray:
+        """``indptr`` (num_users + 1): user u's rows are [indptr[u], indptr[u+1])."""
+        return np.searchsorted(self.user_ids, np.arange(num_users + 1, dtype=np.int64))
+
+    @staticmethod
+    def concat(a: "Interactions", b: "Interactions") -> "Interactions":
+        users = np.concatenate([a.user_ids, b.user_ids])
+        items = np.concatenate([a.item_ids, b.item_ids])
+        times = np.concatenate([a.timestamps, b.timestamps])
+        order = np.lexsort((items, times, users))
+        return Interactions(users[order], items[order], times[order])
+
+
+@dataclass(frozen=True)
+class RetrievalData:
+    dir: Path
+    meta: dict
+    num_users: int
+    num_items: int
+    num_categories: int
+    splits: Dict[str, Interactions]
+    item_category_indptr: np.ndarray  # num_items + 1
+    item_category_ids: np.ndarray  # categories of item i: ids[indptr[i]:indptr[i+1]]
+
+    @property
+    def table_num_rows(self) -> Dict[str, int]:
+        return {"user": self.num_users, "item": self.num_items, "category": self.num_categories}
+
+    def item_counts(self) -> np.ndarray:
+        """Training frequency of every item (the logQ estimate and the popularity baseline)."""
+        return np.bincount(self.splits["train"].item_ids, minlength=self.num_items)
+
+
+def _check_range(path: Path, column: str, values: np.ndarray, size: int) -> None:
+    if values.size == 0:
+        return
+    bad = values[(values < 0) | (values >= size)]
+    if bad.size:
+        raise ValueError(f"{path}: column '{column}' has id {int(bad[0])} outside [0, {size}) (from meta.json)")
+
+
+def _read_split(path: Path, num_users: int, num_items: int) -> Interactions:
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing; prepare the dataset again (python -m data_pipelines.prepare)")
+    table = pq.read_table(path)
+    for column in ("user_id", "item_id", "timestamp"):
+        if column not in table.column_names:
+            raise ValueError(f"{path}: no column '{column}' (columns: {table.column_names})")
+    users = table.column("user_id").to_numpy().astype(np.int64, copy=False)
+    items = table.column("item_id").to_numpy().astype(np.int64, copy=False)
+    times = table.column("timestamp").to_numpy().astype(np.int64, copy=False)
+    _check_range(path, "user_id", users, num_users)
+    _check_range(path, "item_id", items, num_items)
+    order = np.lexsort((items, times, users))
+    return Interactions(users[order], items[order], times[order])
+
+
+def load_dataset(path: str | Path) -> RetrievalData:
+    root = Path(path).resolve()
+    meta_path = root / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{meta_path}: missing; is {root} a prepared dataset dir?") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{meta_path}: not valid JSON ({e})") from None
+    num_users, num_items, num_categories = (int(meta[k]) for k in ("num_users", "num_items", "num_categories"))
+    splits = {s: _read_split(root / f"{s}.parquet", num_users, num_items) for s in SPLITS}
+
+    items_path = root / "items.parquet"
+    items = pq.read_table(items_path)
+    item_ids = items.column("item_id").to_numpy()
+    if not np.array_equal(item_ids, np.arange(num_items)):
+        raise ValueError(f"{items_path}: column 'item_id' must list 0..{num_items - 1} in order")
+    categories = items.column("categories").combine_chunks()
+    indptr = categories.offsets.to_numpy().astype(np.int64)
+    indptr = indptr - indptr[0]
+    category_ids = categories.flatten().to_numpy().astype(np.int64, copy=False)
+    _check_range(items_path, "categories", category_ids, num_categories)
+    return RetrievalData(root, meta, num_users, num_items, num_categories, splits, indptr, category_ids)

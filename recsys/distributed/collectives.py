@@ -1,0 +1,45 @@
+"""Collectives the training task needs, kept out of recsys/model/."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+
+from recsys.model.task import GatherFn, _no_gather
+
+
+def make_candidate_gather(rank: int, world_size: int) -> GatherFn:
+    """All-gather equal-sized candidate blocks in rank order; differentiable for float inputs.
+
+    Gradients flowing into other ranks' blocks are summed back to their owner (the backward of
+    all_gather), which together with DDP's average makes N ranks match one process.
+    """
+    if world_size == 1:
+        return _no_gather
+
+    def gather(t: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        if t.requires_grad:
+            parts: List[torch.Tensor] = list(dist_fn.all_gather(t.contiguous()))
+        else:
+            parts = [torch.empty_like(t) for _ in range(world_size)]
+            dist.all_gather(parts, t.contiguous())
+        return torch.cat(parts), rank * t.shape[0]
+
+    return gather
+
+
+def all_gather_rows(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Concatenate each rank's ``n_r x ...`` block (sizes may differ) in rank order."""
+    if world_size == 1:
+        return t
+    sizes = [torch.zeros(1, dtype=torch.int64, device=t.device) for _ in range(world_size)]
+    dist.all_gather(sizes, torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device))
+    max_rows = int(max(s.item() for s in sizes))
+    padded = torch.zeros((max_rows, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    padded[: t.shape[0]] = t
+    parts = [torch.empty_like(padded) for _ in range(world_size)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes)])

@@ -1,0 +1,77 @@
+"""Process group set-up: from torchrun's environment, or a one-process group.
+
+    $ python -m recsys.train                                   # one process, gloo on CPU
+    $ torchrun --standalone --nproc_per_node=4 -m recsys.train # 4 processes (GPUs if present)
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+    owns_group: bool = True  # False when the caller had already initialised the default group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("sharding.device=cuda but no CUDA device is visible; use sharding.device=cpu or auto")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"sharding.device={device!r}: expected 'auto', 'cpu' or 'cuda'")
+    return torch.device(device)
+
+
+def init_distributed(device: str = "auto", backend: str = "auto") -> DistEnv:
+    """Join (or create) the default process group and pick this rank's device."""
+    if "WORLD_SIZE" not in os.environ:  # plain `python -m ...`: a group of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+    if backend == "auto":
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+    return DistEnv(rank, world_size, local_rank, local_world_size, dev, backend, owns_group)
+
+
+def destroy_distributed(env: DistEnv | None = None) -> None:
+    """Tear down the group; collect garbage first, or torchrec's threads abort the exit (rc 1)."""
+    gc.collect()
+    if env is not None and not env.owns_group:
+        return
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,139 @@
+"""The one place a model gets sharded: planner -> DistributedModelParallel -> optimizers.
+
+Embedding tables get a sparse optimizer fused into backward (fbgemm's table-batched kernels
+update only the looked-up rows while gradients are computed); towers, and any table the plan
+makes data_parallel (which has no fused kernel), get the dense optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Tuple, Type
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ShardingEnv, ShardingPlan, ShardingType
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig
+from recsys.distributed.env import DistEnv
+from recsys.distributed.table_init import init_tables
+
+# name -> (optimizer class, devices whose fbgemm kernels implement it)
+SPARSE_OPTIMIZERS: Dict[str, Tuple[Type[torch.optim.Optimizer], Tuple[str, ...]]] = {
+    "sgd": (torch.optim.SGD, ("cpu", "cuda")),
+    "adagrad": (torch.optim.Adagrad, ("cpu", "cuda")),
+    "rowwise_adagrad": (RowWiseAdagrad, ("cpu", "cuda")),
+    "adam": (torch.optim.Adam, ("cuda",)),  # fbgemm: "not supported in CPU mode"
+}
+DENSE_OPTIMIZERS: Dict[str, Type[torch.optim.Optimizer]] = {
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "adagrad": torch.optim.Adagrad,
+    "sgd": torch.optim.SGD,
+}
+CPU_SHARDING_TYPES = {"data_parallel", "table_wise", "column_wise", "table_column_wise"}
+# What an empty sharding_types list means: every model-parallel type the device offers
+# (data_parallel must be asked for by name: it has no fused optimizer).
+MODEL_PARALLEL_TYPES = {
+    "cpu": ["table_wise", "column_wise", "table_column_wise"],
+    "cuda": ["table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise"],
+}
+
+
+@dataclass
+class ShardedModel:
+    module: DistributedModelParallel
+    optimizer: CombinedOptimizer  # fused (already applied in backward) + dense
+    plan: ShardingPlan
+
+
+def sparse_optimizer_kwargs(cfg: SparseOptimConfig, device: torch.device) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:
+    if cfg.name not in SPARSE_OPTIMIZERS:
+        raise ValueError(f"optim.sparse.name={cfg.name!r}: unknown; choose one of {sorted(SPARSE_OPTIMIZERS)}")
+    cls, devices = SPARSE_OPTIMIZERS[cfg.name]
+    if device.type not in devices:
+        raise ValueError(
+            f"optim.sparse.name={cfg.name!r} has no fused fbgemm kernel on {device.type}; "
+            f"on {device.type} use one of {sorted(n for n, (_, d) in SPARSE_OPTIMIZERS.items() if device.type in d)}"
+        )
+    kwargs: Dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+    if cfg.name != "sgd":
+        kwargs["eps"] = cfg.eps
+    return cls, kwargs
+
+
+def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) -> Dict[str, ParameterConstraints]:
+    constraints = {}
+    for table, tcfg in cfg.tables.items():
+        if table not in table_names:
+            raise ValueError(f"sharding.tables.{table}: no such table (tables: {sorted(table_names)})")
+        for st in tcfg.sharding_types:
+            if st not in {t.value for t in ShardingType}:
+                raise ValueError(f"sharding.tables.{table}.sharding_types: unknown type {st!r}")
+            if device.type == "cpu" and st not in CPU_SHARDING_TYPES:
+                raise ValueError(
+                    f"sharding.tables.{table}.sharding_types: {st!r} needs CUDA; on CPU use {sorted(CPU_SHARDING_TYPES)}"
+                )
+        constraints[table] = ParameterConstraints(
+            sharding_types=list(tcfg.sharding_types) or MODEL_PARALLEL_TYPES[device.type],
+            compute_kernels=list(tcfg.compute_kernels) or None,
+        )
+    return constraints
+
+
+def shard_model(
+    task: nn.Module,
+    *,
+    sharding: ShardingConfig,
+    sparse: SparseOptimConfig,
+    dense: DenseOptimConfig,
+    env: DistEnv,
+    seed: int,
+) -> ShardedModel:
+    """Plan, shard and initialise ``task`` (whose ``model.ebc`` lives on the meta device).
+
+    Tables are initialised from ``seed`` block by block, so every world size and plan starts
+    from the same weights.
+    """
+    ebc = task.model.ebc
+    table_names = {c.name for c in ebc.embedding_bag_configs()}
+    opt_cls, opt_kwargs = sparse_optimizer_kwargs(sparse, env.device)
+    apply_optimizer_in_backward(opt_cls, ebc.parameters(), opt_kwargs)
+
+    topology_kwargs: Dict[str, Any] = {}
+    if sharding.hbm_cap_gb > 0:
+        topology_kwargs["hbm_cap"] = int(sharding.hbm_cap_gb * 1024**3)
+    topology = Topology(
+        world_size=env.world_size,
+        compute_device=env.device.type,
+        local_world_size=env.local_world_size,
+        **topology_kwargs,
+    )
+    planner = EmbeddingShardingPlanner(
+        topology=topology, constraints=planner_constraints(sharding, env.device, table_names)
+    )
+    sharders = [EmbeddingBagCollectionSharder()]
+    pg = dist.GroupMember.WORLD
+    plan = planner.collective_plan(task, sharders, pg)
+    dmp = DistributedModelParallel(
+        task, env=ShardingEnv.from_process_group(pg), device=env.device, plan=plan, sharders=sharders
+    )
+    init_tables(dmp, seed=seed)
+
+    if dense.name not in DENSE_OPTIMIZERS:
+        raise ValueError(f"optim.dense.name={dense.name!r}: unknown; choose one of {sorted(DENSE_OPTIMIZERS)}")
+    dense_cls = DENSE_OPTIMIZERS[dense.name]
+    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    dense_opt = KeyedOptimizerWrapper(
+        dense_params, lambda params: dense_cls(params, lr=dense.lr, weight_decay=dense.weight_decay)
+    )
+    return ShardedModel(module=dmp, optimizer=CombinedOptimizer([dmp.fused_optimizer, dense_opt]), plan=plan)

@@ -1,0 +1,122 @@
+"""Full-corpus evaluation of a (sharded) two-tower and of the popularity baseline.
+
+Protocol: every item is a candidate; for the valid split a user's training items are masked,
+for the test split their training and validation items; a user's query history is their latest
+items in the splits before the evaluated one. Every rank embeds a share of users and items (the
+sharded lookups are collective), the embeddings are gathered, and rank 0 ranks and scores.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from recsys.data.batch import Batch
+from recsys.data.batches import FeatureBuilder, item_batches, query_batches
+from recsys.data.dataset import Interactions, RetrievalData
+from recsys.distributed.collectives import all_gather_rows
+from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.metrics import compute_metrics
+from recsys.evaluation.retrieval import exact_topk, popularity_topk
+
+PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
+
+
+def _rank_share(n: int, rank: int, world_size: int) -> slice:
+    per_rank = -(-n // world_size)
+    return slice(min(n, rank * per_rank), min(n, (rank + 1) * per_rank))
+
+
+def _lockstep(batches: Iterator[Batch], num_steps: int, filler: Batch) -> Iterator[tuple]:
+    """Yield exactly ``num_steps`` (batch, is_real) pairs: sharded lookups need every rank."""
+    it = iter(batches)
+    for _ in range(num_steps):
+        batch = next(it, None)
+        yield (filler, False) if batch is None else (batch, True)
+
+
+@torch.no_grad()
+def embed(
+    two_tower: nn.Module,
+    builder: FeatureBuilder,
+    *,
+    side: str,
+    ids: np.ndarray,
+    timeline: Interactions | None,
+    batch_size: int,
+    device: torch.device,
+    rank: int = 0,
+    world_size: int = 1,
+) -> torch.Tensor:
+    """Embeddings of ``ids`` (users for side="query", items for side="candidate"), ``len(ids) x D``, on every rank."""
+    share = ids[_rank_share(len(ids), rank, world_size)]
+    num_steps = -(-(-(-len(ids) // world_size)) // batch_size)
+    if side == "query":
+        batches = query_batches(builder, share, timeline, batch_size)
+        filler = next(query_batches(builder, ids[:1], timeline, 1))
+    else:
+        batches = item_batches(builder, share, batch_size)
+        filler = next(item_batches(builder, ids[:1], 1))
+    out: List[torch.Tensor] = []
+    for batch, is_real in _lockstep(batches, num_steps, filler):
+        batch = batch.to(device)
+        queries, candidates = two_tower(batch.features, batch.num_queries)
+        if is_real:
+            out.append((queries if side == "query" else candidates).float().cpu())
+    local = torch.cat(out) if out else torch.zeros(0, 0)
+    if world_size > 1:
+        dim = torch.tensor([local.shape[1] if out else 0])
+        dist.all_reduce(dim, op=dist.ReduceOp.MAX)
+        if not out:
+            local = torch.zeros(0, int(dim.item()))
+    return all_gather_rows(local, world_size)
+
+
+class Evaluator:
+    """Evaluates the valid or test split; the ranking and metrics run on rank 0 and are broadcast."""
+
+    def __init__(self, data: RetrievalData, builder: FeatureBuilder, *, ks: Sequence[int], batch_size: int, chunk_size: int) -> None:
+        self.data, self.builder = data, builder
+        self.ks, self.batch_size, self.chunk_size = list(ks), batch_size, chunk_size
+
+    def _csr(self, split: Interactions) -> UserItemCSR:
+        return UserItemCSR.from_pairs(split.user_ids, split.item_ids, num_users=self.data.num_users, num_items=self.data.num_items)
+
+    def protocol(self, split: str):
+        """(evaluated users, relevant CSR rows, excluded CSR rows, history timeline) for a split."""
+        target = self.data.splits[split]
+        users = np.unique(target.user_ids)
+        before = [self.data.splits[s] for s in PRECEDING_SPLITS[split]]
+        timeline = before[0] if len(before) == 1 else Interactions.concat(*before)
+        relevant = self._csr(target).select_rows(users)
+        exclude = self._csr(timeline).select_rows(users)
+        return users, relevant, exclude, timeline
+
+    def evaluate(self, two_tower: nn.Module, split: str, *, device: torch.device, rank: int = 0, world_size: int = 1, with_popularity: bool = False) -> Dict[str, Dict[str, float]]:
+        users, relevant, exclude, timeline = self.protocol(split)
+        common = dict(batch_size=self.batch_size, device=device, rank=rank, world_size=world_size)
+        was_training = two_tower.training
+        two_tower.eval()
+        try:
+            user_emb = embed(two_tower, self.builder, side="query", ids=users, timeline=timeline, **common)
+            item_emb = embed(two_tower, self.builder, side="candidate", ids=np.arange(self.data.num_items), timeline=None, **common)
+        finally:
+            two_tower.train(was_training)
+        results: List[Dict[str, Dict[str, float]] | None] = [None]
+        if rank == 0:
+            k = max(self.ks)
+            _, top = exact_topk(user_emb, item_emb, k, exclude=exclude, chunk_size=self.chunk_size)
+            report = {"two_tower": compute_metrics(top.numpy(), relevant, self.ks, num_items=self.data.num_items)}
+            if with_popularity:
+                counts = torch.from_numpy(self.data.item_counts()).float()
+                _, pop = popularity_topk(counts, len(users), k, exclude=exclude, chunk_size=self.chunk_size)
+                report["popularity"] = compute_metrics(pop.numpy(), relevant, self.ks, num_items=self.data.num_items)
+            results[0] = report
+        if world_size > 1:
+            dist.broadcast_object_list(results, src=0)
+        assert results[0] is not None
+        return results[0]

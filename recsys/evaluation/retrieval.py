@@ -1,0 +1,157 @@
+"""Exact full-corpus top-k by chunked matmul, with per-user exclusions (seen items masked).
+
+For every query row u: ``scores[u, i] = <queries[u], items[i]>`` over all I items, excluded
+(u, i) pairs set to -inf, then the k best items ranked by (score descending, item id ascending).
+Only ``chunk_size x I`` scores exist at any time, never the full U x I matrix.
+
+    $ python scripts/bench_eval.py --num-users 20000   # speed vs the bare matmuls
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from recsys.evaluation.interactions import UserItemCSR
+
+
+def exact_topk(
+    queries: torch.Tensor,
+    items: torch.Tensor,
+    k: int,
+    *,
+    exclude: UserItemCSR | None = None,
+    chunk_size: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k items per query by inner product, exact, over the whole corpus.
+
+    Args:
+        queries: [U, D] query embeddings (cast to float32).
+        items: [I, D] candidate embeddings, on the same device as ``queries`` (cast to float32).
+        k: number of items to return per query, >= 1.
+        exclude: optional [U rows, I items] CSR; row u lists the items never returned for query u.
+        chunk_size: query rows scored per matmul; peak extra memory is about
+            ``chunk_size * I * 4`` bytes (4096 x 27k items = 442 MB).
+
+    Returns:
+        scores: float32 [U, k], descending per row.
+        ids: int64 [U, k], item ids; equal scores are ordered by lower item id first, and the
+            set of k items is chosen by the same rule (deterministic, independent of chunk_size).
+            When fewer than k items remain after exclusion, the tail slots hold id -1 and
+            score -inf.
+
+    Embeddings are assumed finite (a NaN score ranks arbitrarily).
+    """
+    if queries.dim() != 2 or items.dim() != 2 or queries.shape[1] != items.shape[1]:
+        raise ValueError(f"expected queries [U, D] and items [I, D], got {tuple(queries.shape)}, {tuple(items.shape)}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    num_queries, num_items = queries.shape[0], items.shape[0]
+    if exclude is not None and (exclude.num_users != num_queries or exclude.num_items != num_items):
+        raise ValueError(
+            f"exclude is ({exclude.num_users} users, {exclude.num_items} items), "
+            f"queries/items are ({num_queries}, {num_items})"
+        )
+    device = queries.device
+    items_t = items.to(dtype=torch.float32).t()
+    out_scores = torch.full((num_queries, k), float("-inf"), dtype=torch.float32, device=device)
+    out_ids = torch.full((num_queries, k), -1, dtype=torch.int64, device=device)
+    # One candidate beyond k tells whether the k-th score is tied with an item left out.
+    num_candidates = min(k + 1, num_items)
+    if num_candidates == 0:
+        return out_scores, out_ids
+    # One score buffer reused by every chunk: a fresh chunk_size x I allocation per chunk costs
+    # page faults that, on CPU, take longer than the matmul itself.
+    buffer = torch.empty(min(chunk_size, num_queries), num_items, dtype=torch.float32, device=device)
+    for start in range(0, num_queries, chunk_size):
+        stop = min(start + chunk_size, num_queries)
+        scores = torch.mm(queries[start:stop].to(dtype=torch.float32), items_t, out=buffer[: stop - start])  # [C, I]
+        if exclude is not None:
+            _mask_excluded(scores, exclude, start, stop)
+        vals, ids = _topk_lowest_id_ties(scores, k, num_candidates)
+        width = vals.shape[1]
+        out_scores[start:stop, :width] = vals
+        out_ids[start:stop, :width] = torch.where(torch.isneginf(vals), -1, ids)
+    return out_scores, out_ids
+
+
+def popularity_topk(
+    item_counts: torch.Tensor,
+    num_queries: int,
+    k: int,
+    *,
+    exclude: UserItemCSR | None = None,
+    chunk_size: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Most popular items per query: ``exact_topk`` with ``score(u, i) = item_counts[i]`` for every u.
+
+    Args:
+        item_counts: [I] training interactions per item (any numeric dtype; scored in float32,
+            so counts above 2**24 lose exactness).
+        num_queries: U, the number of rows to return.
+        k, exclude, chunk_size: as in ``exact_topk``.
+
+    Returns:
+        scores float32 [U, k], ids int64 [U, k], as in ``exact_topk``.
+    """
+    if item_counts.dim() != 1:
+        raise ValueError(f"item_counts must be 1-D [I], got {tuple(item_counts.shape)}")
+    items = item_counts.to(dtype=torch.float32).unsqueeze(1)  # [I, 1]
+    queries = torch.ones(num_queries, 1, dtype=torch.float32, device=item_counts.device)  # 1 * count is exact
+    return exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size)
+
+
+def _mask_excluded(scores: torch.Tensor, exclude: UserItemCSR, start: int, stop: int) -> None:
+    """Sets ``scores[u - start, i] = -inf`` in place for every excluded (u, i) with start <= u < stop."""
+    lo, hi = int(exclude.indptr[start]), int(exclude.indptr[stop])
+    if hi == lo:
+        return
+    lengths = np.diff(exclude.indptr[start : stop + 1])
+    rows = np.repeat(np.arange(stop - start, dtype=np.int64), lengths)
+    cols = exclude.indices[lo:hi]
+    rows_t = torch.from_numpy(rows).to(scores.device, non_blocking=True)
+    cols_t = torch.from_numpy(cols).to(scores.device, non_blocking=True)
+    scores.index_put_((rows_t, cols_t), torch.tensor(float("-inf"), device=scores.device))
+
+
+def _topk_lowest_id_ties(scores: torch.Tensor, k: int, num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of each row of ``scores`` [C, I] ordered by (score desc, id asc), [C, min(k, I)] each.
+
+    ``torch.topk`` picks an arbitrary subset of the items tied at the k-th score. Taking k + 1
+    candidates finds the rows where that matters (candidate k+1 scores the same as candidate k);
+    only those rows are rescanned to take the lowest ids among the tie. The other rows already
+    hold the exact set, which is then put in order by two small stable sorts.
+    """
+    vals, ids = torch.topk(scores, num_candidates, dim=1, largest=True, sorted=True)
+    if num_candidates > k:
+        kth = vals[:, k - 1]
+        ambiguous = (vals[:, k] == kth) & ~torch.isneginf(kth)  # -inf slots become -1 padding anyway
+        vals, ids = vals[:, :k], ids[:, :k].clone()
+        rows = ambiguous.nonzero().squeeze(1)
+        if rows.numel() > 0:
+            _fix_boundary_ties(scores, vals, ids, rows)
+    # Within the chosen set: order by id, then stably by score (desc), giving (score desc, id asc).
+    ids, order = torch.sort(ids, dim=1, stable=True)
+    vals = torch.gather(vals, 1, order)
+    vals, order = torch.sort(vals, dim=1, descending=True, stable=True)
+    ids = torch.gather(ids, 1, order)
+    return vals, ids
+
+
+def _fix_boundary_ties(scores: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> None:
+    """Replaces, in place, ``ids[r]``'s entries tied at the k-th score by the lowest tied ids of ``scores[r]``.
+
+    ``vals`` [C, k] is sorted descending, so in row r the slots equal to the k-th score are the
+    last ``need`` ones; the row's tied items in ascending id order, first ``need`` of them, fill them.
+    """
+    kth = vals[rows, -1:]  # [R, 1]
+    slot_is_tie = vals[rows] == kth  # [R, k]
+    need = slot_is_tie.sum(dim=1, keepdim=True)  # [R, 1]
+    item_is_tie = scores[rows] == kth  # [R, I]
+    take = item_is_tie & (item_is_tie.cumsum(dim=1) <= need)  # the `need` lowest tied ids per row
+    tied_ids = take.nonzero()[:, 1]  # row-major, so ascending ids within each row, `need` per row
+    row_ids = ids[rows]
+    row_ids[slot_is_tie] = tied_ids  # boolean assignment is row-major as well
+    ids[rows] = row_ids

@@ -1,0 +1,64 @@
+"""Run outputs: metrics.jsonl + TensorBoard curves, atomic JSON files, the results table."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Sequence
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class MetricsLog:
+    """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool) -> None:
+        self.enabled = enabled
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter  # imported lazily: slow, and rank 0 only
+
+        self._file = open(run_dir / "metrics.jsonl", "a")
+        self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+
+    def write(self, record: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        step = int(record["step"])
+        for key, value in record.items():
+            if key not in ("step", "epoch") and isinstance(value, (int, float)):
+                self._tb.add_scalar(key if "/" in key else f"train/{key}", value, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._file.close()
+            self._tb.close()
+
+
+def format_results_table(results: Dict[str, Any], ks: Sequence[int]) -> str:
+    """Markdown table: one row per (split, model), recall and NDCG at each k."""
+    columns = [f"recall@{k}" for k in ks] + [f"ndcg@{k}" for k in ks]
+    lines = ["| split | model | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for split in ("valid", "test"):
+        for model, metrics in results[split].items():
+            cells = " | ".join(f"{metrics[c]:.4f}" for c in columns)
+            lines.append(f"| {split} | {model} | {cells} |")
+    train = results["train"]
+    lines.append(f"\ntrain: {train['steps']} steps in {train['seconds']:.1f} s ({train['samples_per_s']:.0f} samples/s), best epoch {train['best_epoch']}")
+    return "\n".join(lines)

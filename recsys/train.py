@@ -1,0 +1,35 @@
+"""Train a two-tower retrieval model and report test recall.
+
+    $ python -m recsys.train                                     # default synthetic dataset, 1 process
+    $ python -m recsys.train +experiment=tiny trainer.epochs=2   # any config value from the command line
+    $ torchrun --standalone --nproc_per_node=2 -m recsys.train   # 2 processes (GPUs if visible, else CPU/gloo)
+
+Outputs land in runs/<run_name>/ (results.json, metrics.jsonl, tb/, train.log).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from recsys.config import register_configs, to_config
+from recsys.trainer import fit
+
+register_configs()
+
+
+@record
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
+        logging.getLogger().setLevel(logging.WARNING)
+    fit(to_config(cfg), HydraConfig.get().runtime.output_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Batches: ids validated before lookup, histories equal a naive loop, ranks split each global batch."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from recsys.data.batches import FeatureBuilder, TrainBatches, latest_items
+from recsys.data.dataset import Interactions
+from recsys.data.features import validate_kjt
+from recsys.data.ragged import gather_ranges, segment_sum
+
+
+def test_gather_ranges_and_segment_sum_match_loops():
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 100, 50)
+    starts = rng.integers(0, 50, 20)
+    ends = np.minimum(50, starts + rng.integers(0, 6, 20))
+    lengths, got = gather_ranges(starts, ends, values)
+    expected = [v for s, e in zip(starts, ends) for v in values[s:e]]
+    assert got.tolist() == expected and lengths.tolist() == (ends - starts).tolist()
+    inner = rng.integers(0, 4, 12)
+    outer = np.array([3, 0, 5, 4])
+    assert segment_sum(inner, outer).tolist() == [inner[:3].sum(), 0, inner[3:8].sum(), inner[8:].sum()]
+
+
+def test_training_history_is_the_users_previous_items(tiny_data):
+    history_length = 4
+    batches = TrainBatches(tiny_data, history_length=history_length, global_batch_size=64, num_uniform_negatives=3, seed=0)
+    batch = next(batches.epoch(0))
+    features = batch.features.to_dict()
+    train = tiny_data.splits["train"]
+    order = np.random.default_rng([0, 0]).permutation(len(train))[:64]
+    hist = features["history_item_ids"]
+    for j, row in enumerate(order):
+        u = train.user_ids[row]
+        earlier = [i for i in range(row) if train.user_ids[i] == u]  # rows are sorted by (user, time)
+        expected = train.item_ids[earlier[-history_length:]].tolist() if earlier else []
+        got = hist.values()[hist.offsets()[j] : hist.offsets()[j + 1]].tolist()
+        assert got == expected
+        cats = features["history_categories"]
+        got_cats = cats.values()[cats.offsets()[j] : cats.offsets()[j + 1]].tolist()
+        expected_cats = [c for i in expected for c in tiny_data.item_category_ids[tiny_data.item_category_indptr[i] : tiny_data.item_category_indptr[i + 1]]]
+        assert got_cats == expected_cats
+    assert batch.num_queries == 64 and batch.candidate_item_ids.numel() == 64 + 3
+    assert batch.candidate_item_ids[:64].tolist() == train.item_ids[order].tolist()
+    # negative rows carry only candidate features
+    assert features["user_id"].lengths()[64:].sum() == 0 and features["item_id"].lengths().tolist() == [1] * 67
+
+
+def test_ranks_split_every_global_batch_and_share_negatives(tiny_data):
+    kwargs = dict(history_length=3, global_batch_size=96, num_uniform_negatives=5, seed=7)
+    single = TrainBatches(tiny_data, **kwargs)
+    ranks = [TrainBatches(tiny_data, rank=r, world_size=3, **kwargs) for r in range(3)]
+    assert len(single) == len(ranks[0]) == len(tiny_data.splits["train"]) // 96
+    for b, (whole, *parts) in enumerate(zip(single.epoch(1), *(r.epoch(1) for r in ranks))):
+        positives = torch.cat([p.candidate_item_ids[:32] for p in parts])
+        assert torch.equal(positives, whole.candidate_item_ids[:96])
+        for p in parts:
+            assert torch.equal(p.candidate_item_ids[32:], whole.candidate_item_ids[96:])
+        if b == 3:
+            break
+    with pytest.raises(ValueError, match="global_batch_size=100 must be divisible by the world size 3"):
+        TrainBatches(tiny_data, rank=0, world_size=3, **{**kwargs, "global_batch_size": 100})
+
+
+def test_latest_items_are_the_last_of_each_users_timeline():
+    timeline = Interactions(np.array([0, 0, 0, 2, 2]), np.array([5, 6, 7, 1, 2]), np.array([1, 2, 3, 1, 2]))
+    lengths, items = latest_items(timeline, np.array([2, 1, 0]), num_users=3, history_length=2)
+    assert lengths.tolist() == [2, 0, 2] and items.tolist() == [1, 2, 6, 7]
+
+
+def test_out_of_range_and_negative_ids_raise_before_lookup(tiny_data):
+    builder = FeatureBuilder(tiny_data, history_length=2)
+    empty = np.zeros(0, dtype=np.int64)
+    ok = dict(user_ids=np.array([0, 1]), hist_lengths=np.array([1, 0]), hist_items=np.array([1]), candidate_item_ids=np.array([2, 3]))
+    builder.build(**ok)
+    with pytest.raises(ValueError, match=r"feature 'item_id': id 300 is out of range for table 'item' of 300 rows"):
+        builder.build(**{**ok, "candidate_item_ids": np.array([2, 300])})
+    with pytest.raises(ValueError, match=r"feature 'history_item_ids': id -1 is negative \(table 'item' has 300 rows\)"):
+        builder.build(**{**ok, "hist_items": np.array([-1])})
+    with pytest.raises(ValueError, match=r"feature 'user_id': id 400 is out of range for table 'user' of 400 rows"):
+        builder.build(**{**ok, "user_ids": np.array([0, 400])})
+    batch = builder.build(**ok)
+    with pytest.raises(ValueError, match="feature 'item_id': id 3 is out of range for table 'item' of 3 rows"):
+        validate_kjt(batch.features, {"user": 400, "item": 3, "category": 8})
+
+
+def test_corrupt_split_file_names_file_column_and_value(tiny_data, tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recsys.data.dataset import load_dataset
+
+    copy = tmp_path / "ds"
+    shutil.copytree(tiny_data.dir, copy)
+    table = pq.read_table(copy / "valid.parquet")
+    items = table.column("item_id").to_numpy().copy()
+    items[5] = 999
+    pq.write_table(table.set_column(1, "item_id", pa.array(items)), copy / "valid.parquet")
+    with pytest.raises(ValueError, match=r"valid.parquet: column 'item_id' has id 999 outside \[0, 300\)"):
+        load_dataset(copy)

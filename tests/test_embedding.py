@@ -1,0 +1,124 @@
+"""Sharded tables: lookups equal nn.EmbeddingBag, fused updates touch only looked-up rows, init is plan-independent."""
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig, TableShardingConfig
+from recsys.data.batch import Batch
+from recsys.data.features import build_kjt, query_features
+from recsys.distributed.sharding import shard_model
+from recsys.distributed.table_init import BLOCK_ROWS, fill_rows
+from recsys.model.task import RetrievalTask
+from recsys.model.two_tower import TwoTower, table_configs
+
+NUM_ROWS = {"user": 50, "item": 40, "category": 7}
+DIMS = {"user": 8, "item": 16, "category": 4}
+POOLING = {"user": "sum", "item": "mean", "category": "mean"}
+
+
+def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_adagrad"):
+    qf = query_features(history_length=5)
+    configs = table_configs(num_rows=NUM_ROWS, dims=DIMS, poolings=POOLING, query_features=qf)
+    torch.manual_seed(0)
+    task = RetrievalTask(
+        TwoTower(configs, query_features=qf, tower_dims=[12, 8]),
+        item_counts=torch.ones(NUM_ROWS["item"]), temperature=0.2, logq_correction=True, num_uniform_negatives=0,
+    )
+    sharding = ShardingConfig(
+        device="cpu", tables={t: TableShardingConfig(sharding_types=[sharding_type]) for t in NUM_ROWS}
+    )
+    return shard_model(task, sharding=sharding, sparse=SparseOptimConfig(name=optimizer, lr=0.1), dense=DenseOptimConfig(), env=process_group, seed=3)
+
+
+def random_batch(rng, batch_size=6):
+    """Random jagged features, including empty history bags."""
+    lengths = {
+        "user_id": np.ones(batch_size, dtype=np.int64),
+        "history_item_ids": rng.integers(0, 4, batch_size),
+        "item_id": np.ones(batch_size, dtype=np.int64),
+        "item_categories": rng.integers(1, 4, batch_size),
+    }
+    lengths["history_categories"] = rng.integers(0, 5, batch_size)
+    values = {
+        "user_id": rng.integers(0, NUM_ROWS["user"], batch_size),
+        "history_item_ids": rng.integers(0, NUM_ROWS["item"], lengths["history_item_ids"].sum()),
+        "history_categories": rng.integers(0, NUM_ROWS["category"], lengths["history_categories"].sum()),
+        "item_id": rng.permutation(NUM_ROWS["item"])[:batch_size],
+        "item_categories": rng.integers(0, NUM_ROWS["category"], lengths["item_categories"].sum()),
+    }
+    keys = ["user_id", "history_item_ids", "history_categories", "item_id", "item_categories"]
+    return Batch(build_kjt(keys, lengths, values), torch.from_numpy(values["item_id"]), batch_size), lengths, values
+
+
+def full_tables(module):
+    out = {}
+    for key, value in module.state_dict().items():
+        if ".embedding_bags." in key:
+            tensor = value.local_shards()[0].tensor if isinstance(value, ShardedTensor) else value
+            out[key.split(".")[-2]] = tensor.detach().clone()
+    return out
+
+
+FEATURE_TABLE = {"user_id": "user", "history_item_ids": "item", "history_categories": "category", "item_id": "item", "item_categories": "category"}
+
+
+@pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise"])
+def test_sharded_lookups_equal_embedding_bag_reference(process_group, sharding_type):
+    sharded = make_sharded(process_group, sharding_type)
+    tables = full_tables(sharded.module)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        batch, lengths, values = random_batch(rng)
+        pooled = sharded.module.module.model.ebc(batch.features).to_dict()
+        for feature, table in FEATURE_TABLE.items():
+            ref = torch.nn.EmbeddingBag.from_pretrained(tables[table], mode=POOLING[table])
+            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths[feature])[:-1]]))
+            expected = ref(torch.from_numpy(values[feature]), offsets)
+            torch.testing.assert_close(pooled[feature], expected, rtol=1e-5, atol=1e-6, msg=feature)
+
+
+@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "sgd"])
+def test_fused_step_changes_exactly_the_looked_up_rows(process_group, optimizer):
+    sharded = make_sharded(process_group, optimizer=optimizer)
+    before = full_tables(sharded.module)
+    batch, lengths, values = random_batch(np.random.default_rng(2))
+    loss, _ = sharded.module(batch)
+    loss.backward()
+    sharded.optimizer.step()
+    after = full_tables(sharded.module)
+    for table in NUM_ROWS:
+        looked_up = set()
+        for feature, t in FEATURE_TABLE.items():
+            if t == table:
+                looked_up |= set(values[feature].tolist())
+        changed = (after[table] != before[table]).any(dim=1).nonzero().flatten().tolist()
+        assert set(changed) == looked_up, table
+
+
+def test_gpu_only_sparse_optimizer_is_refused_on_cpu(process_group):
+    with pytest.raises(ValueError, match="optim.sparse.name='adam' has no fused fbgemm kernel on cpu"):
+        make_sharded(process_group, optimizer="adam")
+
+
+def test_initial_tables_do_not_depend_on_the_plan(process_group):
+    a = full_tables(make_sharded(process_group, "table_wise").module)
+    b = full_tables(make_sharded(process_group, "column_wise").module)
+    for table in NUM_ROWS:
+        assert torch.equal(a[table], b[table])
+        bound = NUM_ROWS[table] ** -0.5
+        assert a[table].abs().max() <= bound and a[table].std() > bound / 4
+
+
+def test_fill_rows_of_any_shard_equals_the_same_slice_of_the_full_table():
+    num_rows, dim = BLOCK_ROWS + 1000, 6
+    full = torch.empty(num_rows, dim)
+    fill_rows(full, seed=5, table="item", row0=0, col0=0, num_rows=num_rows, dim=dim)
+    # a shard straddling the block boundary, columns 2..5
+    part = torch.empty(2400, 3)
+    fill_rows(part, seed=5, table="item", row0=BLOCK_ROWS - 1500, col0=2, num_rows=num_rows, dim=dim)
+    assert torch.equal(part, full[BLOCK_ROWS - 1500 : BLOCK_ROWS + 900, 2:5])
+    other = torch.empty(num_rows, dim)
+    fill_rows(other, seed=6, table="item", row0=0, col0=0, num_rows=num_rows, dim=dim)
+    assert not torch.equal(other, full)
