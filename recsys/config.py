@@ -29,14 +29,27 @@ class SyntheticDataConfig:
 
 
 @dataclass
+class MovieLensDataConfig:
+    release: str = "ml-1m"  # "ml-100k" | "ml-1m" | "ml-10m" | "ml-20m" | "ml-25m" | "ml-latest-small"
+    url: str = ""  # zip fetched when data.root has no copy; "" = https://files.grouplens.org/datasets/movielens/<release>.zip
+    md5: str = ""  # expected md5 of a downloaded zip; "" = GroupLens' published one (none for ml-latest-small), "skip" = no check
+    download: bool = True  # false: never download; a missing copy is an error saying where to put it
+
+
+@dataclass
 class DataConfig:
     name: str = MISSING  # dataset name, also names the prepared dir ("synthetic", "movielens_1m")
-    source: str = "synthetic"  # which pipeline prepares it: "synthetic"
-    root: str = "data"  # folder for prepared dataset dirs (relative paths are relative to the launch dir)
-    protocol: str = "recbole"  # split protocol: "recbole" (random 8:1:1 per user) | "loo"
+    source: str = "synthetic"  # which pipeline prepares it: "synthetic" | "movielens"
+    root: str = "data"  # folder for prepared dataset dirs and MovieLens zips / extracted folders (relative to the launch dir)
+    protocol: str = "recbole"  # split protocol: "recbole" (random 8:1:1 per user) | "loo" | "strong_generalization"
     split_seed: int = 0  # seed of the split protocol
     history_length: int = 20  # most recent items a query sees (history_item_ids); 0 disables history features
+    min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
+    min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
+    min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
+    num_heldout_users: int = 0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+    movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)
 
 
 @dataclass
@@ -98,6 +111,11 @@ class TrainerConfig:
     log_every_steps: int = 50  # steps between loss / samples-per-second log lines
     progress_bar: bool = True  # tqdm on rank 0
     max_steps_per_epoch: int = 0  # cap on steps per epoch (smoke tests); 0 = the whole epoch
+    resume: str = "auto"  # "auto": newest complete checkpoint in the run dir, if any | "none": start over | a path
+    checkpoint_every_steps: int = 0  # also checkpoint every N steps inside an epoch; 0 = at epoch ends only
+    keep_last_checkpoints: int = 2  # step checkpoints kept (the best-epoch weights are kept apart)
+    fault_at_step: int = 0  # fault injection for tests: exit(13) after this step on the first attempt; 0 disables
+    fault_rank: int = 0  # the rank that fails when fault_at_step is set
 
 
 @dataclass

@@ -10,10 +10,11 @@ Tests and scripts call :func:`fit` with a typed :class:`~recsys.config.Config`; 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import math
 import os
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data_pipelines.prepare import prepare_dataset
+from recsys.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from recsys.config import Config
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset
@@ -32,7 +34,6 @@ from recsys.data.features import query_features
 from recsys.distributed.collectives import make_candidate_gather
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import ShardedModel, shard_model
-from recsys.distributed.snapshot import restore, snapshot
 from recsys.evaluation.evaluator import Evaluator
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
@@ -95,6 +96,39 @@ def fit(cfg: Config, run_dir: str | Path) -> Dict[str, Any]:
         destroy_distributed(env)
 
 
+def config_fingerprint(cfg: Config) -> str:
+    """What the weights depend on (data and model), not where or how they are trained."""
+    data = asdict(cfg.data)
+    data.pop("root")
+    blob = json.dumps({"data": data, "model": asdict(cfg.model)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
+    resume = cfg.trainer.resume
+    if resume == "none":
+        if env.is_main and ckpt_root.exists():  # checkpoints of an earlier run in this dir: set aside
+            replaced = ckpt_root.with_name("checkpoints.replaced")
+            shutil.rmtree(replaced, ignore_errors=True)
+            ckpt_root.rename(replaced)
+        return None
+    if resume == "auto":
+        return latest_checkpoint(ckpt_root)
+    path = Path(resume)
+    if not path.is_dir():
+        raise FileNotFoundError(f"trainer.resume={resume!r}: no such checkpoint dir")
+    return path
+
+
+def _maybe_inject_fault(cfg: Config, env: DistEnv, step: int) -> None:
+    """Die like a preempted or OOM-killed worker, on the first attempt only (torchrun counts restarts)."""
+    t = cfg.trainer
+    if t.fault_at_step and step == t.fault_at_step and env.rank == t.fault_rank:
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+            log.warning("fault injection: rank %d exits after step %d", env.rank, step)
+            os._exit(13)
+
+
 def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     tcfg = cfg.trainer
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,6 +146,25 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     dmp.module.gather_candidates = make_candidate_gather(env.rank, env.world_size)
     two_tower = dmp.module.model
 
+    ckpt_root = run_dir / "checkpoints"
+    fingerprint = config_fingerprint(cfg)
+    state = TrainerState(fingerprint=fingerprint, world_size=env.world_size)
+    resume_from = _resume_path(cfg, ckpt_root, env)
+    if resume_from is not None:
+        state = load_checkpoint(sharded, resume_from, env=env)
+        if state.fingerprint != fingerprint:
+            raise ValueError(
+                f"{resume_from}: saved for another data/model config (fingerprint {state.fingerprint}, "
+                f"now {fingerprint}); use trainer.resume=none or another run_name"
+            )
+        if env.is_main:
+            log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
+        state.world_size = env.world_size
+
+    def checkpoint(name: Optional[str] = None, with_optimizer: bool = True) -> None:
+        save_checkpoint(sharded, state, root=ckpt_root, env=env, name=name,
+                        keep_last=tcfg.keep_last_checkpoints, with_optimizer=with_optimizer)
+
     batches = TrainBatches(
         data,
         history_length=cfg.data.history_length,
@@ -127,15 +180,16 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     )
     steps_per_epoch = len(batches) if tcfg.max_steps_per_epoch <= 0 else min(len(batches), tcfg.max_steps_per_epoch)
     metrics_log = MetricsLog(run_dir, enabled=env.is_main)
-    best_score, best_epoch, best_state, bad_epochs = -math.inf, -1, None, 0
     valid_metric = cfg.eval.valid_metric
-    train_seconds, step = 0.0, 0
+    steps_this_run = 0
     try:
-        for epoch in range(tcfg.epochs):
+        while not state.early_stopped and state.epoch < tcfg.epochs:
+            epoch = state.epoch
             dmp.train()
-            progress = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}", disable=not (env.is_main and tcfg.progress_bar), leave=False)
+            progress = tqdm(total=steps_per_epoch, initial=state.next_batch, desc=f"epoch {epoch}",
+                            disable=not (env.is_main and tcfg.progress_bar), leave=False)
             epoch_start, window_start, window_losses = time.perf_counter(), time.perf_counter(), []
-            for i, batch in enumerate(batches.epoch(epoch)):
+            for i, batch in enumerate(batches.epoch(epoch, start_batch=state.next_batch), start=state.next_batch):
                 if i >= steps_per_epoch:
                     break
                 batch = batch.to(env.device)
@@ -143,35 +197,45 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                 loss.backward()  # the fused sparse optimizer updates the looked-up rows in here
                 optimizer.step()
                 optimizer.zero_grad()
-                step += 1
+                state.step += 1
+                state.next_batch = i + 1
+                steps_this_run += 1
                 progress.update(1)
                 window_losses.append(loss.detach())
-                if step % tcfg.log_every_steps == 0 or i == steps_per_epoch - 1:
+                if state.step % tcfg.log_every_steps == 0 or i == steps_per_epoch - 1:
                     mean_loss = _global_mean(torch.stack(window_losses).mean(), env)
                     elapsed = time.perf_counter() - window_start
                     samples_per_s = len(window_losses) * tcfg.global_batch_size / max(elapsed, 1e-9)
-                    metrics_log.write({"step": step, "epoch": epoch, "loss": mean_loss, "samples_per_s": samples_per_s})
+                    metrics_log.write({"step": state.step, "epoch": epoch, "loss": mean_loss, "samples_per_s": samples_per_s})
                     progress.set_postfix(loss=f"{mean_loss:.4f}")
                     window_start, window_losses = time.perf_counter(), []
+                if tcfg.checkpoint_every_steps and state.step % tcfg.checkpoint_every_steps == 0 and i < steps_per_epoch - 1:
+                    state.train_seconds += time.perf_counter() - epoch_start
+                    epoch_start = time.perf_counter()
+                    checkpoint()
+                _maybe_inject_fault(cfg, env, state.step)
             progress.close()
-            train_seconds += time.perf_counter() - epoch_start
+            state.train_seconds += time.perf_counter() - epoch_start
 
             valid = evaluator.evaluate(two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size)
             score = valid["two_tower"][valid_metric]
-            metrics_log.write({"step": step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid["two_tower"].items()}})
+            metrics_log.write({"step": state.step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid["two_tower"].items()}})
             if env.is_main:
-                log.info("epoch %d: valid %s = %.4f (best %.4f)", epoch, valid_metric, score, max(best_score, score))
-            if score > best_score:
-                best_score, best_epoch, bad_epochs = score, epoch, 0
-                best_state = snapshot(dmp)
+                log.info("epoch %d: valid %s = %.4f (best %.4f)", epoch, valid_metric, score, max(state.best_score, score))
+            state.epoch, state.next_batch = epoch + 1, 0
+            if score > state.best_score:
+                state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
+                checkpoint("best", with_optimizer=False)
             else:
-                bad_epochs += 1
-                if tcfg.early_stopping_patience and bad_epochs >= tcfg.early_stopping_patience:
+                state.bad_epochs += 1
+                if tcfg.early_stopping_patience and state.bad_epochs >= tcfg.early_stopping_patience:
                     if env.is_main:
-                        log.info("early stop: no better valid %s for %d epochs", valid_metric, bad_epochs)
-                    break
-        if best_state is not None:
-            restore(dmp, best_state)
+                        log.info("early stop: no better valid %s for %d epochs", valid_metric, state.bad_epochs)
+                    state.early_stopped = True
+            checkpoint()
+        best = ckpt_root / "best"
+        if (best / "trainer_state.json").is_file():
+            load_checkpoint(sharded, best, env=env, with_optimizer=False)
         valid = evaluator.evaluate(two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
         test = evaluator.evaluate(two_tower, "test", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
     finally:
@@ -181,10 +245,10 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         "test": test,
         "valid": valid,
         "train": {
-            "samples_per_s": step * tcfg.global_batch_size / max(train_seconds, 1e-9),
-            "seconds": train_seconds,
-            "steps": step,
-            "best_epoch": best_epoch,
+            "samples_per_s": state.step * tcfg.global_batch_size / max(state.train_seconds, 1e-9),
+            "seconds": state.train_seconds,
+            "steps": state.step,
+            "best_epoch": state.best_epoch,
             "world_size": env.world_size,
         },
         "dataset": {
@@ -193,6 +257,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             "protocol": data.meta.get("protocol"),
             "counts": {**{s: len(v) for s, v in data.splits.items()}, "users": data.num_users, "items": data.num_items, "categories": data.num_categories},
         },
+        "checkpoint": str(ckpt_root / "best"),
     }
     if env.is_main:
         write_json_atomic(run_dir / "results.json", results)

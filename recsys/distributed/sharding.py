@@ -53,6 +53,7 @@ MODEL_PARALLEL_TYPES = {
 class ShardedModel:
     module: DistributedModelParallel
     optimizer: CombinedOptimizer  # fused (already applied in backward) + dense
+    dense_optimizer: KeyedOptimizerWrapper  # towers and data_parallel tables
     plan: ShardingPlan
 
 
@@ -136,4 +137,6 @@ def shard_model(
     dense_opt = KeyedOptimizerWrapper(
         dense_params, lambda params: dense_cls(params, lr=dense.lr, weight_decay=dense.weight_decay)
     )
-    return ShardedModel(module=dmp, optimizer=CombinedOptimizer([dmp.fused_optimizer, dense_opt]), plan=plan)
+    return ShardedModel(
+        module=dmp, optimizer=CombinedOptimizer([dmp.fused_optimizer, dense_opt]), dense_optimizer=dense_opt, plan=plan
+    )

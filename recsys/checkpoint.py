@@ -1,0 +1,131 @@
+"""Reshardable training checkpoints with torch.distributed.checkpoint (DCP).
+
+Layout under ``<run_dir>/checkpoints/``::
+
+    step_00001200/          one complete checkpoint (DCP: .metadata + one file per rank)
+        trainer_state.json  step, epoch, next batch, early-stopping state, config fingerprint
+        rng.pt              every rank's torch RNG state
+    step_00001200.tmp/      a checkpoint being written: never loaded, removed by the next save
+    best/                   the weights of the best validation epoch (model only)
+
+A checkpoint is written into ``<name>.tmp`` by every rank and renamed by rank 0 only after all
+ranks finished, so a crash mid-write leaves the previous one intact. DCP stores each table shard
+with its global offsets: a checkpoint saved by N processes loads on M processes and under another
+sharding plan. On several hosts the run dir must be on a shared file system.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from recsys.distributed.env import DistEnv
+from recsys.distributed.sharding import ShardedModel
+
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # epoch the next batch belongs to
+    next_batch: int = 0  # index of the next global batch within that epoch
+    best_score: float = float("-inf")  # best valid metric so far
+    best_epoch: int = -1
+    bad_epochs: int = 0  # epochs since the best one
+    train_seconds: float = 0.0
+    early_stopped: bool = False  # early stopping ended training (more epochs would not resume it)
+    fingerprint: str = ""  # data + model config the weights belong to
+    world_size: int = 1  # of the run that saved it (informational: any world size may load it)
+
+
+def _state_dicts(sharded: ShardedModel, with_optimizer: bool) -> Dict[str, Any]:
+    state: Dict[str, Any] = {"model": sharded.module.state_dict()}
+    if with_optimizer:
+        state["optim"] = sharded.optimizer.state_dict()
+    return state
+
+
+def complete_checkpoints(root: Path) -> List[Path]:
+    """Complete step checkpoints under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(root: Path) -> Optional[Path]:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def _barrier(env: DistEnv) -> None:
+    if env.world_size > 1:
+        dist.barrier()
+
+
+def save_checkpoint(
+    sharded: ShardedModel,
+    state: TrainerState,
+    *,
+    root: Path,
+    env: DistEnv,
+    name: Optional[str] = None,
+    keep_last: int = 2,
+    with_optimizer: bool = True,
+) -> Path:
+    """Collective: every rank calls it. Returns the final path (``root/step_<step>`` or ``root/<name>``)."""
+    final = root / (name or f"step_{state.step:08d}")
+    tmp = final.with_name(final.name + ".tmp")
+    if env.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    _barrier(env)
+    dcp.save(_state_dicts(sharded, with_optimizer), checkpoint_id=str(tmp))
+    rng: List[Any] = [None] * env.world_size
+    if env.world_size > 1:
+        dist.all_gather_object(rng, torch.get_rng_state())
+    else:
+        rng = [torch.get_rng_state()]
+    if env.is_main:
+        torch.save(rng, tmp / "rng.pt")
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        old = final.with_name(final.name + ".old")
+        if final.exists():  # only for named checkpoints ("best"): swap, then drop the old one
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        if name is None and keep_last > 0:
+            for stale in complete_checkpoints(root)[:-keep_last]:
+                shutil.rmtree(stale, ignore_errors=True)
+    _barrier(env)
+    return final
+
+
+def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_optimizer: bool = True) -> TrainerState:
+    """Collective: load weights (and optimizer state) in place, resharding as needed."""
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
+    if with_optimizer and not sharded.dense_optimizer.state:
+        saved_keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        if any(key.startswith(f"optim.state.{name}.") for name in sharded.dense_optimizer.params for key in saved_keys):
+            sharded.dense_optimizer.init_state()  # KeyedOptimizer loads in place: its state must exist
+    state = _state_dicts(sharded, with_optimizer)
+    dcp.load(state, checkpoint_id=str(path))
+    sharded.module.load_state_dict(state["model"])
+    if with_optimizer:
+        sharded.optimizer.load_state_dict(state["optim"])
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng[env.rank] if len(rng) == env.world_size else rng[0])
+    return TrainerState(**json.loads((path / STATE_FILE).read_text()))

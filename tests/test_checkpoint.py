@@ -1,0 +1,81 @@
+"""Checkpoints in one process: resume equals an uninterrupted run, a broken write never wins."""
+
+import json
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+import recsys.checkpoint as checkpoint_module
+from recsys.checkpoint import TrainerState, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
+from recsys.trainer import fit
+from tests.conftest import tiny_config
+
+
+def full_state(ckpt_dir, tmp_path):
+    """Every tensor of a DCP checkpoint, unsharded, loaded without a process group."""
+    out = tmp_path / f"{ckpt_dir.parent.parent.name}-{ckpt_dir.name}.pt"
+    dcp_to_torch_save(str(ckpt_dir), str(out))
+    return torch.load(out, weights_only=False)
+
+
+def assert_same_tensors(a, b, path=""):
+    assert a.keys() == b.keys(), path
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_same_tensors(a[key], b[key], f"{path}.{key}")
+        elif isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), f"{path}.{key}"
+
+
+SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.num_uniform_negatives=8"]
+
+
+def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, data_root, process_group):
+    straight = tiny_config([f"data.root={data_root}", "trainer.epochs=2", *SHORT])
+    fit(straight, tmp_path / "straight")
+    first_half = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.checkpoint_every_steps=4", *SHORT])
+    fit(first_half, tmp_path / "resumed")
+    fit(straight, tmp_path / "resumed")  # trainer.resume=auto picks up after epoch 0
+    a = latest_checkpoint(tmp_path / "straight" / "checkpoints")
+    b = latest_checkpoint(tmp_path / "resumed" / "checkpoints")
+    assert a.name == b.name == "step_00000012"
+    assert_same_tensors(full_state(a, tmp_path), full_state(b, tmp_path))
+    results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("straight", "resumed")]
+    assert results[0]["test"] == results[1]["test"]
+    # the last two step checkpoints are kept (keep_last_checkpoints=2), plus best/
+    assert [p.name for p in complete_checkpoints(tmp_path / "resumed" / "checkpoints")] == ["step_00000006", "step_00000012"]
+
+
+def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_group):
+    fit(tiny_config([f"data.root={data_root}", "trainer.epochs=1", *SHORT]), tmp_path)
+    with pytest.raises(ValueError, match="saved for another data/model config"):
+        fit(tiny_config([f"data.root={data_root}", "trainer.epochs=2", "model.temperature=0.5", *SHORT]), tmp_path)
+    # resume=none sets the old checkpoints aside and starts over
+    fit(tiny_config([f"data.root={data_root}", "trainer.epochs=1", "model.temperature=0.5", "trainer.resume=none", *SHORT]), tmp_path)
+    assert (tmp_path / "checkpoints.replaced").is_dir()
+
+
+def test_interrupted_write_leaves_the_previous_checkpoint_loadable(tmp_path, data_root, process_group, monkeypatch):
+    from data_pipelines.prepare import prepare_dataset
+    from recsys.data.dataset import load_dataset
+    from recsys.distributed.sharding import shard_model
+    from recsys.trainer import build_task
+
+    cfg = tiny_config([f"data.root={data_root}"])
+    sharded = shard_model(build_task(cfg, load_dataset(prepare_dataset(cfg.data))), sharding=cfg.sharding,
+                          sparse=cfg.optim.sparse, dense=cfg.optim.dense, env=process_group, seed=0)
+    good = save_checkpoint(sharded, TrainerState(step=5), root=tmp_path, env=process_group)
+
+    real_save = checkpoint_module.dcp.save
+
+    def dying_save(state, checkpoint_id):
+        real_save(state, checkpoint_id=checkpoint_id)  # files are on disk, the rename never happens
+        raise KeyboardInterrupt("killed mid-checkpoint")
+
+    monkeypatch.setattr(checkpoint_module.dcp, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(sharded, TrainerState(step=9), root=tmp_path, env=process_group)
+    assert (tmp_path / "step_00000009.tmp").is_dir()
+    assert latest_checkpoint(tmp_path) == good
+    assert load_checkpoint(sharded, good, env=process_group).step == 5
