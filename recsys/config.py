@@ -56,6 +56,8 @@ class DataConfig:
 class TableConfig:
     embedding_dim: int = 64  # columns of the table
     pooling: str = "mean"  # "sum" | "mean": how a bag of ids becomes one vector
+    pretrained_path: str = ""  # initial rows from a .npy (num_rows x dim) or parquet (id, vector); "" = random init
+    frozen: bool = False  # true: the rows never change (the table's fused optimizer gets lr 0)
 
 
 @dataclass

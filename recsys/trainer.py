@@ -138,7 +138,9 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
 
     task = build_task(cfg, data)
     sharded = shard_model(
-        task, sharding=cfg.sharding, sparse=cfg.optim.sparse, dense=cfg.optim.dense, env=env, seed=tcfg.seed
+        task, sharding=cfg.sharding, sparse=cfg.optim.sparse, dense=cfg.optim.dense, env=env, seed=tcfg.seed,
+        pretrained={t: c.pretrained_path for t, c in cfg.model.tables.items() if c.pretrained_path},
+        frozen_tables=[t for t, c in cfg.model.tables.items() if c.frozen],
     )
     if env.is_main:
         log.info("sharding plan:\n%s", sharded.plan)

@@ -8,7 +8,7 @@ makes data_parallel (which has no fused kernel), get the dense optimizer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple, Type
+from typing import Any, Collection, Dict, Mapping, Tuple, Type
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig
 from recsys.distributed.env import DistEnv
+from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
 from recsys.distributed.table_init import init_tables
 
 # name -> (optimizer class, devices whose fbgemm kernels implement it)
@@ -99,16 +100,31 @@ def shard_model(
     dense: DenseOptimConfig,
     env: DistEnv,
     seed: int,
+    pretrained: Mapping[str, str] | None = None,
+    frozen_tables: Collection[str] = (),
 ) -> ShardedModel:
     """Plan, shard and initialise ``task`` (whose ``model.ebc`` lives on the meta device).
 
     Tables are initialised from ``seed`` block by block, so every world size and plan starts
-    from the same weights.
+    from the same weights; ``pretrained`` maps a table to a file that replaces that init.
+    ``frozen_tables`` get a fused SGD with learning rate 0: their rows never move.
     """
     ebc = task.model.ebc
-    table_names = {c.name for c in ebc.embedding_bag_configs()}
+    configs = {c.name: c for c in ebc.embedding_bag_configs()}
+    table_names = set(configs)
+    unknown = (set(pretrained or {}) | set(frozen_tables)) - table_names
+    if unknown:
+        raise ValueError(f"pretrained / frozen tables {sorted(unknown)} are not in the model ({sorted(table_names)})")
     opt_cls, opt_kwargs = sparse_optimizer_kwargs(sparse, env.device)
-    apply_optimizer_in_backward(opt_cls, ebc.parameters(), opt_kwargs)
+    for name, bag in ebc.embedding_bags.items():
+        if name in frozen_tables:
+            apply_optimizer_in_backward(torch.optim.SGD, [bag.weight], {"lr": 0.0})
+        else:
+            apply_optimizer_in_backward(opt_cls, [bag.weight], opt_kwargs)
+    readers = {
+        t: open_pretrained(path, table=t, num_rows=configs[t].num_embeddings, dim=configs[t].embedding_dim)
+        for t, path in (pretrained or {}).items()
+    }  # opened before sharding: a bad file fails fast
 
     topology_kwargs: Dict[str, Any] = {}
     if sharding.hbm_cap_gb > 0:
@@ -129,11 +145,16 @@ def shard_model(
         task, env=ShardingEnv.from_process_group(pg), device=env.device, plan=plan, sharders=sharders
     )
     init_tables(dmp, seed=seed)
+    for table, read_rows in readers.items():
+        load_pretrained_table(dmp, table, read_rows)
 
     if dense.name not in DENSE_OPTIMIZERS:
         raise ValueError(f"optim.dense.name={dense.name!r}: unknown; choose one of {sorted(DENSE_OPTIMIZERS)}")
     dense_cls = DENSE_OPTIMIZERS[dense.name]
-    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    dense_params = {
+        k: p for k, p in in_backward_optimizer_filter(dmp.named_parameters())
+        if not any(k.endswith(f".embedding_bags.{t}.weight") for t in frozen_tables)  # a frozen data_parallel table
+    }
     dense_opt = KeyedOptimizerWrapper(
         dense_params, lambda params: dense_cls(params, lr=dense.lr, weight_decay=dense.weight_decay)
     )
