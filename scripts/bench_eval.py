@@ -5,6 +5,10 @@ Random embeddings and a random exclusion CSR at MovieLens-20M scale by default
 
     $ python scripts/bench_eval.py                      # ML-20M scale
     $ python scripts/bench_eval.py --num-users 20000    # quicker
+    $ python scripts/bench_eval.py --num-users 20000 --ann   # + FAISS flat / IVF / HNSW vs exact
+
+Random Gaussian embeddings have no cluster structure, so ANN recall here is a lower bound of what
+trained embeddings get; the latency figures are what the bench is for.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--history-per-user", type=int, default=100, help="excluded (seen) items per user")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    p.add_argument("--ann", action="store_true", help="also time FAISS indexes and their recall vs exact")
     return p.parse_args(argv)
 
 
@@ -98,6 +103,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"(a) bare chunked matmuls: {t_matmul:.3f} s ({args.num_users / t_matmul:,.0f} users/s)")
     print(f"(b) exact_topk + masking: {t_topk:.3f} s ({args.num_users / t_topk:,.0f} users/s)")
     print(f"ratio b/a: {t_topk / t_matmul:.2f}   peak RSS: {peak_rss_mb:,.0f} MB")
+    if args.ann:
+        from recsys.evaluation.ann import compare_ann
+
+        summary, _ = compare_ann(items.cpu(), queries.cpu(), args.k, exclude=exclude, chunk_size=args.chunk_size)
+        for kind, entry in summary["indexes"].items():
+            print(
+                f"(ann) {kind:9s} recall vs exact {entry['recall_vs_exact']:.4f}  build {entry['build_s']:.2f} s  "
+                f"{entry['users_per_s']:,.0f} users/s  single query {entry['single_query_ms']:.3f} ms"
+            )
+            result[f"ann_{kind}_recall"] = round(entry["recall_vs_exact"], 4)
+            result[f"ann_{kind}_users_per_s"] = round(entry["users_per_s"], 1)
     print(json.dumps(result))
     return result
 

@@ -106,6 +106,36 @@ def item_coverage_at_k(topk_ids: np.ndarray, k: int, num_items: int) -> float:
     return float(np.unique(top[top >= 0]).shape[0] / num_items)
 
 
+PER_USER_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr")
+
+
+def per_user_metrics(topk_ids: np.ndarray, relevant: UserItemCSR, ks: Sequence[int]) -> dict[str, np.ndarray]:
+    """Every per-user metric at every cut-off, one value per row of ``topk_ids``.
+
+    Args:
+        topk_ids: int64 [U, Kmax], ranked item ids per user, -1 for empty slots.
+        relevant: [U rows] CSR of each user's held-out items.
+        ks: cut-offs, each in [1, Kmax].
+
+    Returns:
+        ``{"recall@K", "recall_liang@K", "ndcg@K", "hit_rate@K", "mrr@K"}`` for each K in ks, each
+        float64 [U]; every metric is NaN for users with no relevant item (left out of every mean,
+        so ``np.nanmean(out[name])`` is what ``compute_metrics`` reports).
+    """
+    topk_ids = np.asarray(topk_ids)
+    num_relevant = relevant.lengths()
+    no_relevant = num_relevant == 0
+    hits = hit_matrix(topk_ids, relevant)
+    out: dict[str, np.ndarray] = {}
+    for k in ks:
+        out[f"recall@{k}"] = recall_at_k(hits, num_relevant, k)
+        out[f"recall_liang@{k}"] = recall_liang_at_k(hits, num_relevant, k)
+        out[f"ndcg@{k}"] = ndcg_at_k(hits, num_relevant, k)
+        out[f"hit_rate@{k}"] = np.where(no_relevant, np.nan, hit_rate_at_k(hits, k))
+        out[f"mrr@{k}"] = np.where(no_relevant, np.nan, mrr_at_k(hits, k))
+    return out
+
+
 def compute_metrics(
     topk_ids: np.ndarray,
     relevant: UserItemCSR,
@@ -124,15 +154,14 @@ def compute_metrics(
     Returns:
         ``{"recall@K", "recall_liang@K", "ndcg@K", "hit_rate@K", "mrr@K", "coverage@K"}`` for each
         K in ks, plus ``"num_users_evaluated"``. Coverage is over the top-K of the evaluated users
-        only. Means are NaN when no user has a relevant item.
+        only. Means are NaN when no user has a relevant item. The per-user values are
+        ``per_user_metrics``.
     """
     topk_ids = np.asarray(topk_ids)
     if relevant.num_items != num_items:
         raise ValueError(f"relevant.num_items={relevant.num_items} != num_items={num_items}")
-    num_relevant = relevant.lengths()
-    evaluated = num_relevant > 0
-    hits = hit_matrix(topk_ids, relevant)[evaluated]
-    num_relevant = num_relevant[evaluated]
+    evaluated = relevant.lengths() > 0
+    per_user = per_user_metrics(topk_ids, relevant, ks)
     topk_evaluated = topk_ids[evaluated]
 
     def mean(values: np.ndarray) -> float:
@@ -140,11 +169,8 @@ def compute_metrics(
 
     out: dict[str, float] = {}
     for k in ks:
-        out[f"recall@{k}"] = mean(recall_at_k(hits, num_relevant, k))
-        out[f"recall_liang@{k}"] = mean(recall_liang_at_k(hits, num_relevant, k))
-        out[f"ndcg@{k}"] = mean(ndcg_at_k(hits, num_relevant, k))
-        out[f"hit_rate@{k}"] = mean(hit_rate_at_k(hits, k))
-        out[f"mrr@{k}"] = mean(mrr_at_k(hits, k))
+        for name in PER_USER_METRICS:
+            out[f"{name}@{k}"] = mean(per_user[f"{name}@{k}"][evaluated])
         out[f"coverage@{k}"] = item_coverage_at_k(topk_evaluated, k, num_items)
     out["num_users_evaluated"] = float(evaluated.sum())
     return out

@@ -9,6 +9,8 @@ Only ``chunk_size x I`` scores exist at any time, never the full U x I matrix.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
@@ -44,24 +46,103 @@ def exact_topk(
     """
     if queries.dim() != 2 or items.dim() != 2 or queries.shape[1] != items.shape[1]:
         raise ValueError(f"expected queries [U, D] and items [I, D], got {tuple(queries.shape)}, {tuple(items.shape)}")
+    num_queries, num_items = queries.shape[0], items.shape[0]
+    items_t = items.to(dtype=torch.float32).t()
+
+    def score_chunk(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        return torch.mm(queries[start:stop].to(dtype=torch.float32), items_t, out=out)
+
+    return chunked_topk(score_chunk, num_queries, num_items, k, exclude=exclude, chunk_size=chunk_size, device=queries.device)
+
+
+ScoreChunk = Callable[[int, int, torch.Tensor], torch.Tensor]
+
+
+def chunked_topk(
+    score_chunk: ScoreChunk,
+    num_queries: int,
+    num_items: int,
+    k: int,
+    *,
+    exclude: UserItemCSR | None = None,
+    chunk_size: int = 4096,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k per query row of any score matrix that is produced chunk by chunk (the engine of ``exact_topk``).
+
+    Args:
+        score_chunk: ``score_chunk(start, stop, out)`` returns float32 scores [stop - start, I] of query
+            rows ``start:stop``; ``out`` is a reusable float32 buffer of that shape it may write into
+            (and return), or ignore. The returned tensor is masked in place.
+        num_queries: U; num_items: I.
+        k, exclude, chunk_size: as in ``exact_topk`` (same tie rule, same -1 / -inf padding).
+        device: where the output tensors and the score buffer live.
+
+    Returns:
+        scores float32 [U, k], ids int64 [U, k], as in ``exact_topk``.
+    """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    num_queries, num_items = queries.shape[0], items.shape[0]
     if exclude is not None and (exclude.num_users != num_queries or exclude.num_items != num_items):
         raise ValueError(
             f"exclude is ({exclude.num_users} users, {exclude.num_items} items), "
             f"queries/items are ({num_queries}, {num_items})"
         )
-    device = queries.device
-    items_t = items.to(dtype=torch.float32).t()
     out_scores = torch.full((num_queries, k), float("-inf"), dtype=torch.float32, device=device)
     out_ids = torch.full((num_queries, k), -1, dtype=torch.int64, device=device)
+    if num_items == 0 or num_queries == 0:
+        return out_scores, out_ids
+    # One score buffer reused by every chunk: a fresh chunk_size x I allocation per chunk costs
+    # page faults that, on CPU, take longer than the matmul itself.
+    buffer = torch.empty(min(chunk_size, num_queries), num_items, dtype=torch.float32, device=device)
+    for start in range(0, num_queries, chunk_size):
+        stop = min(start + chunk_size, num_queries)
+        scores = score_chunk(start, stop, buffer[: stop - start])  # [C, I]
+        vals, ids = topk_from_scores(scores, k, exclude=exclude, row_offset=start)
+        out_scores[start:stop] = vals
+        out_ids[start:stop] = ids
+    return out_scores, out_ids
+
+
+def topk_from_scores(
+    scores: torch.Tensor,
+    k: int,
+    *,
+    exclude: UserItemCSR | None = None,
+    row_offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of a block of full score rows, with exclusions and the deterministic tie rule.
+
+    Args:
+        scores: float32 [C, I]; row r holds the scores of query ``row_offset + r`` over all I
+            items. Excluded entries are set to -inf IN PLACE.
+        k: >= 1.
+        exclude: optional CSR over all queries; its rows ``row_offset : row_offset + C`` are used.
+        row_offset: index of the first row of ``scores`` in ``exclude``.
+
+    Returns:
+        scores float32 [C, k] descending, ids int64 [C, k] ordered by (score desc, id asc); slots
+        beyond the items left after exclusion hold -inf / -1.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    num_rows, num_items = scores.shape
+    if exclude is not None:
+        _mask_excluded(scores, exclude, row_offset, row_offset + num_rows)
     # One candidate beyond k tells whether the k-th score is tied with an item left out.
     num_candidates = min(k + 1, num_items)
-    if num_candidates == 0:
-        return out_scores, out_ids
+    if num_candidates == 0 or num_rows == 0:
+        out_scores = torch.full((num_rows, k), float("-inf"), dtype=torch.float32, device=scores.device)
+        return out_scores, torch.full((num_rows, k), -1, dtype=torch.int64, device=scores.device)
+    vals, ids = _topk_lowest_id_ties(scores, k, num_candidates)
+    ids = torch.where(torch.isneginf(vals), -1, ids)
+    width = vals.shape[1]
+    if width < k:  # fewer items than k: pad
+        vals = torch.nn.functional.pad(vals, (0, k - width), value=float("-inf"))
+        ids = torch.nn.functional.pad(ids, (0, k - width), value=-1)
+    return vals, ids
     # One score buffer reused by every chunk: a fresh chunk_size x I allocation per chunk costs
     # page faults that, on CPU, take longer than the matmul itself.
     buffer = torch.empty(min(chunk_size, num_queries), num_items, dtype=torch.float32, device=device)

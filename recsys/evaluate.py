@@ -1,0 +1,133 @@
+"""Evaluate a trained run: exact full-corpus top-K, baselines (popularity, EASE), FAISS, a report.
+
+    $ python -m recsys.evaluate run_dir=runs/default
+    $ torchrun --standalone --nproc_per_node=2 -m recsys.evaluate run_dir=runs/default   # users split over ranks
+    $ python scripts/evaluate_recall.py run_dir=runs/tiny ks=[10,20,50,100] ann_kinds=[]
+
+Loads the run's config (``<run_dir>/.hydra/config.yaml``) and its best-epoch weights (any number
+of processes may have saved them; they are resharded for this job), embeds every item and the
+valid / test users on all ranks, and writes ``<run_dir>/eval/``: report.json, report.md,
+recall_at_k.png, recommendations.parquet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from data_pipelines.prepare import prepare_dataset
+from recsys.checkpoint import load_checkpoint
+from recsys.config import Config, register_configs
+from recsys.data.batches import FeatureBuilder
+from recsys.data.dataset import load_dataset
+from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
+from recsys.distributed.sharding import shard_model
+from recsys.evaluation.ann import ANN_KINDS
+from recsys.evaluation.evaluator import PRECEDING_SPLITS, Evaluator, embed
+from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
+from recsys.trainer import build_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvaluateConfig:
+    run_dir: str = MISSING  # the training run to evaluate (holds .hydra/ and checkpoints/)
+    checkpoint: str = ""  # checkpoint dir to load; "" = <run_dir>/checkpoints/best
+    ks: List[int] = field(default_factory=lambda: [10, 20, 50, 100])  # cut-offs reported
+    splits: List[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
+    ease: bool = True  # EASE baseline (skipped, with the reason, above ease_max_items items)
+    ease_max_items: int = 50_000  # EASE needs an items x items inverse
+    ann_kinds: List[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
+    batch_size: int = 4096  # users / items embedded per forward pass
+    chunk_size: int = 4096  # query rows per chunked score matmul
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+
+
+def _load_run_config(run_dir: Path) -> Config:
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
+    schema = OmegaConf.structured(Config)
+    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(path)))
+
+
+def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
+    """Collective over all ranks; returns the report on rank 0 (None elsewhere)."""
+    run_dir = Path(ecfg.run_dir)
+    cfg = _load_run_config(run_dir)
+    env = init_distributed(ecfg.device, cfg.sharding.backend)
+    sharded = None
+    try:
+        sharded, report = _evaluate(ecfg, cfg, run_dir, env)
+        return report
+    finally:
+        del sharded
+        destroy_distributed(env)
+
+
+def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
+    dataset_dir = [str(prepare_dataset(cfg.data)) if env.is_main else None]
+    if env.world_size > 1:
+        torch.distributed.broadcast_object_list(dataset_dir, src=0)
+    data = load_dataset(dataset_dir[0])
+    sharded = shard_model(build_task(cfg, data), sharding=cfg.sharding, sparse=cfg.optim.sparse,
+                          dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
+    checkpoint = Path(ecfg.checkpoint) if ecfg.checkpoint else run_dir / "checkpoints" / "best"
+    load_checkpoint(sharded, checkpoint, env=env, with_optimizer=False)
+    two_tower = sharded.module.module.model
+    two_tower.eval()
+    builder = FeatureBuilder(data, cfg.data.history_length)
+    evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)
+    common = dict(batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
+
+    item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common)
+    splits = {}
+    for split in ecfg.splits:
+        if split not in PRECEDING_SPLITS:
+            raise ValueError(f"splits: {split!r} is not evaluable; choose from {sorted(PRECEDING_SPLITS)}")
+        users, relevant, exclude, timeline = evaluator.protocol(split)
+        user_emb = embed(two_tower, builder, side="query", ids=users, timeline=timeline, **common)
+        splits[split] = SplitInputs(users=users, user_emb=user_emb, relevant=relevant, exclude=exclude,
+                                    masked_splits=PRECEDING_SPLITS[split])
+    report = None
+    if env.is_main:
+        train = data.splits["train"]
+        inputs = EvalInputs(
+            item_emb=item_emb, splits=splits, ks=ecfg.ks,
+            train=UserItemCSR.from_pairs(train.user_ids, train.item_ids, num_users=data.num_users, num_items=data.num_items),
+            item_train_counts=data.item_counts(), dataset_dir=data.dir, checkpoint=str(checkpoint.resolve()),
+            extra={"run_dir": str(run_dir.resolve()), "world_size": env.world_size},
+        )
+        options = ReportOptions(ease=ecfg.ease, ease_max_items=ecfg.ease_max_items, ann_kinds=ecfg.ann_kinds,
+                                chunk_size=ecfg.chunk_size, device=env.device.type)
+        report = evaluate_and_report(inputs, run_dir, options)
+        print((run_dir / "eval" / "report.md").read_text(), flush=True)
+    return sharded, report
+
+
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+register_configs()
+
+
+@record
+@hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    if int(os.environ.get("RANK", "0")) != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    evaluate_run(OmegaConf.to_object(cfg))
+
+
+if __name__ == "__main__":
+    main()

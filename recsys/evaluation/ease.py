@@ -1,0 +1,203 @@
+"""EASE (Steck 2019, "Embarrassingly Shallow Autoencoders for Sparse Data"): the strong linear baseline.
+
+With X the binary user x item training matrix [U, I] and G = XᵀX (item co-occurrence counts):
+
+    P = (G + λI)⁻¹,      B = I - P · diagMat(1 / diag(P))      (so diag(B) = 0, B_ij = -P_ij / P_jj)
+
+A user's scores are ``x_u B`` where x_u [I] is the binary vector of the items they have seen; they
+are ranked by ``chunked_topk`` with the same masking and tie rule as the two-tower.
+
+Protocol used in the report: B is fitted on the training interactions only (what the two-tower
+learns from); a user's history row is the items masked for the split (train for valid, train and
+valid for test), the same items the two-tower's query sees. λ is the value of a log-spaced grid
+with the best validation Recall@20 (``tune_ease``).
+
+Cost: G is [I, I] and the inverse O(I³) (27k items: ~2e13 flops, 2.9 GB per float32 matrix), so
+the report fits EASE only when I <= ``MAX_EASE_ITEMS``. Scoring costs nnz(history) x I per split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import contextlib
+import warnings
+
+import numpy as np
+import torch
+
+from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.metrics import compute_metrics
+from recsys.evaluation.retrieval import chunked_topk
+
+MAX_EASE_ITEMS = 50_000  # B alone is 50k² float32 = 10 GB; beyond that EASE is skipped
+DEFAULT_LAMBDAS = (10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)  # 10..1e4, half-decade steps
+# Below this density a history chunk is multiplied as a sparse CSR matrix (nnz x I work), above
+# it as a dense one (C x I x I): on CPU torch's sparse mm runs ~30x below dense GEMM throughput.
+SPARSE_DENSITY = 0.02
+
+
+@contextlib.contextmanager
+def _quiet_sparse():
+    """Silences torch's one-off "Sparse CSR tensor support is in beta" warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        yield
+
+
+def _csr_tensor(csr: UserItemCSR, start: int, stop: int, device: torch.device) -> torch.Tensor:
+    """Rows ``start:stop`` of ``csr`` as a float32 sparse CSR tensor [stop - start, I] of ones."""
+    lo, hi = int(csr.indptr[start]), int(csr.indptr[stop])
+    crow = torch.from_numpy(csr.indptr[start : stop + 1] - lo)
+    col = torch.from_numpy(csr.indices[lo:hi])
+    values = torch.ones(hi - lo, dtype=torch.float32)
+    with _quiet_sparse():
+        return torch.sparse_csr_tensor(crow, col, values, (stop - start, csr.num_items), check_invariants=False).to(device)
+
+
+def gram_matrix(train: UserItemCSR, *, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu", block: int = 2048) -> torch.Tensor:
+    """G = XᵀX for the binary matrix X of ``train`` [U rows, I items]; dense [I, I] of ``dtype``.
+
+    Computed as sparse(Xᵀ) @ dense(X[:, cols]) for blocks of ``block`` item columns: nnz x I work,
+    and never a dense U x I matrix.
+    """
+    device = torch.device(device)
+    num_items = train.num_items
+    users = torch.from_numpy(train.row_user_ids())
+    items = torch.from_numpy(train.indices)
+    with _quiet_sparse():
+        xt = torch.sparse_coo_tensor(
+            torch.stack([items, users]), torch.ones(train.nnz, dtype=torch.float32), (num_items, train.num_users), check_invariants=False
+        ).coalesce().to_sparse_csr().to(device)  # [I, U]
+    gram = torch.zeros(num_items, num_items, dtype=dtype, device=device)
+    order = np.argsort(train.indices, kind="stable")  # the pairs in column (item) order
+    items_sorted = train.indices[order]
+    users_sorted = train.row_user_ids()[order]
+    for lo in range(0, num_items, block):
+        hi = min(lo + block, num_items)
+        a, b = np.searchsorted(items_sorted, [lo, hi])
+        cols = torch.zeros(train.num_users, hi - lo, dtype=torch.float32, device=device)  # X[:, lo:hi]
+        cols[torch.from_numpy(users_sorted[a:b]).to(device), torch.from_numpy(items_sorted[a:b] - lo).to(device)] = 1.0
+        gram[:, lo:hi] = torch.sparse.mm(xt, cols).to(dtype)  # counts < 2**24 are exact in float32
+    return gram
+
+
+def ease_from_gram(gram: torch.Tensor, lam: float) -> torch.Tensor:
+    """B [I, I] (float32, diag 0) from G [I, I]: B = I - P diagMat(1/diag(P)), P = (G + λI)⁻¹.
+
+    G + λI is symmetric positive definite for λ > 0, so P comes from its Cholesky factor.
+    """
+    if lam <= 0:
+        raise ValueError(f"lam must be > 0, got {lam}")
+    a = gram.clone()
+    a.diagonal().add_(lam)
+    p = torch.cholesky_inverse(torch.linalg.cholesky(a))
+    del a
+    b = p.div_(-p.diagonal().clone())  # column j divided by -P_jj: B_ij = -P_ij / P_jj
+    b.diagonal().zero_()
+    return b.to(torch.float32)
+
+
+def fit_ease(train: UserItemCSR, lam: float, *, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> torch.Tensor:
+    """The EASE weight matrix B, float32 [I, I], diag 0, fitted on the binary ``train`` matrix.
+
+    Args:
+        train: [U rows, I items] CSR of training interactions (repeats already collapsed).
+        lam: L2 weight λ > 0.
+        dtype: precision of G and of the inverse (float64 by default, as in Steck's code).
+    """
+    return ease_from_gram(gram_matrix(train, dtype=dtype, device=device), lam)
+
+
+def ease_topk(
+    b: torch.Tensor,
+    history: UserItemCSR,
+    k: int,
+    *,
+    exclude: UserItemCSR | None = None,
+    chunk_size: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k items per user by EASE scores ``x_u B``, with ``exact_topk``'s masking and tie rule.
+
+    Args:
+        b: float32 [I, I] from ``fit_ease`` (on the device to score on).
+        history: [U rows, I items] CSR; row u is the binary input x_u of user u.
+        k, exclude, chunk_size: as in ``exact_topk`` (usually exclude is history itself).
+
+    Returns:
+        scores float32 [U, k], ids int64 [U, k], as in ``exact_topk``.
+    """
+    if b.dim() != 2 or b.shape[0] != b.shape[1] or b.shape[0] != history.num_items:
+        raise ValueError(f"b must be [I, I] with I = {history.num_items}, got {tuple(b.shape)}")
+    b = b.to(torch.float32)
+    device = b.device
+
+    def score_chunk(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        rows = _csr_tensor(history, start, stop, device)
+        nnz = int(history.indptr[stop] - history.indptr[start])
+        if nnz <= SPARSE_DENSITY * (stop - start) * history.num_items:
+            out.copy_(torch.sparse.mm(rows, b))
+            return out
+        return torch.mm(rows.to_dense(), b, out=out)
+
+    return chunked_topk(score_chunk, history.num_users, history.num_items, k, exclude=exclude, chunk_size=chunk_size, device=device)
+
+
+@dataclass
+class EaseTuning:
+    """Result of ``tune_ease``: the chosen λ and the validation metric of every λ tried."""
+
+    best_lambda: float
+    metric: str
+    scores: dict[float, float] = field(default_factory=dict)  # λ -> validation metric
+    num_users: int = 0  # validation users the metric was measured on
+
+
+def tune_ease(
+    train: UserItemCSR,
+    history: UserItemCSR,
+    relevant: UserItemCSR,
+    *,
+    exclude: UserItemCSR | None = None,
+    lambdas: Sequence[float] = DEFAULT_LAMBDAS,
+    k: int = 20,
+    max_users: int | None = 10_000,
+    seed: int = 0,
+    chunk_size: int = 4096,
+    dtype: torch.dtype = torch.float64,
+    device: str | torch.device = "cpu",
+    gram: torch.Tensor | None = None,
+) -> EaseTuning:
+    """Picks λ by validation Recall@k: fit B on ``train`` for each λ, rank, score.
+
+    Args:
+        train: [all users, I] training CSR that B is fitted on (G is computed once).
+        history / relevant / exclude: [V rows] CSRs of the validation users: input rows, held-out
+            items, masked items (exclude defaults to history).
+        lambdas: grid; ties on the metric go to the earlier λ in the grid.
+        max_users: score at most this many validation users, a seeded uniform sample (scoring,
+            not the O(I³) fit, dominates at 10^5 users); None scores all.
+        gram: ``gram_matrix(train)`` if already computed (reused, not modified).
+
+    Returns:
+        ``EaseTuning`` with ``scores[λ] = recall@k`` on the (sampled) validation users.
+    """
+    if not lambdas:
+        raise ValueError("lambdas must not be empty")
+    exclude = history if exclude is None else exclude
+    rows = np.arange(history.num_users)
+    if max_users is not None and history.num_users > max_users:
+        rows = np.sort(np.random.default_rng(seed).choice(history.num_users, size=max_users, replace=False))
+        history, relevant, exclude = (c.select_rows(rows) for c in (history, relevant, exclude))
+    if gram is None:
+        gram = gram_matrix(train, dtype=dtype, device=device)
+    metric = f"recall@{k}"
+    scores: dict[float, float] = {}
+    for lam in lambdas:
+        b = ease_from_gram(gram, float(lam))
+        _, ids = ease_topk(b, history, k, exclude=exclude, chunk_size=chunk_size)
+        del b
+        scores[float(lam)] = compute_metrics(ids.cpu().numpy(), relevant, [k], num_items=train.num_items)[metric]
+    best = max(scores, key=lambda lam: (np.nan_to_num(scores[lam], nan=-1.0), -list(scores).index(lam)))
+    return EaseTuning(best_lambda=best, metric=metric, scores=scores, num_users=int(rows.shape[0]))

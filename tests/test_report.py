@@ -1,0 +1,145 @@
+"""The evaluation report end to end on synthetic arrays: files, numbers, protocol, parquet, names."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.metrics import compute_metrics
+from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, compute_report, evaluate_and_report
+from recsys.evaluation.retrieval import exact_topk, popularity_topk
+
+NUM_USERS, NUM_ITEMS, DIM, KS = 120, 80, 8, [5, 10, 20]
+
+
+def _inputs(dataset_dir=None) -> EvalInputs:
+    rng = np.random.default_rng(0)
+    pop = np.exp(rng.standard_normal(NUM_ITEMS))
+
+    def draw(n: int) -> UserItemCSR:
+        users = np.repeat(np.arange(NUM_USERS), n)
+        items = rng.choice(NUM_ITEMS, size=NUM_USERS * n, p=pop / pop.sum())
+        return UserItemCSR.from_pairs(users, items, num_users=NUM_USERS, num_items=NUM_ITEMS)
+
+    train, valid, test = draw(12), draw(3), draw(3)
+    item_emb = rng.standard_normal((NUM_ITEMS, DIM)).astype(np.float32)
+    user_emb = rng.standard_normal((NUM_USERS, DIM)).astype(np.float32)
+    valid_users = np.arange(NUM_USERS)
+    test_users = np.arange(0, NUM_USERS, 2)  # a subset, not in id order of the full table
+    splits = {
+        "valid": SplitInputs(valid_users, user_emb, valid.select_rows(valid_users), train.select_rows(valid_users), ("train",)),
+        "test": SplitInputs(
+            test_users, torch.from_numpy(user_emb[test_users]), test.select_rows(test_users),
+            train.union(valid).select_rows(test_users), ("train", "valid"),
+        ),  # fmt: skip
+    }
+    return EvalInputs(item_emb=item_emb, splits=splits, train=train, ks=KS, dataset_dir=dataset_dir, checkpoint="runs/x/checkpoints/epoch_3")
+
+
+def _dataset_dir(tmp_path):
+    root = tmp_path / "dataset"
+    (root / "vocab").mkdir(parents=True)
+    (root / "meta.json").write_text(json.dumps({"name": "toy", "protocol": "recbole", "counts": {"train": 1, "valid": 2, "test": 3}}))
+    pd.DataFrame({"raw_id": [f"u{i}" for i in range(NUM_USERS)], "user_id": np.arange(NUM_USERS)}).to_parquet(root / "vocab" / "users.parquet")
+    pd.DataFrame(
+        {"raw_id": np.arange(NUM_ITEMS) + 1000, "item_id": np.arange(NUM_ITEMS), "title": [f"Movie {i}" for i in range(NUM_ITEMS)]}
+    ).to_parquet(root / "vocab" / "items.parquet")
+    return root
+
+
+OPTIONS = ReportOptions(ease_lambdas=(1.0, 30.0), ann_kinds=("flat", "hnsw"), num_seed_items=3, num_similar_items=4)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    inputs = _inputs(_dataset_dir(tmp))
+    report = evaluate_and_report(inputs, tmp / "run", OPTIONS)
+    return inputs, report, tmp / "run" / "eval"
+
+
+def test_writes_every_file_and_no_temporaries(written):
+    _, _, out = written
+    assert sorted(p.name for p in out.iterdir()) == ["recall_at_k.png", "recommendations.parquet", "report.json", "report.md"]
+    assert (out / "recall_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_json_numbers_equal_compute_metrics(written):
+    inputs, report, out = written
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk == report
+    for name, split in inputs.splits.items():
+        _, ids = exact_topk(torch.as_tensor(split.user_emb), torch.from_numpy(inputs.item_emb), 20, exclude=split.exclude)
+        expected = compute_metrics(ids.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
+        assert on_disk["splits"][name]["metrics"]["two_tower"] == pytest.approx(expected, rel=1e-12)
+        counts = torch.from_numpy(np.bincount(inputs.train.indices, minlength=NUM_ITEMS))
+        _, pop = popularity_topk(counts, split.relevant.num_users, 20, exclude=split.exclude)
+        expected_pop = compute_metrics(pop.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
+        assert on_disk["splits"][name]["metrics"]["popularity"] == pytest.approx(expected_pop, rel=1e-12)
+        assert set(on_disk["splits"][name]["metrics"]) == {"two_tower", "popularity", "ease"}
+        curve = on_disk["splits"][name]["recall_curve"]["two_tower"]
+        assert len(curve) == 20 and curve[9] == pytest.approx(expected["recall@10"])
+    assert on_disk["checkpoint"] == "runs/x/checkpoints/epoch_3"
+    assert on_disk["dataset"]["counts"] == {"train": 1, "valid": 2, "test": 3}
+    assert on_disk["ease"]["lambda"] in (1.0, 30.0) and set(on_disk["ease"]["grid"]) == {"1.0", "30.0"}
+    assert on_disk["ann"]["indexes"]["flat"]["recall_vs_exact"] == 1.0
+    assert 0.0 <= on_disk["ann"]["indexes"]["hnsw"]["recall_vs_exact"] <= 1.0
+    assert len(on_disk["gaps"]) == 2 and "% of EASE's" in on_disk["gaps"][1] and "× popularity's" in on_disk["gaps"][1]
+
+
+def test_markdown_states_the_protocol(written):
+    _, report, out = written
+    md = (out / "report.md").read_text()
+    assert f"Full ranking over all {NUM_ITEMS} items" in md
+    assert "each user's train and valid items are masked" in md
+    assert report["gaps"][1] in md
+    assert "## More like this" in md and "**Movie " in md  # named by title
+    assert "![recall at K](recall_at_k.png)" in md
+
+
+def test_recommendations_parquet(written):
+    inputs, report, out = written
+    recs = pd.read_parquet(out / "recommendations.parquet")
+    test = inputs.splits["test"]
+    assert list(recs.columns) == ["split", "user_id", "user_raw_id", "rank", "item_id", "item_raw_id", "title", "score"]
+    assert len(recs) == 20 * test.relevant.num_users and (recs.groupby("user_id").size() == 20).all()
+    assert set(recs["user_id"]) == set(test.users.tolist())
+    first = recs[recs["user_id"] == test.users[1]].sort_values("rank")
+    _, ids = exact_topk(torch.as_tensor(test.user_emb[1:2]), torch.from_numpy(inputs.item_emb), 20, exclude=test.exclude.select_rows([1]))
+    assert first["item_id"].tolist() == ids[0].tolist()
+    assert first["user_raw_id"].iloc[0] == f"u{test.users[1]}"
+    assert (first["item_raw_id"] == first["item_id"] + 1000).all()
+    assert first["title"].iloc[0] == f"Movie {first['item_id'].iloc[0]}"
+    assert first["rank"].tolist() == list(range(1, 21)) and (np.diff(first["score"]) <= 0).all()
+
+
+def test_more_like_this_uses_most_popular_items(written):
+    inputs, report, _ = written
+    counts = np.bincount(inputs.train.indices, minlength=NUM_ITEMS)
+    seeds = [s["item_id"] for s in report["more_like_this"]]
+    assert seeds == np.lexsort((np.arange(NUM_ITEMS), -counts))[:3].tolist()
+    for seed in report["more_like_this"]:
+        assert len(seed["nearest"]) == 4 and seed["item_id"] not in [n["item_id"] for n in seed["nearest"]]
+        assert seed["name"] == f"Movie {seed['item_id']}"
+
+
+def test_ease_and_ann_skipped_with_reasons(monkeypatch):
+    import recsys.evaluation.report as report_module
+
+    def no_faiss(*args, **kwargs):
+        raise ImportError("ANN evaluation needs FAISS ... pip install faiss-cpu")
+
+    monkeypatch.setattr(report_module, "compare_ann", no_faiss)
+    inputs = _inputs()  # no dataset dir: indices instead of raw ids, no titles
+    result = compute_report(inputs, ReportOptions(ease_max_items=50, num_seed_items=2))
+    assert "catalogue of 80 items > 50" in result.report["ease"]["skipped"]
+    assert "pip install faiss-cpu" in result.report["ann"]["skipped"]
+    assert set(result.report["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
+    assert "EASE not run" in result.report["gaps"][0]
+    assert list(result.recommendations.columns) == ["split", "user_id", "rank", "item_id", "score"]
+    assert result.report["more_like_this"][0]["name"].startswith("item ")
