@@ -32,6 +32,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_pipelines.splits import lexsort_fast
+
 __all__ = ["CODE_VERSION", "SPLITS", "is_complete", "read_meta", "write_dataset_dir"]
 
 CODE_VERSION = "recsys-data/1"  # bump when any writer's output for the same input changes
@@ -94,7 +96,7 @@ def _interactions_table(df: pd.DataFrame, split: str, num_users: int, num_items:
     ratings = df["rating"].to_numpy(dtype=np.float32)
     if not np.isfinite(ratings).all():
         raise ValueError(f"{split}.rating: non-finite value(s)")
-    order = np.lexsort((item_ids, timestamps, user_ids))
+    order = lexsort_fast((item_ids, timestamps, user_ids))  # same order as np.lexsort, much faster
     arrays = [pa.array(a[order]) for a in (user_ids, item_ids, timestamps, ratings)]
     return pa.Table.from_arrays(arrays, schema=INTERACTION_SCHEMA)
 

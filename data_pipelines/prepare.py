@@ -2,6 +2,8 @@
 
     $ python -m data_pipelines.prepare                      # the default synthetic dataset
     $ python -m data_pipelines.prepare +experiment=tiny
+    $ python -m data_pipelines.prepare data=movielens_1m    # <data.root>/ml-1m.zip or ml-1m/, else downloaded
+    $ python -m data_pipelines.prepare data=movielens_20m data/protocol=strong_generalization
 
 The trainer calls :func:`prepare_dataset` itself, on rank 0, so this is only needed to prepare
 ahead of a job. Prints the prepared dir's absolute path on its last line.
@@ -9,6 +11,7 @@ ahead of a job. Prints the prepared dir's absolute path on its last line.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -16,13 +19,21 @@ from omegaconf import DictConfig
 
 from recsys.config import DataConfig, register_configs, to_config
 
-PIPELINES = ("synthetic",)
+PIPELINES = ("synthetic", "movielens")
 
 
 def prepare_dataset(cfg: DataConfig) -> Path:
     """Return the absolute path of the prepared dataset dir for ``cfg``, preparing it if needed."""
     if cfg.source == "synthetic":
         from data_pipelines.synthetic import SyntheticSpec, prepare_synthetic
+
+        unsupported = {
+            k: getattr(cfg, k)
+            for k in ("min_rating", "min_user_interactions", "min_item_interactions", "num_heldout_users")
+            if getattr(cfg, k)
+        }
+        if unsupported:
+            raise ValueError(f"data.source=synthetic: {unsupported} apply to MovieLens only; set them to 0")
 
         s = cfg.synthetic
         spec = SyntheticSpec(
@@ -35,6 +46,24 @@ def prepare_dataset(cfg: DataConfig) -> Path:
             seed=s.seed,
         )
         return Path(prepare_synthetic(spec, protocol=cfg.protocol, split_seed=cfg.split_seed, root=Path(cfg.root))).resolve()
+    if cfg.source == "movielens":
+        from data_pipelines.movielens import prepare_movielens
+
+        m = cfg.movielens
+        return prepare_movielens(
+            m.release,
+            root=Path(cfg.root),
+            name=cfg.name,
+            protocol=cfg.protocol,
+            seed=cfg.split_seed,
+            min_rating=cfg.min_rating,
+            min_user_interactions=cfg.min_user_interactions,
+            min_item_interactions=cfg.min_item_interactions,
+            num_heldout_users=cfg.num_heldout_users,
+            url=m.url,
+            md5=m.md5,
+            allow_download=m.download,
+        ).resolve()
     raise ValueError(f"data.source={cfg.source!r}: unknown pipeline; known: {', '.join(PIPELINES)}")
 
 
@@ -43,7 +72,14 @@ register_configs()
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    print(prepare_dataset(to_config(cfg).data))
+    from data_pipelines.movielens import MovieLensError
+
+    try:
+        path = prepare_dataset(to_config(cfg).data)
+    except MovieLensError as e:  # bad or missing input: one message, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(path)
 
 
 if __name__ == "__main__":

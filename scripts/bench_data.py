@@ -1,0 +1,133 @@
+"""Preparing an ml-25m-format dataset vs. just reading its ratings.csv with pyarrow.
+
+    $ .venv/bin/python scripts/bench_data.py                  # 25M rows (~660 MB CSV), a few minutes
+    $ .venv/bin/python scripts/bench_data.py --rows 2000000   # quicker
+
+Generates ``<tmp>/ml-25m/ratings.csv`` (userId,movieId,rating,timestamp; 162,541 users and
+59,047 movies like ml-25m, one rating per (user, movie), sorted by user then movie as GroupLens
+ships it, uniform half-star ratings, so recbole's rating >= 3 keeps half of them)
+and ``movies.csv``, then times, each in a fresh process (so peak RSS is its own):
+
+1. ``pyarrow.csv.read_csv(ratings.csv)`` with default options (the bare read), best of 2;
+2. ``prepare_movielens("ml-25m", protocol=recbole, min_rating=3)``: checksum, parse,
+   filter, ids, split, features, parquet.
+
+Peak RSS is the child's ``ru_maxrss``. Target: prepare <= 2x the read, peak < 6 GiB.
+The last line is a JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+NUM_USERS, NUM_MOVIES = 162_541, 59_047  # ml-25m
+GIB = 1 << 30
+
+
+def generate(folder: Path, rows: int, seed: int = 0) -> None:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    movie_ids = np.sort(rng.choice(209_171, NUM_MOVIES, replace=False)) + 1  # ml-25m's ids are sparse
+    weights = rng.lognormal(0, 1.2, NUM_USERS)
+    counts = rng.multinomial(rows, weights / weights.sum())
+    users = np.repeat(np.arange(1, NUM_USERS + 1, dtype=np.int64), counts)
+    popularity = 1.0 / np.arange(1, NUM_MOVIES + 1) ** 0.9
+    items = rng.choice(NUM_MOVIES, rows, p=popularity / popularity.sum())
+    # one rating per (user, movie), as in MovieLens: redraw repeated pairs uniformly until none is left
+    while True:
+        pairs = users * NUM_MOVIES + items
+        order = np.argsort(pairs, kind="stable")
+        repeated = np.zeros(rows, dtype=bool)
+        repeated[order[1:][pairs[order][1:] == pairs[order][:-1]]] = True
+        if not repeated.any():
+            break
+        items[repeated] = rng.integers(0, NUM_MOVIES, int(repeated.sum()))
+    order = np.lexsort((items, users))  # GroupLens' order: by user, then movie
+    users, items = users[order], movie_ids[items[order]]
+    ratings = rng.integers(1, 11, rows) / 2.0
+    timestamps = rng.integers(789_652_009, 1_574_327_703, rows)
+    table = pa.table({"userId": users, "movieId": items, "rating": ratings, "timestamp": timestamps})
+    with open(folder / "ratings.csv", "wb") as f:
+        f.write(b"userId,movieId,rating,timestamp\n")
+        pacsv.write_csv(table, f, pacsv.WriteOptions(include_header=False))
+    genres = ("Action", "Comedy", "Drama", "Romance", "Thriller", "Sci-Fi", "Documentary")
+    with open(folder / "movies.csv", "w", encoding="utf-8") as f:
+        f.write("movieId,title,genres\n")
+        for m in movie_ids:
+            g = "|".join(sorted({genres[m % 7], genres[(m // 7) % 7]}))
+            f.write(f'{m},"Movie {m}, The ({1900 + m % 120})",{g}\n')
+
+
+CHILD = {  # kind -> (imports, untimed; the timed statement)
+    "read": ("import pyarrow.csv as c", "t = c.read_csv(sys.argv[1] + '/ml-25m/ratings.csv'); print(t.num_rows)"),
+    "prepare": (
+        "from data_pipelines.movielens import prepare_movielens",
+        "print(prepare_movielens('ml-25m', root=sys.argv[1], protocol='recbole', min_rating=3.0, "
+        "allow_download=False, progress=False))",
+    ),
+}
+
+
+def run_child(kind: str, root: Path) -> tuple[float, float, str]:
+    """(wall seconds of the statement alone, peak RSS GiB, stdout) of one fresh process doing ``kind``."""
+    setup, statement = CHILD[kind]
+    code = (
+        "import time, resource, sys; exec(sys.argv[2]); _t = time.perf_counter(); exec(sys.argv[3]); "
+        "print('BENCH', time.perf_counter() - _t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(root), setup, statement], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    line = next(x for x in out.splitlines() if x.startswith("BENCH"))
+    _, seconds, rss_kib = line.split()
+    return float(seconds), int(rss_kib) * 1024 / GIB, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=25_000_000, help="ratings to generate (ml-25m has 25,000,095)")
+    parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temporary one, removed)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp)
+        start = time.perf_counter()
+        generate(root / "ml-25m", args.rows)
+        csv_bytes = (root / "ml-25m" / "ratings.csv").stat().st_size
+        print(f"generated {args.rows:,} rows ({csv_bytes / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f}s", flush=True)
+        reads = [run_child("read", root) for _ in range(2)]  # the first also warms the page cache
+        read_s, read_rss, _ = min(reads)
+        print(f"pyarrow.csv.read_csv: {read_s:.2f}s, peak RSS {read_rss:.2f} GiB", flush=True)
+        prepare_s, prepare_rss, out = run_child("prepare", root)
+        meta = json.loads((Path(out.splitlines()[0]) / "meta.json").read_text())
+        print(f"prepare_movielens:    {prepare_s:.2f}s, peak RSS {prepare_rss:.2f} GiB, counts {meta['counts']}", flush=True)
+    ratio = prepare_s / read_s
+    result = {
+        "rows": args.rows,
+        "csv_mib": round(csv_bytes / 2**20, 1),
+        "read_s": round(read_s, 3),
+        "prepare_s": round(prepare_s, 3),
+        "ratio": round(ratio, 3),
+        "read_peak_rss_gib": round(read_rss, 3),
+        "prepare_peak_rss_gib": round(prepare_rss, 3),
+        "counts": meta["counts"],
+        "num_users": meta["num_users"],
+        "num_items": meta["num_items"],
+        "meets_target": bool(ratio <= 2.0 and prepare_rss < 6.0),
+        "bench_peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 3),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
