@@ -113,6 +113,7 @@ class TrainerConfig:
     log_every_steps: int = 50  # steps between loss / samples-per-second log lines
     progress_bar: bool = True  # tqdm on rank 0
     max_steps_per_epoch: int = 0  # cap on steps per epoch (smoke tests); 0 = the whole epoch
+    pipeline: str = "none"  # "none": plain loop | "sparse_dist": torchrec's TrainPipelineSparseDist (next batch's input all-to-all overlaps this step)
     resume: str = "auto"  # "auto": newest complete checkpoint in the run dir, if any | "none": start over | a path
     checkpoint_every_steps: int = 0  # also checkpoint every N steps inside an epoch; 0 = at epoch ends only
     keep_last_checkpoints: int = 2  # step checkpoints kept (the best-epoch weights are kept apart)

@@ -18,20 +18,23 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Optional
+from itertools import islice
+from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from recsys.config import Config
+from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset
 from recsys.data.features import query_features
-from recsys.distributed.collectives import make_candidate_gather
+from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import ShardedModel, shard_model
 from recsys.evaluation.evaluator import Evaluator
@@ -129,6 +132,26 @@ def _maybe_inject_fault(cfg: Config, env: DistEnv, step: int) -> None:
             os._exit(13)
 
 
+def make_train_step(cfg: Config, sharded: ShardedModel, env: DistEnv):
+    """(pipeline or None, step(batch iterator) -> detached loss); StopIteration when batches run out."""
+    dmp, optimizer = sharded.module, sharded.optimizer
+    if cfg.trainer.pipeline == "sparse_dist":
+        pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
+        return pipeline, lambda batches: pipeline.progress(batches)[0]
+    if cfg.trainer.pipeline != "none":
+        raise ValueError(f"trainer.pipeline={cfg.trainer.pipeline!r}: expected 'none' or 'sparse_dist'")
+
+    def step(batches: Iterator[Batch]) -> torch.Tensor:
+        batch = next(batches).to(env.device)
+        loss, _ = dmp(batch)
+        loss.backward()  # the fused sparse optimizer updates the looked-up rows in here
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach()
+
+    return None, step
+
+
 def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     tcfg = cfg.trainer
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -145,7 +168,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     if env.is_main:
         log.info("sharding plan:\n%s", sharded.plan)
     dmp, optimizer = sharded.module, sharded.optimizer
-    dmp.module.gather_candidates = make_candidate_gather(env.rank, env.world_size)
+    dmp.module.gather_candidates = candidate_gather(env.rank, env.world_size)
     two_tower = dmp.module.model
 
     ckpt_root = run_dir / "checkpoints"
@@ -180,6 +203,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         data, FeatureBuilder(data, cfg.data.history_length), ks=cfg.eval.ks,
         batch_size=cfg.eval.batch_size, chunk_size=cfg.eval.chunk_size,
     )
+    pipeline, train_step = make_train_step(cfg, sharded, env)
     steps_per_epoch = len(batches) if tcfg.max_steps_per_epoch <= 0 else min(len(batches), tcfg.max_steps_per_epoch)
     metrics_log = MetricsLog(run_dir, enabled=env.is_main)
     valid_metric = cfg.eval.valid_metric
@@ -191,19 +215,17 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             progress = tqdm(total=steps_per_epoch, initial=state.next_batch, desc=f"epoch {epoch}",
                             disable=not (env.is_main and tcfg.progress_bar), leave=False)
             epoch_start, window_start, window_losses = time.perf_counter(), time.perf_counter(), []
-            for i, batch in enumerate(batches.epoch(epoch, start_batch=state.next_batch), start=state.next_batch):
-                if i >= steps_per_epoch:
+            remaining = islice(batches.epoch(epoch, start_batch=state.next_batch), max(0, steps_per_epoch - state.next_batch))
+            for i in range(state.next_batch, steps_per_epoch):
+                try:
+                    loss = train_step(remaining)
+                except StopIteration:
                     break
-                batch = batch.to(env.device)
-                loss, _ = dmp(batch)
-                loss.backward()  # the fused sparse optimizer updates the looked-up rows in here
-                optimizer.step()
-                optimizer.zero_grad()
                 state.step += 1
                 state.next_batch = i + 1
                 steps_this_run += 1
                 progress.update(1)
-                window_losses.append(loss.detach())
+                window_losses.append(loss)
                 if state.step % tcfg.log_every_steps == 0 or i == steps_per_epoch - 1:
                     mean_loss = _global_mean(torch.stack(window_losses).mean(), env)
                     elapsed = time.perf_counter() - window_start
@@ -218,6 +240,8 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                 _maybe_inject_fault(cfg, env, state.step)
             progress.close()
             state.train_seconds += time.perf_counter() - epoch_start
+            if pipeline is not None:
+                pipeline.detach()  # give the sharded modules their own forward back for evaluation
 
             valid = evaluator.evaluate(two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size)
             score = valid["two_tower"][valid_metric]

@@ -39,10 +39,10 @@ def run(run_dir, data_root, nproc, extra=()):
     return losses, json.loads((run_dir / "results.json").read_text())
 
 
-@pytest.mark.parametrize("sharding", ["table_wise", "column_wise"])
-def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, tiny_data, sharding):
+@pytest.mark.parametrize("sharding,pipeline", [("table_wise", "none"), ("column_wise", "sparse_dist")])
+def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, tiny_data, sharding, pipeline):
     single, single_results = run(tmp_path / "one", data_root, 1, [f"sharding={sharding}"])
-    double, double_results = run(tmp_path / "two", data_root, 2, [f"sharding={sharding}"])
+    double, double_results = run(tmp_path / "two", data_root, 2, [f"sharding={sharding}", f"trainer.pipeline={pipeline}"])
     assert len(single) == len(double) == 24
     assert single[-1] < single[0]  # it learns
     for step, (a, b) in enumerate(zip(single, double)):

@@ -8,27 +8,33 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
-from recsys.model.task import GatherFn, _no_gather
+from torch import nn
+
+from recsys.model.task import LocalCandidates
 
 
-def make_candidate_gather(rank: int, world_size: int) -> GatherFn:
+class GatheredCandidates(nn.Module):
     """All-gather equal-sized candidate blocks in rank order; differentiable for float inputs.
 
     Gradients flowing into other ranks' blocks are summed back to their owner (the backward of
     all_gather), which together with DDP's average makes N ranks match one process.
     """
-    if world_size == 1:
-        return _no_gather
 
-    def gather(t: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    def __init__(self, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.rank, self.world_size = rank, world_size
+
+    def forward(self, t: torch.Tensor) -> Tuple[torch.Tensor, int]:
         if t.requires_grad:
             parts: List[torch.Tensor] = list(dist_fn.all_gather(t.contiguous()))
         else:
-            parts = [torch.empty_like(t) for _ in range(world_size)]
+            parts = [torch.empty_like(t) for _ in range(self.world_size)]
             dist.all_gather(parts, t.contiguous())
-        return torch.cat(parts), rank * t.shape[0]
+        return torch.cat(parts), self.rank * t.shape[0]
 
-    return gather
+
+def candidate_gather(rank: int, world_size: int) -> nn.Module:
+    return LocalCandidates() if world_size == 1 else GatheredCandidates(rank, world_size)
 
 
 def all_gather_rows(t: torch.Tensor, world_size: int) -> torch.Tensor:

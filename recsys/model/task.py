@@ -14,7 +14,7 @@ torchrec / DDP averaging gradients over ranks, N ranks follow the same curve as 
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,14 +23,19 @@ from torch import nn
 from recsys.data.batch import Batch
 from recsys.model.two_tower import TwoTower
 
-# (local candidates) -> (candidates of every rank concatenated in rank order, offset of this rank's rows)
-GatherFn = Callable[[torch.Tensor], Tuple[torch.Tensor, int]]
+class LocalCandidates(nn.Module):
+    """One process: the candidates are this rank's own. recsys.distributed swaps in a gather.
+
+    forward(local candidates) -> (candidates of every rank in rank order, offset of this rank's
+    rows). A module, not a function, so that torch.fx (TrainPipelineSparseDist traces forward()
+    to find the sparse inputs) treats it as a leaf instead of tracing into a collective.
+    """
+
+    def forward(self, t: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        return t, 0
 
 
-def _no_gather(t: torch.Tensor) -> Tuple[torch.Tensor, int]:
-    return t, 0
-
-
+@torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward(): it assigns into a mask
 def sampled_softmax_loss(
     queries: torch.Tensor,
     candidates: torch.Tensor,
@@ -73,7 +78,7 @@ class RetrievalTask(nn.Module):
         self.num_uniform_negatives = num_uniform_negatives
         counts = item_counts.to(torch.float64)
         self.register_buffer("item_probs", (counts / counts.sum()).to(torch.float32), persistent=False)
-        self.gather_candidates: GatherFn = _no_gather
+        self.gather_candidates: nn.Module = LocalCandidates()
 
     def candidate_log_q(self, item_ids: torch.Tensor, global_batch_size: int) -> torch.Tensor:
         num_items = self.item_probs.numel()
@@ -84,8 +89,9 @@ class RetrievalTask(nn.Module):
     def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         n = batch.num_queries
         queries, candidates = self.model(batch.features, n)
-        positives, offset = self.gather_candidates(candidates[:n])
-        positive_ids, _ = self.gather_candidates(batch.candidate_item_ids[:n])
+        gathered = self.gather_candidates(candidates[:n])
+        positives, offset = gathered[0], gathered[1]  # indexing, not unpacking: fx-traceable
+        positive_ids = self.gather_candidates(batch.candidate_item_ids[:n])[0]
         all_candidates = torch.cat([positives, candidates[n:]])
         all_ids = torch.cat([positive_ids, batch.candidate_item_ids[n:]])
         labels = torch.arange(offset, offset + n, device=queries.device)
