@@ -55,7 +55,7 @@ class EvaluateConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda"
 
 
-def _load_run_config(run_dir: Path) -> Config:
+def load_run_config(run_dir: Path) -> Config:
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
@@ -66,7 +66,7 @@ def _load_run_config(run_dir: Path) -> Config:
 def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
     """Collective over all ranks; returns the report on rank 0 (None elsewhere)."""
     run_dir = Path(ecfg.run_dir)
-    cfg = _load_run_config(run_dir)
+    cfg = load_run_config(run_dir)
     env = init_distributed(ecfg.device, cfg.sharding.backend)
     sharded = None
     try:
@@ -77,15 +77,21 @@ def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
         destroy_distributed(env)
 
 
-def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
+def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv):
+    """Collective: (dataset, sharded model with the checkpoint's weights, checkpoint path) for this job's ranks."""
     dataset_dir = [str(prepare_dataset(cfg.data)) if env.is_main else None]
     if env.world_size > 1:
         torch.distributed.broadcast_object_list(dataset_dir, src=0)
     data = load_dataset(dataset_dir[0])
     sharded = shard_model(build_task(cfg, data), sharding=cfg.sharding, sparse=cfg.optim.sparse,
                           dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
-    checkpoint = Path(ecfg.checkpoint) if ecfg.checkpoint else run_dir / "checkpoints" / "best"
-    load_checkpoint(sharded, checkpoint, env=env, with_optimizer=False)
+    path = Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"
+    load_checkpoint(sharded, path, env=env, with_optimizer=False)
+    return data, sharded, path
+
+
+def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
+    data, sharded, checkpoint = load_trained(cfg, run_dir, ecfg.checkpoint, env)
     two_tower = sharded.module.module.model
     two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length)

@@ -1,0 +1,60 @@
+"""Serving bundle round trip: a plain process without torchrec reproduces the trained model's scores."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from recsys.data.batches import FeatureBuilder, latest_items
+from recsys.evaluate import load_trained
+from recsys.evaluation.evaluator import Evaluator, embed
+from recsys.export import ExportConfig, export_run
+from recsys.trainer import fit
+from tests.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SERVE = """
+import sys, numpy as np
+from recsys.serving import load_bundle
+bundle = load_bundle(sys.argv[1])
+inputs = np.load(sys.argv[2])
+queries = bundle.encode(inputs["users"], inputs["lengths"], inputs["items"])
+np.save(sys.argv[3], bundle.scores(queries).numpy())
+assert not any(m.startswith("torchrec") or m.startswith("fbgemm") for m in sys.modules), "serving imported torchrec"
+"""
+
+
+def test_exported_bundle_reproduces_training_time_scores(tmp_path, data_root, process_group):
+    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=10"])
+    run_dir = tmp_path / "run"
+    fit(cfg, run_dir)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")  # as `python -m recsys.train` writes it
+    bundle = export_run(ExportConfig(run_dir=str(run_dir)))
+
+    # training-time embeddings of the test users and of every item, from the sharded model
+    data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
+    two_tower = sharded.module.module.model.eval()
+    builder = FeatureBuilder(data, cfg.data.history_length)
+    users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
+    common = dict(batch_size=64, device=torch.device("cpu"))
+    expected = embed(two_tower, builder, side="query", ids=users, timeline=timeline, **common) @ \
+        embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common).t()
+
+    lengths, items = latest_items(timeline, users, data.num_users, cfg.data.history_length)
+    np.savez(tmp_path / "inputs.npz", users=users, lengths=lengths, items=items)
+    proc = subprocess.run([sys.executable, "-c", SERVE, str(bundle), str(tmp_path / "inputs.npz"), str(tmp_path / "scores.npy")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    served = np.load(tmp_path / "scores.npy")
+    assert served.shape == (len(users), data.num_items)
+    np.testing.assert_allclose(served, expected.numpy(), rtol=1e-5, atol=1e-6)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["num_items"] == 300 and manifest["dim"] == 16
+    assert np.load(bundle / "item_embeddings.npy").shape == (300, 16)
