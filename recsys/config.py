@@ -71,9 +71,11 @@ class ModelConfig:
 
 @dataclass
 class SparseOptimConfig:
-    name: str = "rowwise_adagrad"  # fused table optimizer: "rowwise_adagrad" | "adagrad" | "sgd" (+ "adam" on GPU)
+    name: str = "rowwise_adagrad"  # fused: "rowwise_adagrad" | "adagrad" | "sgd"; GPU only: "adam" | "partial_rowwise_adam" | "lamb" | "partial_rowwise_lamb"
     lr: float = 0.05  # table learning rate
     eps: float = 1e-8  # Adagrad / Adam epsilon
+    beta1: float = 0.9  # Adam / LAMB first-moment decay
+    beta2: float = 0.999  # Adam / LAMB second-moment decay
     weight_decay: float = 0.0  # L2 on looked-up rows; 0 disables
 
 
@@ -94,6 +96,7 @@ class OptimConfig:
 class TableShardingConfig:
     sharding_types: List[str] = field(default_factory=list)  # allowed torchrec sharding types; [] = planner decides
     compute_kernels: List[str] = field(default_factory=lambda: ["fused"])  # "fused" | "fused_uvm_caching" (GPU) | "dense"
+    cache_load_factor: float = 0.0  # fused_uvm_caching: share of rows cached in HBM; 0 = torchrec's default (0.2)
 
 
 @dataclass

@@ -231,6 +231,8 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                     elapsed = time.perf_counter() - window_start
                     samples_per_s = len(window_losses) * tcfg.global_batch_size / max(elapsed, 1e-9)
                     metrics_log.write({"step": state.step, "epoch": epoch, "loss": mean_loss, "samples_per_s": samples_per_s})
+                    if env.is_main and not tcfg.progress_bar:
+                        log.info("epoch %d step %d: loss %.4f, %.0f samples/s", epoch, state.step, mean_loss, samples_per_s)
                     progress.set_postfix(loss=f"{mean_loss:.4f}")
                     window_start, window_losses = time.perf_counter(), []
                 if tcfg.checkpoint_every_steps and state.step % tcfg.checkpoint_every_steps == 0 and i < steps_per_epoch - 1:

@@ -122,3 +122,21 @@ def test_fill_rows_of_any_shard_equals_the_same_slice_of_the_full_table():
     other = torch.empty(num_rows, dim)
     fill_rows(other, seed=6, table="item", row0=0, col0=0, num_rows=num_rows, dim=dim)
     assert not torch.equal(other, full)
+
+
+def test_cuda_only_sharding_choices_are_refused_on_cpu():
+    import torch
+
+    from recsys.distributed.sharding import planner_constraints
+
+    tables = {"user", "item", "category"}
+    uvm = ShardingConfig(tables={"item": TableShardingConfig(compute_kernels=["fused_uvm_caching"])})
+    with pytest.raises(ValueError, match="sharding.tables.item.compute_kernels: 'fused_uvm_caching' needs CUDA"):
+        planner_constraints(uvm, torch.device("cpu"), tables)
+    row_wise = ShardingConfig(tables={"user": TableShardingConfig(sharding_types=["row_wise"])})
+    with pytest.raises(ValueError, match="sharding.tables.user.sharding_types: 'row_wise' needs CUDA"):
+        planner_constraints(row_wise, torch.device("cpu"), tables)
+    # on CUDA both are valid constraints, and an empty list means every model-parallel type
+    planner_constraints(uvm, torch.device("cuda"), tables)
+    auto = planner_constraints(ShardingConfig(tables={"user": TableShardingConfig()}), torch.device("cuda"), tables)
+    assert "row_wise" in auto["user"].sharding_types and "data_parallel" not in auto["user"].sharding_types

@@ -17,8 +17,9 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.types import ShardingEnv, ShardingPlan, ShardingType
-from torchrec.optim import RowWiseAdagrad
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingPlan, ShardingType
+from torchrec.optim import LAMB, PartialRowWiseAdam, PartialRowWiseLAMB, RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -33,7 +34,11 @@ SPARSE_OPTIMIZERS: Dict[str, Tuple[Type[torch.optim.Optimizer], Tuple[str, ...]]
     "sgd": (torch.optim.SGD, ("cpu", "cuda")),
     "adagrad": (torch.optim.Adagrad, ("cpu", "cuda")),
     "rowwise_adagrad": (RowWiseAdagrad, ("cpu", "cuda")),
-    "adam": (torch.optim.Adam, ("cuda",)),  # fbgemm: "not supported in CPU mode"
+    # fbgemm's Adam family: "not supported in CPU mode"
+    "adam": (torch.optim.Adam, ("cuda",)),
+    "partial_rowwise_adam": (PartialRowWiseAdam, ("cuda",)),  # Adam with one second moment per row
+    "lamb": (LAMB, ("cuda",)),
+    "partial_rowwise_lamb": (PartialRowWiseLAMB, ("cuda",)),
 }
 DENSE_OPTIMIZERS: Dict[str, Type[torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
@@ -42,6 +47,7 @@ DENSE_OPTIMIZERS: Dict[str, Type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
 }
 CPU_SHARDING_TYPES = {"data_parallel", "table_wise", "column_wise", "table_column_wise"}
+CUDA_ONLY_KERNELS = {"fused_uvm", "fused_uvm_caching"}  # tables in host memory behind an HBM cache
 # What an empty sharding_types list means: every model-parallel type the device offers
 # (data_parallel must be asked for by name: it has no fused optimizer).
 MODEL_PARALLEL_TYPES = {
@@ -70,6 +76,8 @@ def sparse_optimizer_kwargs(cfg: SparseOptimConfig, device: torch.device) -> Tup
     kwargs: Dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
     if cfg.name != "sgd":
         kwargs["eps"] = cfg.eps
+    if cfg.name in ("adam", "partial_rowwise_adam", "lamb", "partial_rowwise_lamb"):
+        kwargs["betas"] = (cfg.beta1, cfg.beta2)
     return cls, kwargs
 
 
@@ -85,9 +93,15 @@ def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) 
                 raise ValueError(
                     f"sharding.tables.{table}.sharding_types: {st!r} needs CUDA; on CPU use {sorted(CPU_SHARDING_TYPES)}"
                 )
+        for kernel in tcfg.compute_kernels:
+            if kernel not in {k.value for k in EmbeddingComputeKernel}:
+                raise ValueError(f"sharding.tables.{table}.compute_kernels: unknown kernel {kernel!r}")
+            if device.type == "cpu" and kernel in CUDA_ONLY_KERNELS:
+                raise ValueError(f"sharding.tables.{table}.compute_kernels: {kernel!r} needs CUDA (UVM); on CPU use 'fused'")
         constraints[table] = ParameterConstraints(
             sharding_types=list(tcfg.sharding_types) or MODEL_PARALLEL_TYPES[device.type],
             compute_kernels=list(tcfg.compute_kernels) or None,
+            cache_params=CacheParams(load_factor=tcfg.cache_load_factor) if tcfg.cache_load_factor > 0 else None,
         )
     return constraints
 
