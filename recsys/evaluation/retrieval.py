@@ -143,19 +143,6 @@ def topk_from_scores(
         vals = torch.nn.functional.pad(vals, (0, k - width), value=float("-inf"))
         ids = torch.nn.functional.pad(ids, (0, k - width), value=-1)
     return vals, ids
-    # One score buffer reused by every chunk: a fresh chunk_size x I allocation per chunk costs
-    # page faults that, on CPU, take longer than the matmul itself.
-    buffer = torch.empty(min(chunk_size, num_queries), num_items, dtype=torch.float32, device=device)
-    for start in range(0, num_queries, chunk_size):
-        stop = min(start + chunk_size, num_queries)
-        scores = torch.mm(queries[start:stop].to(dtype=torch.float32), items_t, out=buffer[: stop - start])  # [C, I]
-        if exclude is not None:
-            _mask_excluded(scores, exclude, start, stop)
-        vals, ids = _topk_lowest_id_ties(scores, k, num_candidates)
-        width = vals.shape[1]
-        out_scores[start:stop, :width] = vals
-        out_ids[start:stop, :width] = torch.where(torch.isneginf(vals), -1, ids)
-    return out_scores, out_ids
 
 
 def popularity_topk(
