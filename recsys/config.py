@@ -10,6 +10,7 @@ Required values are ``???`` (``MISSING``), never ``None``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
@@ -147,8 +148,28 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
+def reject_unknown_keys(cfg: DictConfig, path: str = "") -> None:
+    """Raise on a key no schema declares, e.g. one appended with '+' (``+cluster.hbm_gbb=1``).
+
+    Hydra's ``+`` adds keys even to a structured node, and ``OmegaConf.to_object`` then drops
+    them silently; this makes an appended typo fail like a plain one.
+    """
+    schema = OmegaConf.get_type(cfg)
+    if dataclasses.is_dataclass(schema):
+        known = {f.name for f in dataclasses.fields(schema)}
+        for key in cfg.keys():
+            if key not in known:
+                raise ValueError(f"Key '{key}' not in '{schema.__name__}'\n    full_key: {path}{key}")
+    for key in cfg.keys():
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            reject_unknown_keys(child, f"{path}{key}.")
+
+
+
 def to_config(cfg: DictConfig) -> Config:
-    """Validated ``DictConfig`` -> plain dataclasses (raises on missing ``???`` values)."""
+    """Validated ``DictConfig`` -> plain dataclasses (raises on missing ``???`` values and unknown keys)."""
+    reject_unknown_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ValueError(f"config values required but not set: {', '.join(missing)}")

@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.checkpoint import load_checkpoint
-from recsys.config import Config, register_configs
+from recsys.config import Config, register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import load_dataset
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
@@ -132,6 +132,7 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         logging.getLogger().setLevel(logging.WARNING)
+    reject_unknown_keys(cfg)
     evaluate_run(OmegaConf.to_object(cfg))
 
 

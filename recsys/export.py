@@ -28,7 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from recsys.config import register_configs
+from recsys.config import register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.evaluate import load_run_config, load_trained
@@ -146,6 +146,7 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         logging.getLogger().setLevel(logging.WARNING)
+    reject_unknown_keys(cfg)
     print(export_run(OmegaConf.to_object(cfg)))
 
 

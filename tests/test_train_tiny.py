@@ -62,3 +62,8 @@ def test_unknown_sharding_table_is_refused(tmp_path, data_root, process_group):
     cfg.sharding.tables["items"] = TableShardingConfig(sharding_types=["table_wise"])
     with pytest.raises(ValueError, match=r"sharding.tables.items: no such table"):
         fit(cfg, tmp_path)
+
+
+def test_appended_config_typo_is_refused_too():
+    with pytest.raises(ValueError, match=r"Key 'epochz' not in 'TrainerConfig'\n    full_key: trainer.epochz"):
+        tiny_config(["+trainer.epochz=3"])

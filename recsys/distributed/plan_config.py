@@ -1,0 +1,316 @@
+"""Planner dry runs: plan the model for a cluster you don't have, allocating nothing.
+
+The schema of ``conf/plan.yaml`` (registered as ``plan_schema``, so a misspelt key fails before
+any work) and :func:`plan_dry_run`, which ``scripts/plan_sharding.py`` calls::
+
+    RetrievalTask(TwoTower) built on the meta device (tables, towers, buffers: no storage)
+      -> EmbeddingShardingPlanner(Topology(world_size, "cuda", hbm_cap, ddr_cap, local_world_size),
+                                  constraints from the sharding group).plan(module, sharders)
+      -> per table: sharding type, compute kernel, ranks of its shards
+         per rank:  HBM / DDR of the shards placed there (the planner's own storage estimates:
+                    weights + fused optimizer state + lookup buffers)
+
+No process group: ``planner.plan`` is the single-process half of the ``collective_plan`` that
+``shard_model`` calls. The planner sees the same module, sharder, constraints, storage
+reservation (torchrec's default: 15% of HBM plus dense parameters and input batches) and fused
+sparse optimizer as a real run, so a plan that fits here fits there.
+
+Memory is in GB of 2**30 bytes, the unit torchrec's planner prints and ``hbm_cap_gb`` uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional
+
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import PlannerError, ShardingOption, Stats
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from recsys.config import reject_unknown_keys
+from recsys.config import ModelConfig, OptimConfig, ShardingConfig
+from recsys.data.features import query_features
+from recsys.distributed.sharding import planner_constraints, sparse_optimizer_kwargs
+from recsys.model.task import RetrievalTask
+from recsys.model.two_tower import TwoTower, table_configs
+
+GB = 1024**3  # torchrec's planner "GB" (and sharding.hbm_cap_gb): 2**30 bytes
+TABLES = ("user", "item", "category")
+WHOLE_TABLE_TYPES = {"table_wise", "data_parallel"}  # sharding types that never split a table
+
+
+@dataclass
+class ClusterConfig:
+    world_size: int = MISSING  # ranks = devices in the whole cluster
+    local_world_size: int = MISSING  # devices per host; must divide world_size
+    hbm_gb: float = MISSING  # device memory per device, GB (2**30 bytes)
+    ddr_gb: float = MISSING  # host memory per device (the host's RAM / local_world_size), GB
+    compute_device: str = "cuda"  # "cuda" | "cpu": which sharding types and kernels the planner may use
+    batch_size_per_rank: int = 512  # examples per rank per step, for the planner's perf model and input reservation; 512 = torchrec's default, what shard_model plans with
+
+
+@dataclass
+class TableRowsConfig:
+    user: int = MISSING  # rows of the user table (users)
+    item: int = MISSING  # rows of the item table (items)
+    category: int = MISSING  # rows of the category table (categories)
+
+
+@dataclass
+class PlanConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)  # table dims / poolings and towers (the `model` group)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # per-table constraints (the `sharding` group); its device / backend / hbm_cap_gb are ignored: the cluster says
+    optim: OptimConfig = field(default_factory=OptimConfig)  # the fused sparse optimizer's state is part of each shard's storage
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # the cluster planned for (the `cluster` group)
+    num_rows: TableRowsConfig = field(default_factory=TableRowsConfig)  # rows per table
+    history_length: int = 20  # as data.history_length: 0 drops the query-side history features (fewer inputs to reserve for)
+
+
+def register_plan_configs() -> None:
+    ConfigStore.instance().store(name="plan_schema", node=PlanConfig)
+
+
+@dataclass
+class TablePlan:
+    num_rows: int
+    embedding_dim: int
+    sharding_type: str
+    compute_kernel: str
+    shard_ranks: List[int]  # one entry per shard (a rank may hold several column-wise shards)
+
+    @property
+    def ranks(self) -> List[int]:
+        return sorted(set(self.shard_ranks))
+
+
+@dataclass
+class RankUse:
+    hbm_bytes: int = 0
+    ddr_bytes: int = 0
+    tables: List[str] = field(default_factory=list)
+
+
+@dataclass
+class PlanReport:
+    fits: bool
+    cluster: ClusterConfig
+    table_bytes: Dict[str, int]  # weights alone, fp32: rows x dim x 4
+    tables: Dict[str, TablePlan] = field(default_factory=dict)  # empty when it does not fit
+    ranks: List[RankUse] = field(default_factory=list)  # world_size entries when it fits
+    usable_hbm_bytes: Optional[int] = None  # per rank, after the planner's reservation
+    usable_ddr_bytes: Optional[int] = None
+    reason: str = ""  # why it does not fit ("" when it does)
+
+    def summary(self) -> dict:
+        """The one-line JSON printed last by scripts/plan_sharding.py."""
+        out: dict = {
+            "fits": self.fits,
+            "tables": {
+                name: {
+                    "sharding_type": t.sharding_type,
+                    "ranks": t.ranks,
+                    "compute_kernel": t.compute_kernel,
+                    "num_shards": len(t.shard_ranks),
+                }
+                for name, t in self.tables.items()
+            },
+            # null when there is no plan (no shard has a rank)
+            "max_rank_hbm_gb": round(max(r.hbm_bytes for r in self.ranks) / GB, 3) if self.ranks else None,
+            "max_rank_ddr_gb": round(max(r.ddr_bytes for r in self.ranks) / GB, 3) if self.ranks else None,
+        }
+        if not self.fits:
+            out["reason"] = self.reason
+        return out
+
+
+class _LastPlan(Stats):
+    """Keeps what the planner hands its stats: the chosen plan (or, failing, the last proposal)."""
+
+    def __init__(self) -> None:
+        self.best_plan: Optional[List[ShardingOption]] = None
+        self.reserved_topology: Optional[Topology] = None
+
+    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
+            run_time, best_plan, *args, **kwargs) -> None:
+        self.best_plan = best_plan
+        self.reserved_topology = getattr(storage_reservation, "last_reserved_topology", None)
+
+
+class _DropDryRunNoise(logging.Filter):
+    """torchrec warns, on every plan, about things that are expected in a dry run: the Topology
+    is built directly (as shard_model builds it) and dense tensors are not materialised (their
+    size is still exact: numel x element size works on meta tensors)."""
+
+    PREFIXES = ("The topology was constructed directly", "There is a known issue with TorchRec's dense tensor")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.PREFIXES)
+
+
+@contextlib.contextmanager
+def _quiet_dry_run_noise() -> Iterator[None]:
+    noise = _DropDryRunNoise()
+    loggers = [logging.getLogger("torchrec.distributed.planner." + m) for m in ("types", "storage_reservations")]
+    for lg in loggers:
+        lg.addFilter(noise)
+    try:
+        with warnings.catch_warnings():
+            # HeuristicalStorageReservation's FutureWarning: it is what shard_model plans with.
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\.distributed\.planner")
+            yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(noise)
+
+
+def _check(cfg: PlanConfig) -> None:
+    c = cfg.cluster
+    if c.world_size < 1 or c.local_world_size < 1 or c.world_size % c.local_world_size:
+        raise ValueError(
+            f"cluster.world_size={c.world_size} must be a positive multiple of cluster.local_world_size={c.local_world_size}"
+        )
+    if c.hbm_gb <= 0 or c.ddr_gb < 0:
+        raise ValueError(f"cluster.hbm_gb={c.hbm_gb} must be > 0 and cluster.ddr_gb={c.ddr_gb} >= 0")
+    if c.compute_device not in ("cuda", "cpu"):
+        raise ValueError(f"cluster.compute_device={c.compute_device!r}: choose 'cuda' or 'cpu'")
+    if set(cfg.model.tables) != set(TABLES):
+        raise ValueError(f"model.tables: expected {list(TABLES)}, got {sorted(cfg.model.tables)}")
+    for name in TABLES:
+        if getattr(cfg.num_rows, name) < 1:
+            raise ValueError(f"num_rows.{name}={getattr(cfg.num_rows, name)} must be >= 1")
+
+
+def build_meta_task(cfg: PlanConfig) -> RetrievalTask:
+    """The training module (towers, tables and the item-probability buffer) on the meta device."""
+    tables = cfg.model.tables
+    qf = query_features(cfg.history_length)
+    configs = table_configs(
+        num_rows={t: getattr(cfg.num_rows, t) for t in TABLES},
+        dims={t: c.embedding_dim for t, c in tables.items()},
+        poolings={t: c.pooling for t, c in tables.items()},
+        query_features=qf,
+    )
+    with torch.device("meta"):
+        model = TwoTower(configs, query_features=qf, tower_dims=cfg.model.tower_dims)
+        return RetrievalTask(
+            model,
+            item_counts=torch.ones(cfg.num_rows.item),
+            temperature=cfg.model.temperature,
+            logq_correction=cfg.model.logq_correction,
+            num_uniform_negatives=cfg.model.num_uniform_negatives,
+        )
+
+
+def _no_plan_reason(cfg: PlanConfig, error: PlannerError, table_bytes: Dict[str, int], usable_hbm: Optional[int]) -> str:
+    """The planner's verdict, plus which tables are too big for what the cluster offers."""
+    c = cfg.cluster
+    verdict = str(error).strip().splitlines()[0].strip()
+    sizes = ", ".join(
+        f"'{t}' {table_bytes[t] / GB:.1f} GB ({getattr(cfg.num_rows, t)} x {cfg.model.tables[t].embedding_dim})"
+        for t in sorted(table_bytes, key=table_bytes.get, reverse=True)
+    )
+    usable = usable_hbm if usable_hbm is not None else int(c.hbm_gb * GB)
+    cluster_usable = usable * c.world_size
+    parts = [
+        f"no plan for {c.world_size} x {c.hbm_gb:g} GB {c.compute_device} "
+        f"({usable / GB:.2f} GB usable per rank after the planner's reservation, {cluster_usable / GB:.1f} GB in all)",
+        f"tables (fp32 weights alone): {sizes}",
+    ]
+    too_big = [t for t in TABLES if table_bytes[t] > cluster_usable]
+    if too_big:
+        parts.append("larger than the whole cluster: " + ", ".join(f"table '{t}'" for t in too_big))
+    elif sum(table_bytes.values()) > cluster_usable:
+        parts.append("the tables together are larger than the whole cluster")
+    else:
+        whole = [
+            t for t in TABLES
+            if t in cfg.sharding.tables
+            and cfg.sharding.tables[t].sharding_types
+            and set(cfg.sharding.tables[t].sharding_types) <= WHOLE_TABLE_TYPES
+            and table_bytes[t] > usable
+        ]
+        if whole:
+            parts.append(
+                "kept whole on one rank by its sharding_types but larger than a rank: "
+                + ", ".join(f"table '{t}' {cfg.sharding.tables[t].sharding_types}" for t in whole)
+            )
+        largest = max(table_bytes, key=table_bytes.get)
+        parts.append(
+            f"the constraints leave no placement (largest table '{largest}'); allow more sharding types "
+            "(row_wise spreads a table over every rank) or add ranks"
+        )
+    parts.append(f"torchrec: {verdict}")
+    return "; ".join(parts)
+
+
+def plan_dry_run(cfg: PlanConfig) -> PlanReport:
+    """Plan ``cfg``'s model for ``cfg.cluster`` on the meta device; no process group, no allocation.
+
+    Returns a report whose ``fits`` is False (with ``reason``) when the planner finds no plan.
+    """
+    _check(cfg)
+    c = cfg.cluster
+    device = torch.device(c.compute_device)
+    task = build_meta_task(cfg)
+    ebc = task.model.ebc
+    table_bytes = {t.name: t.num_embeddings * t.embedding_dim * 4 for t in ebc.embedding_bag_configs()}
+
+    # The real run fuses the sparse optimizer before planning; its state is part of each shard's storage.
+    opt_cls, opt_kwargs = sparse_optimizer_kwargs(cfg.optim.sparse, device)
+    apply_optimizer_in_backward(opt_cls, ebc.parameters(), opt_kwargs)
+
+    last = _LastPlan()
+    try:
+        with _quiet_dry_run_noise():
+            topology = Topology(
+                world_size=c.world_size,
+                compute_device=c.compute_device,
+                local_world_size=c.local_world_size,
+                hbm_cap=int(c.hbm_gb * GB),
+                ddr_cap=int(c.ddr_gb * GB),
+            )
+            planner = EmbeddingShardingPlanner(
+                topology=topology,
+                batch_size=c.batch_size_per_rank,
+                constraints=planner_constraints(cfg.sharding, device, set(table_bytes)),
+                stats=[last],
+                debug=False,
+            )
+            plan = planner.plan(task, [EmbeddingBagCollectionSharder()])
+    except PlannerError as e:
+        usable = last.reserved_topology.devices[0].storage.hbm if last.reserved_topology else None
+        return PlanReport(
+            fits=False, cluster=c, table_bytes=table_bytes, usable_hbm_bytes=usable,
+            reason=_no_plan_reason(cfg, e, table_bytes, usable),
+        )
+
+    report = PlanReport(fits=True, cluster=c, table_bytes=table_bytes, ranks=[RankUse() for _ in range(c.world_size)])
+    if last.reserved_topology is not None:
+        report.usable_hbm_bytes = last.reserved_topology.devices[0].storage.hbm
+        report.usable_ddr_bytes = last.reserved_topology.devices[0].storage.ddr
+    configs = {t.name: t for t in ebc.embedding_bag_configs()}
+    for module_plan in plan.plan.values():
+        for name, ps in module_plan.items():  # type: ignore[union-attr]
+            report.tables[name] = TablePlan(
+                num_rows=configs[name].num_embeddings,
+                embedding_dim=configs[name].embedding_dim,
+                sharding_type=ps.sharding_type,
+                compute_kernel=ps.compute_kernel,
+                shard_ranks=list(ps.ranks or []),
+            )
+    for option in last.best_plan or []:
+        for shard in option.shards:
+            use = report.ranks[shard.rank]
+            use.hbm_bytes += shard.storage.hbm
+            use.ddr_bytes += shard.storage.ddr
+            if option.name not in use.tables:
+                use.tables.append(option.name)
+    return report
