@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+from datetime import timedelta
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,21 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def _attempt_store(world_size: int):
+    """Under torchrun, a store namespaced by restart attempt; None (env://) otherwise.
+
+    torchrun's agent keeps one store across restarts (--max-restarts): without a namespace the
+    restarted workers can read the dead workers' gloo addresses and hang connecting to them.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+        timeout=timedelta(minutes=10),
+    )
+    return dist.PrefixStore(f"recsys/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def init_distributed(device: str = "auto", backend: str = "auto") -> DistEnv:
     """Join (or create) the default process group and pick this rank's device."""
     if "WORLD_SIZE" not in os.environ:  # plain `python -m ...`: a group of one
@@ -63,7 +79,7 @@ def init_distributed(device: str = "auto", backend: str = "auto") -> DistEnv:
         backend = "nccl" if dev.type == "cuda" else "gloo"
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=_attempt_store(world_size))
     return DistEnv(rank, world_size, local_rank, local_world_size, dev, backend, owns_group)
 
 
