@@ -103,3 +103,29 @@ def test_corrupt_split_file_names_file_column_and_value(tiny_data, tmp_path):
     pq.write_table(table.set_column(1, "item_id", pa.array(items)), copy / "valid.parquet")
     with pytest.raises(ValueError, match=r"valid.parquet: column 'item_id' has id 999 outside \[0, 300\)"):
         load_dataset(copy)
+
+
+def test_prefetched_epoch_equals_the_unprefetched_one_and_raises_where_it_failed(tiny_data):
+    kwargs = dict(history_length=3, global_batch_size=64, num_uniform_negatives=5, seed=3)
+    direct = TrainBatches(tiny_data, prefetch=0, **kwargs)
+    ahead = TrainBatches(tiny_data, prefetch=2, **kwargs)
+    got, expected = list(ahead.epoch(1, start_batch=2)), list(direct.epoch(1, start_batch=2))
+    assert len(got) == len(expected) == len(direct) - 2
+    for a, b in zip(got, expected):
+        assert torch.equal(a.features.values(), b.features.values())
+        assert torch.equal(a.features.lengths(), b.features.lengths())
+        assert a.features.keys() == b.features.keys() and torch.equal(a.candidate_item_ids, b.candidate_item_ids)
+    calls = []
+    real_batch = ahead.batch
+
+    def failing(rows, negatives):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("bad batch")
+        return real_batch(rows, negatives)
+
+    ahead.batch = failing
+    it = ahead.epoch(0)
+    next(it), next(it)
+    with pytest.raises(ValueError, match="bad batch"):
+        next(it)

@@ -8,6 +8,8 @@ precede the evaluated one (train for valid; train + valid for test).
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
@@ -101,6 +103,7 @@ class TrainBatches:
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        prefetch: int = 2,
     ) -> None:
         if global_batch_size % world_size:
             raise ValueError(
@@ -119,6 +122,7 @@ class TrainBatches:
         self.seed, self.rank = seed, rank
         self.history_length = history_length
         self.user_start = self.train.user_bounds(data.num_users)[self.train.user_ids]
+        self.prefetch = prefetch
 
     def __len__(self) -> int:
         return len(self.train) // self.global_batch_size
@@ -136,6 +140,17 @@ class TrainBatches:
         )
 
     def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
+        """Batches ``start_batch, start_batch + 1, ...`` of ``epoch``, in order.
+
+        With ``prefetch > 0`` they are built by a background thread up to ``prefetch`` batches
+        ahead of the consumer (numpy releases the GIL in the gathers, so building overlaps the
+        step); the order and contents are those of ``prefetch=0``, errors surface at the batch
+        that raised them, and dropping the iterator stops the thread.
+        """
+        batches = self._build_epoch(epoch, start_batch)
+        return _Prefetched(batches, self.prefetch) if self.prefetch > 0 else batches
+
+    def _build_epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.train))
         for b in range(start_batch, len(self)):
             global_rows = order[b * self.global_batch_size : (b + 1) * self.global_batch_size]
@@ -144,6 +159,58 @@ class TrainBatches:
                 0, self.num_items, self.num_uniform_negatives, dtype=np.int64
             )
             yield self.batch(rows, negatives)
+
+
+class _Prefetched:
+    """Iterate ``source`` on a daemon thread through a queue of at most ``depth`` items."""
+
+    _DONE = object()
+
+    def __init__(self, source: Iterator[Batch], depth: int) -> None:
+        self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._finished = False
+        self._thread = threading.Thread(target=self._run, args=(source,), name="TrainBatches-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, source: Iterator[Batch]) -> None:
+        try:
+            for batch in source:
+                if not self._put(batch):
+                    return
+            self._put((self._DONE, None))
+        except BaseException as e:  # handed to the consumer, raised at this batch
+            self._put((self._DONE, e))
+
+    def __iter__(self) -> "_Prefetched":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._finished:
+            raise StopIteration
+        item = self._queue.get()
+        if isinstance(item, tuple) and item[0] is self._DONE:
+            self._finished = True
+            self.close()
+            if item[1] is not None:
+                raise item[1]
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def __del__(self) -> None:
+        self._stop.set()
 
 
 def latest_items(timeline: Interactions, users: np.ndarray, num_users: int, history_length: int) -> Tuple[np.ndarray, np.ndarray]:

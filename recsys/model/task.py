@@ -52,12 +52,15 @@ def sampled_softmax_loss(
     query_item_ids ``B_q``; candidate_item_ids ``C``; candidate_log_q ``C`` or None.
     Returns (mean loss, logits ``B_q x C`` after correction and masking).
     """
-    logits = queries @ candidates.t() / temperature
+    # B_q x C passes done in place on the matmul's output: none of mm / div / sub / masked_fill
+    # needs its output for backward, and a fresh B_q x C tensor costs an allocation whose pages
+    # fault in one by one (8192 x 8192 floats = 256 MiB); same values, bit for bit
+    logits = torch.mm(queries, candidates.t()).div_(temperature)
     if candidate_log_q is not None:
-        logits = logits - candidate_log_q.unsqueeze(0)
+        logits.sub_(candidate_log_q.unsqueeze(0))
     hits = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)
     hits[torch.arange(labels.numel(), device=labels.device), labels] = False
-    logits = logits.masked_fill(hits, float("-inf"))
+    logits.masked_fill_(hits, float("-inf"))
     return F.cross_entropy(logits, labels), logits
 
 

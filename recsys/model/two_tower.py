@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from recsys.data.features import CANDIDATE_FEATURES, FEATURE_TABLES
 
@@ -76,9 +76,12 @@ class TwoTower(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor, num_queries: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Returns (queries ``B_q x D``, candidates ``S x D``), both with unit L2 norm."""
-        pooled = self.ebc(features).to_dict()
-        query_in = torch.cat([pooled[f][:num_queries] for f in self.query_features], dim=1)
-        candidate_in = torch.cat([pooled[f] for f in self.candidate_features], dim=1)
+        # one fused permute (fbgemm's permute_pooled_embs) forward and backward, instead of a
+        # split per feature, a slice per query feature and a cat per tower
+        query_in, candidate_in = KeyedTensor.regroup(
+            [self.ebc(features)], [self.query_features, self.candidate_features]
+        )
+        query_in = query_in[:num_queries]
         queries = F.normalize(self.query_tower(query_in), dim=-1)
         candidates = F.normalize(self.candidate_tower(candidate_in), dim=-1)
         return queries, candidates

@@ -1,0 +1,441 @@
+"""Training throughput of recsys vs. what a user would otherwise write, interleaved in one run.
+
+    $ .venv/bin/python scripts/bench_train.py --shape softmax     # batch 8192, the score matrix dominates
+    $ .venv/bin/python scripts/bench_train.py --shape embedding   # batch 2048, 1e6-row tables, bags of 100
+    $ .venv/bin/python scripts/bench_train.py --shape embedding --profile 10   # + torch.profiler per way
+
+The same two-tower (user / item / category tables, MLP towers [128, 64], in-batch softmax with
+logQ correction, temperature 0.05) trained three ways on the same pre-built synthetic batches:
+
+    (a) recsys     TwoTower + RetrievalTask, ``shard_model`` (table_wise, fbgemm's fused row-wise
+                   Adagrad inside backward, Adam for the towers) in a one-process gloo group;
+                   the step is the trainer's: dmp(batch), backward, optimizer.step, zero_grad
+    (b) plain      ``nn.EmbeddingBag(sparse=True)`` per table, ``torch.optim.SparseAdam`` for the
+                   tables, Adam for the towers, the loss written inline as a user would
+    (c) unfused    the same TwoTower with torchrec's EmbeddingBagCollection materialised on CPU,
+                   no DMP: dense gradients, ``torch.optim.Adagrad`` over the tables, Adam for the towers
+
+Shapes::
+
+    softmax     batch 8192, users 1e5 x 64 (sum), items 5e4 x 64 (mean), 100 categories x 32 (mean),
+                no history: query = user_id; candidate = item_id + item_categories (1-3)
+    embedding   batch 2048, users 1e6 x 64, items 1e6 x 64, 1000 categories x 32, history bags of
+                100 items (+ their categories), and 6 further categorical query features
+                side_0..side_5 (one id each, tables of 1e5 x 16, sum). recsys's TwoTower takes
+                them through its constructor (extra EmbeddingBagConfigs + query_features); the
+                trainer's build_task and TrainBatches don't, so the loader measurement leaves
+                them out.
+
+Steps are timed one by one; a round runs ``--steps`` steps of each way in turn (the order rotates
+each round), the first ``--warmup`` steps of each way are dropped, and samples/s is batch size /
+median step time; ratios are of those medians, and ``paired_ratio_*`` is the median over rounds
+of the per-round ratio (robust to background load that comes and goes). Peak RSS is the process's ``ru_maxrss`` (all three models live in one process);
+``*_state_mb`` is each way's parameters + optimizer state.
+
+The loader is measured apart: ``TrainBatches.epoch`` (what the trainer iterates; built here
+without its prefetch thread) over the same synthetic dataset, batches per second after the first
+batch (which also draws the epoch's permutation) vs. recsys's steps per second (target >= 5x).
+The timed batches are pre-built from that dataset's epoch 0 (plus the side features).
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import resource
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig, TableShardingConfig
+from recsys.data.batch import Batch
+from recsys.data.batches import TrainBatches
+from recsys.data.dataset import Interactions, RetrievalData
+from recsys.data.features import query_features
+from recsys.distributed.env import destroy_distributed, init_distributed
+from recsys.distributed.sharding import shard_model
+from recsys.model.task import RetrievalTask
+from recsys.model.two_tower import TwoTower, table_configs
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch_size: int
+    num_users: int
+    num_items: int
+    num_categories: int
+    history_length: int
+    num_side_features: int
+    side_rows: int
+    loader_users: int  # users with interactions in the loader's dataset
+    loader_per_user: int  # interactions each
+
+
+SHAPES = {
+    "softmax": Shape(8192, 100_000, 50_000, 100, 0, 0, 0, 100_000, 20),
+    "embedding": Shape(2048, 1_000_000, 1_000_000, 1000, 100, 6, 100_000, 20_000, 300),
+}
+DIMS = {"user": 64, "item": 64, "category": 32}
+POOLINGS = {"user": "sum", "item": "mean", "category": "mean"}
+SIDE_DIM = 16
+TOWER_DIMS = [128, 64]
+TEMPERATURE = 0.05
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+# ---------------------------------------------------------------- data
+
+
+def synthetic_data(shape: Shape, seed: int = 0) -> RetrievalData:
+    """An in-memory RetrievalData: ``loader_users`` users with ``loader_per_user`` time-ordered
+    interactions each, items drawn with Zipf-like popularity (p ~ 1 / (rank + 10))."""
+    rng = np.random.default_rng(seed)
+    users = np.sort(rng.choice(shape.num_users, shape.loader_users, replace=False))
+    user_ids = np.repeat(users, shape.loader_per_user).astype(np.int64)
+    n = len(user_ids)
+    popularity = 1.0 / (np.arange(shape.num_items) + 10.0)
+    cdf = np.cumsum(popularity / popularity.sum())
+    item_ids = np.minimum(np.searchsorted(cdf, rng.random(n)), shape.num_items - 1).astype(np.int64)
+    item_ids = rng.permutation(shape.num_items)[item_ids]  # popular ids spread over the table
+    timestamps = np.tile(np.arange(shape.loader_per_user, dtype=np.int64), shape.loader_users)
+    train = Interactions(user_ids, item_ids, timestamps)
+    empty = Interactions(*(np.zeros(0, dtype=np.int64) for _ in range(3)))
+    cats_per_item = rng.integers(1, 4, shape.num_items)
+    indptr = np.concatenate([[0], np.cumsum(cats_per_item)]).astype(np.int64)
+    category_ids = rng.integers(0, shape.num_categories, int(indptr[-1])).astype(np.int64)
+    return RetrievalData(
+        dir=Path("."), meta={"name": "bench"}, num_users=shape.num_users, num_items=shape.num_items,
+        num_categories=shape.num_categories, splits={"train": train, "valid": empty, "test": empty},
+        item_category_indptr=indptr, item_category_ids=category_ids,
+    )
+
+
+def side_keys(shape: Shape) -> List[str]:
+    return [f"side_{j}" for j in range(shape.num_side_features)]
+
+
+def with_side_features(batch: Batch, shape: Shape, rng: np.random.Generator) -> Batch:
+    """Append one id per query row for each side feature (empty bags on negative rows)."""
+    if not shape.num_side_features:
+        return batch
+    kjt, n = batch.features, batch.num_queries
+    stride = kjt.stride()
+    keys = side_keys(shape)
+    side_values = torch.from_numpy(rng.integers(0, shape.side_rows, (len(keys), n)).reshape(-1))
+    side_lengths = torch.zeros(len(keys), stride, dtype=kjt.lengths().dtype)
+    side_lengths[:, :n] = 1
+    features = KeyedJaggedTensor(
+        keys=kjt.keys() + keys,
+        values=torch.cat([kjt.values(), side_values]),
+        lengths=torch.cat([kjt.lengths(), side_lengths.reshape(-1)]),
+    )
+    return Batch(features=features, candidate_item_ids=batch.candidate_item_ids, num_queries=n)
+
+
+def to_plain_inputs(batch: Batch) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
+    """KJT -> {feature: (ids, offsets)} for nn.EmbeddingBag; query features only for query rows."""
+    out = {}
+    for key, jt in batch.features.to_dict().items():
+        out[key] = (jt.values().long(), jt.offsets()[:-1].long())
+    return out
+
+
+# ---------------------------------------------------------------- models
+
+
+def model_tables(shape: Shape, data: RetrievalData) -> Tuple[List[EmbeddingBagConfig], List[str]]:
+    qf = query_features(shape.history_length)
+    configs = table_configs(num_rows=data.table_num_rows, dims=DIMS, poolings=POOLINGS, query_features=qf)
+    for key in side_keys(shape):
+        configs.append(EmbeddingBagConfig(
+            name=key, num_embeddings=shape.side_rows, embedding_dim=SIDE_DIM, feature_names=[key],
+            pooling=PoolingType.SUM,
+        ))
+    return configs, qf + side_keys(shape)
+
+
+def build_task(shape: Shape, data: RetrievalData) -> RetrievalTask:
+    torch.manual_seed(0)
+    configs, qf = model_tables(shape, data)
+    model = TwoTower(configs, query_features=qf, tower_dims=TOWER_DIMS)
+    return RetrievalTask(model, item_counts=torch.from_numpy(data.item_counts()), temperature=TEMPERATURE,
+                         logq_correction=True, num_uniform_negatives=0)
+
+
+def build_recsys(shape: Shape, data: RetrievalData, env):
+    task = build_task(shape, data)
+    names = [c.name for c in task.model.ebc.embedding_bag_configs()]
+    sharding = ShardingConfig(
+        tables={t: TableShardingConfig(sharding_types=["table_wise"], compute_kernels=["fused"]) for t in names},
+        device="cpu", backend="gloo",
+    )
+    sharded = shard_model(task, sharding=sharding, sparse=SparseOptimConfig(), dense=DenseOptimConfig(), env=env, seed=0)
+    # one process: the task's default (local candidates) is what the trainer installs for world size 1
+    return sharded
+
+
+def table_weights(sharded) -> Dict[str, torch.Tensor]:
+    """Full table weights of a one-process table_wise DMP (each table is one local shard)."""
+    out = {}
+    for key, value in sharded.module.state_dict().items():
+        if ".embedding_bags." in key and key.endswith(".weight"):
+            shards = value.local_shards()
+            out[key.split(".")[-2]] = shards[0].tensor.detach().clone()
+    return out
+
+
+class PlainTwoTower(nn.Module):
+    """What a user writes without torchrec: one nn.EmbeddingBag(sparse=True) per table."""
+
+    def __init__(self, configs: List[EmbeddingBagConfig], query_feats: List[str], candidate_feats: List[str]):
+        super().__init__()
+        self.tables = nn.ModuleDict({
+            c.name: nn.EmbeddingBag(c.num_embeddings, c.embedding_dim, mode=c.pooling.name.lower(), sparse=True)
+            for c in configs
+        })
+        self.table_of = {f: c.name for c in configs for f in c.feature_names}
+        dim = {f: c.embedding_dim for c in configs for f in c.feature_names}
+        self.query_feats, self.candidate_feats = query_feats, candidate_feats
+        from recsys.model.two_tower import mlp
+        self.query_tower = mlp(sum(dim[f] for f in query_feats), TOWER_DIMS)
+        self.candidate_tower = mlp(sum(dim[f] for f in candidate_feats), TOWER_DIMS)
+
+    def forward(self, inputs, num_queries: int):
+        def pooled(f):
+            ids, offsets = inputs[f]
+            return self.tables[self.table_of[f]](ids, offsets)
+        q = torch.cat([pooled(f)[:num_queries] for f in self.query_feats], dim=1)
+        c = torch.cat([pooled(f) for f in self.candidate_feats], dim=1)
+        return F.normalize(self.query_tower(q), dim=-1), F.normalize(self.candidate_tower(c), dim=-1)
+
+
+def plain_loss(queries, candidates, item_ids, log_q_table, num_queries):
+    """In-batch softmax with logQ and accidental-hit masking, as a user would write it."""
+    logits = queries @ candidates.t() / TEMPERATURE - log_q_table[item_ids].unsqueeze(0)
+    labels = torch.arange(num_queries)
+    hits = item_ids[:num_queries].unsqueeze(1) == item_ids.unsqueeze(0)
+    hits[labels, labels] = False
+    return F.cross_entropy(logits.masked_fill(hits, float("-inf")), labels)
+
+
+# ---------------------------------------------------------------- bench
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="softmax")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; each runs --steps steps of every way")
+    p.add_argument("--steps", type=int, default=6, help="steps of one way per round")
+    p.add_argument("--warmup", type=int, default=6, help="first steps of each way not counted (first-touch page faults, allocator)")
+    p.add_argument("--num-batches", type=int, default=4, help="distinct pre-built batches, cycled")
+    p.add_argument("--loader-batches", type=int, default=40, help="batches drawn from TrainBatches.epoch")
+    p.add_argument("--ways", default="recsys,plain,unfused", help="subset to run (ratios need all three)")
+    p.add_argument("--profile", type=int, default=0, help="after timing, profile this many steps of each way")
+    p.add_argument("--profile-rows", type=int, default=15, help="operators listed per profiled way")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shape = SHAPES[args.shape]
+    ways = args.ways.split(",")
+    env = init_distributed("cpu", "gloo")
+    data = synthetic_data(shape)
+    B = shape.batch_size
+    source = TrainBatches(data, history_length=shape.history_length, global_batch_size=B,
+                          num_uniform_negatives=0, seed=0)
+    rng = np.random.default_rng(1)
+    batches = [with_side_features(b, shape, rng) for _, b in zip(range(args.num_batches), source.epoch(0))]
+    plain_inputs = [to_plain_inputs(b) for b in batches]
+    mean_hist = (batches[0].features["history_item_ids"].lengths().float().mean().item()
+                 if shape.history_length else 0.0)
+    print(f"shape {args.shape}: {shape}; mean history bag {mean_hist:.1f}; torch threads {torch.get_num_threads()}",
+          flush=True)
+
+    steps: Dict[str, Callable[[int], torch.Tensor]] = {}
+    state_mb: Dict[str, float] = {}
+    rss_before = current_rss_mb()
+
+    sharded = build_recsys(shape, data, env)
+    weights = table_weights(sharded)
+    towers = {k: v for k, v in sharded.module.module.model.state_dict().items() if "_tower." in k}
+    if "recsys" in ways:
+        dmp, opt = sharded.module, sharded.optimizer
+        dmp.train()
+
+        def recsys_step(i: int) -> torch.Tensor:
+            batch = batches[i % len(batches)].to(torch.device("cpu"))
+            loss, _ = dmp(batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        steps["recsys"] = recsys_step
+        # weights + row-wise Adagrad's one float per row
+        state_mb["recsys"] = sum(w.numel() * 4 + w.shape[0] * 4 for w in weights.values()) / 2**20
+    else:
+        del sharded
+    log_q = build_task(shape, data).candidate_log_q(torch.arange(shape.num_items), B)
+
+    if "plain" in ways:
+        configs, qf = model_tables(shape, data)
+        plain = PlainTwoTower(configs, qf, ["item_id", "item_categories"])
+        with torch.no_grad():
+            for t, w in weights.items():
+                plain.tables[t].weight.copy_(w)
+            plain.load_state_dict(towers, strict=False)
+        sparse_opt = torch.optim.SparseAdam(list(plain.tables.parameters()), lr=1e-3)
+        dense_opt = torch.optim.Adam(list(plain.query_tower.parameters()) + list(plain.candidate_tower.parameters()), lr=1e-3)
+
+        def plain_step(i: int) -> torch.Tensor:
+            inputs, batch = plain_inputs[i % len(batches)], batches[i % len(batches)]
+            q, c = plain(inputs, batch.num_queries)
+            loss = plain_loss(q, c, batch.candidate_item_ids, log_q, batch.num_queries)
+            loss.backward()
+            sparse_opt.step()
+            dense_opt.step()
+            sparse_opt.zero_grad()
+            dense_opt.zero_grad()
+            return loss.detach()
+
+        steps["plain"] = plain_step
+        state_mb["plain"] = 3 * sum(w.numel() * 4 for w in weights.values()) / 2**20  # weights + 2 Adam moments
+
+    if "unfused" in ways:
+        task = build_task(shape, data)
+        configs = task.model.ebc.embedding_bag_configs()
+        task.model.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+        with torch.no_grad():
+            for t, w in weights.items():
+                task.model.ebc.embedding_bags[t].weight.copy_(w)
+            task.model.load_state_dict(towers, strict=False)
+        table_opt = torch.optim.Adagrad(task.model.ebc.parameters(), lr=0.05)
+        tower_opt = torch.optim.Adam(list(task.model.query_tower.parameters()) + list(task.model.candidate_tower.parameters()), lr=1e-3)
+
+        def unfused_step(i: int) -> torch.Tensor:
+            loss, _ = task(batches[i % len(batches)])
+            loss.backward()
+            table_opt.step()
+            tower_opt.step()
+            table_opt.zero_grad()
+            tower_opt.zero_grad()
+            return loss.detach()
+
+        steps["unfused"] = unfused_step
+        state_mb["unfused"] = 3 * sum(w.numel() * 4 for w in weights.values()) / 2**20  # weights + grads + Adagrad sum
+    del weights
+    gc.collect()
+
+    times: Dict[str, List[float]] = {w: [] for w in steps}
+    first_loss: Dict[str, float] = {}
+    counters = {w: 0 for w in steps}
+    names = list(steps)
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for w in order:
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                loss = steps[w](counters[w])
+                times[w].append(time.perf_counter() - t0)
+                if counters[w] == 0:
+                    first_loss[w] = float(loss)
+                counters[w] += 1
+        print(f"round {r}: " + ", ".join(f"{w} {B / statistics.median(times[w][-args.steps:]):,.0f}/s" for w in order),
+              flush=True)
+    samples_per_s = {w: B / statistics.median(t[args.warmup:]) for w, t in times.items()}
+    # paired: per round, the other way's mean step time over recsys's (adjacent in time, so a
+    # background job that slows the machine for a while slows both); median over rounds
+    first_round = -(-args.warmup // args.steps)
+    paired = {}
+    if "recsys" in times:
+        for w in times:
+            if w != "recsys":
+                per_round = [
+                    statistics.mean(times[w][r * args.steps:(r + 1) * args.steps])
+                    / statistics.mean(times["recsys"][r * args.steps:(r + 1) * args.steps])
+                    for r in range(first_round, args.rounds)
+                ]
+                if per_round:
+                    paired[w] = statistics.median(per_round)
+    print("first-step loss (same weights, same batch): " + ", ".join(f"{w} {v:.5f}" for w, v in first_loss.items()))
+
+    if args.profile:  # where each way's step goes: torch.profiler, operators by self CPU time
+        from torch.profiler import ProfilerActivity, profile
+
+        for w in names:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(args.profile):
+                    steps[w](counters[w])
+                    counters[w] += 1
+            print(f"--- {w}: {args.profile} steps")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_rows, max_name_column_width=60))
+
+    # the loader: batches/s of what the trainer iterates, vs. the recsys step rate
+    # (prefetch=0: the building itself; the first batch also draws the epoch's permutation)
+    source.prefetch = 0
+    t0 = time.perf_counter()
+    it = source.epoch(1)
+    next(it)
+    loader_first_batch_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(args.loader_batches):
+        next(it)
+    loader_batches_per_s = args.loader_batches / (time.perf_counter() - t0)
+
+    result = {"shape": args.shape, "batch_size": B}
+    for w, key in (("recsys", "recsys"), ("plain", "plain"), ("unfused", "unfused")):
+        if w in samples_per_s:
+            result[f"{key}_samples_per_s"] = round(samples_per_s[w], 1)
+    if "recsys" in samples_per_s and "plain" in samples_per_s:
+        result["ratio_vs_plain"] = round(samples_per_s["recsys"] / samples_per_s["plain"], 3)
+    if "recsys" in samples_per_s and "unfused" in samples_per_s:
+        result["ratio_vs_unfused"] = round(samples_per_s["recsys"] / samples_per_s["unfused"], 3)
+    for w, key in (("plain", "paired_ratio_vs_plain"), ("unfused", "paired_ratio_vs_unfused")):
+        if w in paired:
+            result[key] = round(paired[w], 3)
+    result["peak_rss_mb"] = round(rss_mb(), 1)
+    result["rss_before_models_mb"] = round(rss_before, 1)
+    result.update({f"{w}_state_mb": round(v, 1) for w, v in state_mb.items()})
+    result["loader_batches_per_s"] = round(loader_batches_per_s, 2)
+    result["loader_first_batch_s"] = round(loader_first_batch_s, 3)
+    if "recsys" in samples_per_s:
+        result["loader_vs_step"] = round(loader_batches_per_s / (samples_per_s["recsys"] / B), 2)
+    result["torch_threads"] = torch.get_num_threads()
+    print(json.dumps(result), flush=True)
+    steps.clear()
+    gc.collect()
+    destroy_distributed(env)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
