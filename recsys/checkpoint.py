@@ -37,6 +37,7 @@ STATE_FILE = "trainer_state.json"
 @dataclass
 class TrainerState:
     step: int = 0  # optimizer steps taken
+    samples: int = 0  # training examples consumed (summed over ranks)
     epoch: int = 0  # epoch the next batch belongs to
     next_batch: int = 0  # index of the next global batch within that epoch
     best_score: float = float("-inf")  # best valid metric so far

@@ -111,7 +111,7 @@ class ShardingConfig:
 @dataclass
 class TrainerConfig:
     epochs: int = 10  # passes over the training split (upper bound with early stopping)
-    global_batch_size: int = 1024  # examples per step summed over all ranks; must divide by world size
+    global_batch_size: int = 1024  # examples per step summed over all ranks (shares differ by at most one row)
     seed: int = 0  # seeds table / tower init, shuffling and negative sampling
     early_stopping_patience: int = 2  # epochs without a better valid recall@20 before stopping; 0 disables
     log_every_steps: int = 50  # steps between loss / samples-per-second log lines

@@ -214,7 +214,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             dmp.train()
             progress = tqdm(total=steps_per_epoch, initial=state.next_batch, desc=f"epoch {epoch}",
                             disable=not (env.is_main and tcfg.progress_bar), leave=False)
-            epoch_start, window_start, window_losses = time.perf_counter(), time.perf_counter(), []
+            epoch_start, window_start, window_losses, window_samples = time.perf_counter(), time.perf_counter(), [], state.samples
             remaining = islice(batches.epoch(epoch, start_batch=state.next_batch), max(0, steps_per_epoch - state.next_batch))
             for i in range(state.next_batch, steps_per_epoch):
                 try:
@@ -222,6 +222,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                 except StopIteration:
                     break
                 state.step += 1
+                state.samples += int(batches.bounds[i + 1] - batches.bounds[i])
                 state.next_batch = i + 1
                 steps_this_run += 1
                 progress.update(1)
@@ -229,12 +230,12 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                 if state.step % tcfg.log_every_steps == 0 or i == steps_per_epoch - 1:
                     mean_loss = _global_mean(torch.stack(window_losses).mean(), env)
                     elapsed = time.perf_counter() - window_start
-                    samples_per_s = len(window_losses) * tcfg.global_batch_size / max(elapsed, 1e-9)
+                    samples_per_s = (state.samples - window_samples) / max(elapsed, 1e-9)
                     metrics_log.write({"step": state.step, "epoch": epoch, "loss": mean_loss, "samples_per_s": samples_per_s})
                     if env.is_main and not tcfg.progress_bar:
                         log.info("epoch %d step %d: loss %.4f, %.0f samples/s", epoch, state.step, mean_loss, samples_per_s)
                     progress.set_postfix(loss=f"{mean_loss:.4f}")
-                    window_start, window_losses = time.perf_counter(), []
+                    window_start, window_losses, window_samples = time.perf_counter(), [], state.samples
                 if tcfg.checkpoint_every_steps and state.step % tcfg.checkpoint_every_steps == 0 and i < steps_per_epoch - 1:
                     state.train_seconds += time.perf_counter() - epoch_start
                     epoch_start = time.perf_counter()
@@ -273,7 +274,8 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         "test": test,
         "valid": valid,
         "train": {
-            "samples_per_s": state.step * tcfg.global_batch_size / max(state.train_seconds, 1e-9),
+            "samples_per_s": state.samples / max(state.train_seconds, 1e-9),
+            "samples": state.samples,
             "seconds": state.train_seconds,
             "steps": state.step,
             "best_epoch": state.best_epoch,

@@ -50,19 +50,44 @@ def test_training_history_is_the_users_previous_items(tiny_data):
 
 
 def test_ranks_split_every_global_batch_and_share_negatives(tiny_data):
-    kwargs = dict(history_length=3, global_batch_size=96, num_uniform_negatives=5, seed=7)
+    kwargs = dict(history_length=3, global_batch_size=97, num_uniform_negatives=5, seed=7, prefetch=0)
     single = TrainBatches(tiny_data, **kwargs)
     ranks = [TrainBatches(tiny_data, rank=r, world_size=3, **kwargs) for r in range(3)]
-    assert len(single) == len(ranks[0]) == len(tiny_data.splits["train"]) // 96
+    assert len(single) == len(ranks[0]) == -(-len(tiny_data.splits["train"]) // 97)
     for b, (whole, *parts) in enumerate(zip(single.epoch(1), *(r.epoch(1) for r in ranks))):
-        positives = torch.cat([p.candidate_item_ids[:32] for p in parts])
-        assert torch.equal(positives, whole.candidate_item_ids[:96])
+        n = whole.num_queries
+        sizes = [p.num_queries for p in parts]
+        assert sizes == [n // 3 + (r < n % 3) for r in range(3)] and all(p.global_num_queries == n for p in parts)
+        positives = torch.cat([p.candidate_item_ids[: p.num_queries] for p in parts])
+        assert torch.equal(positives, whole.candidate_item_ids[:n])
         for p in parts:
-            assert torch.equal(p.candidate_item_ids[32:], whole.candidate_item_ids[96:])
+            assert torch.equal(p.candidate_item_ids[p.num_queries :], whole.candidate_item_ids[n:])
         if b == 3:
             break
-    with pytest.raises(ValueError, match="global_batch_size=100 must be divisible by the world size 3"):
-        TrainBatches(tiny_data, rank=0, world_size=3, **{**kwargs, "global_batch_size": 100})
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_every_example_is_seen_exactly_once_per_epoch(tiny_data, world_size):
+    """The ranks' batches of an epoch partition the training split: no row lost, none repeated."""
+    train = tiny_data.splits["train"]
+    seen = []
+    for rank in range(world_size):
+        batches = TrainBatches(tiny_data, history_length=0, global_batch_size=1001, num_uniform_negatives=0,
+                               seed=3, rank=rank, world_size=world_size, prefetch=0)
+        for batch in batches.epoch(2):
+            seen.append(batch.candidate_item_ids.numpy() * 1_000_000 + batch.features["user_id"].values().numpy())
+    seen = np.sort(np.concatenate(seen))
+    expected = np.sort(train.item_ids * 1_000_000 + train.user_ids)
+    assert np.array_equal(seen, expected)  # (user, item) pairs are unique in the split
+
+
+def test_batch_bounds_merge_a_remainder_smaller_than_the_world():
+    from recsys.data.shares import batch_bounds, rank_shares
+
+    assert batch_bounds(10, 4, 3).tolist() == [0, 4, 10]  # 2 leftover rows < 3 ranks: merged
+    assert batch_bounds(11, 4, 3).tolist() == [0, 4, 8, 11]
+    assert batch_bounds(8, 4, 2).tolist() == [0, 4, 8]
+    assert rank_shares(7, 3) == [3, 2, 2] and rank_shares(6, 3) == [2, 2, 2]
 
 
 def test_latest_items_are_the_last_of_each_users_timeline():
@@ -118,11 +143,11 @@ def test_prefetched_epoch_equals_the_unprefetched_one_and_raises_where_it_failed
     calls = []
     real_batch = ahead.batch
 
-    def failing(rows, negatives):
+    def failing(rows, negatives, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise ValueError("bad batch")
-        return real_batch(rows, negatives)
+        return real_batch(rows, negatives, **kwargs)
 
     ahead.batch = failing
     it = ahead.epoch(0)

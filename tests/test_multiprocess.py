@@ -39,11 +39,20 @@ def run(run_dir, data_root, nproc, extra=()):
     return losses, json.loads((run_dir / "results.json").read_text())
 
 
-@pytest.mark.parametrize("sharding,pipeline", [("table_wise", "none"), ("column_wise", "sparse_dist")])
-def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, tiny_data, sharding, pipeline):
-    single, single_results = run(tmp_path / "one", data_root, 1, [f"sharding={sharding}"])
-    double, double_results = run(tmp_path / "two", data_root, 2, [f"sharding={sharding}", f"trainer.pipeline={pipeline}"])
-    assert len(single) == len(double) == 24
+# 15944 training rows in batches of 1001: 15 odd-sized global batches (501 + 500 rows per rank)
+# and a last one of 929; the first case runs one whole epoch, every example exactly once.
+UNEVEN = ["trainer.global_batch_size=1001", "trainer.epochs=1", "trainer.max_steps_per_epoch=0"]
+
+
+@pytest.mark.parametrize(
+    "sharding,pipeline,extra,steps",
+    [("table_wise", "none", UNEVEN, 16), ("column_wise", "sparse_dist", [], 24)],
+    ids=["table_wise-uneven-full-epoch", "column_wise-pipeline"],
+)
+def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, tiny_data, sharding, pipeline, extra, steps):
+    single, single_results = run(tmp_path / "one", data_root, 1, [f"sharding={sharding}", *extra])
+    double, double_results = run(tmp_path / "two", data_root, 2, [f"sharding={sharding}", f"trainer.pipeline={pipeline}", *extra])
+    assert len(single) == len(double) == steps
     assert single[-1] < single[0]  # it learns
     for step, (a, b) in enumerate(zip(single, double)):
         assert b == pytest.approx(a, rel=2e-4, abs=2e-4), f"step {step}: 1 rank {a}, 2 ranks {b}"

@@ -20,17 +20,25 @@ class Batch(Pipelineable):
                                 features only); identical on every rank
 
     ``candidate_item_ids[j]`` is the item of candidate row j (used for logQ and accidental hits).
+    ``global_num_queries`` is the size of the global batch this rank's share belongs to (0 when
+    constructing: this batch is the whole global batch); ranks' shares may differ by one row.
     """
 
     features: KeyedJaggedTensor
     candidate_item_ids: torch.Tensor  # S, int64
     num_queries: int
+    global_num_queries: int = 0
+
+    def __post_init__(self) -> None:
+        if self.global_num_queries == 0:
+            self.global_num_queries = self.num_queries
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
         return Batch(
             features=self.features.to(device=device, non_blocking=non_blocking),
             candidate_item_ids=self.candidate_item_ids.to(device=device, non_blocking=non_blocking),
             num_queries=self.num_queries,
+            global_num_queries=self.global_num_queries,
         )
 
     def record_stream(self, stream: torch.Stream) -> None:
@@ -42,4 +50,5 @@ class Batch(Pipelineable):
             features=self.features.pin_memory(),
             candidate_item_ids=self.candidate_item_ids.pin_memory(),
             num_queries=self.num_queries,
+            global_num_queries=self.global_num_queries,
         )

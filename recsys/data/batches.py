@@ -19,6 +19,7 @@ from recsys.data.batch import Batch
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.data.features import CANDIDATE_FEATURES, build_kjt, query_features, validate_ids, FEATURE_TABLES
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
+from recsys.data.shares import batch_bounds, rank_shares
 
 Arrays = Dict[str, np.ndarray]
 
@@ -88,9 +89,11 @@ class TrainBatches:
     """This rank's share of every global batch of an epoch, in a seeded order.
 
     The epoch's order is a permutation drawn from (seed, epoch), identical on every rank; global
-    batch b is rows [b*G, (b+1)*G) of it and rank r takes the r-th of its ``world_size`` equal
-    slices. The last incomplete global batch is dropped (a different one each epoch).
-    Uniform negatives for batch b are drawn from (seed, epoch, b), so all ranks share them.
+    batch b is rows [b*G, (b+1)*G) of it and rank r takes the r-th of its ``world_size`` slices
+    (``rank_shares``: sizes differ by at most one row). Every training example is in exactly one
+    batch of each epoch: the last, smaller batch holds the remainder (merged into the one before
+    if it has fewer rows than there are ranks). Uniform negatives for batch b are drawn from
+    (seed, epoch, b), so all ranks share them.
     """
 
     def __init__(
@@ -105,9 +108,9 @@ class TrainBatches:
         world_size: int = 1,
         prefetch: int = 2,
     ) -> None:
-        if global_batch_size % world_size:
+        if global_batch_size < world_size:
             raise ValueError(
-                f"trainer.global_batch_size={global_batch_size} must be divisible by the world size {world_size}"
+                f"trainer.global_batch_size={global_batch_size} is smaller than the world size {world_size}"
             )
         self.train: Interactions = data.splits["train"]
         if len(self.train) < global_batch_size:
@@ -117,7 +120,8 @@ class TrainBatches:
         self.builder = FeatureBuilder(data, history_length)
         self.num_items = data.num_items
         self.global_batch_size = global_batch_size
-        self.local_batch_size = global_batch_size // world_size
+        self.world_size = world_size
+        self.bounds = batch_bounds(len(self.train), global_batch_size, world_size)
         self.num_uniform_negatives = num_uniform_negatives
         self.seed, self.rank = seed, rank
         self.history_length = history_length
@@ -125,19 +129,21 @@ class TrainBatches:
         self.prefetch = prefetch
 
     def __len__(self) -> int:
-        return len(self.train) // self.global_batch_size
+        return len(self.bounds) - 1
 
-    def batch(self, rows: np.ndarray, negatives: np.ndarray) -> Batch:
+    def batch(self, rows: np.ndarray, negatives: np.ndarray, global_num_queries: int = 0) -> Batch:
         t = self.train
         ends = rows
         starts = np.maximum(self.user_start[rows], rows - self.history_length)
         hist_lengths, hist_items = gather_ranges(starts, ends, t.item_ids)
-        return self.builder.build(
+        batch = self.builder.build(
             user_ids=t.user_ids[rows],
             hist_lengths=hist_lengths,
             hist_items=hist_items,
             candidate_item_ids=np.concatenate([t.item_ids[rows], negatives]),
         )
+        batch.global_num_queries = global_num_queries or len(rows)
+        return batch
 
     def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
         """Batches ``start_batch, start_batch + 1, ...`` of ``epoch``, in order.
@@ -153,12 +159,14 @@ class TrainBatches:
     def _build_epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.train))
         for b in range(start_batch, len(self)):
-            global_rows = order[b * self.global_batch_size : (b + 1) * self.global_batch_size]
-            rows = global_rows[self.rank * self.local_batch_size : (self.rank + 1) * self.local_batch_size]
+            global_rows = order[self.bounds[b] : self.bounds[b + 1]]
+            shares = rank_shares(len(global_rows), self.world_size)
+            first = sum(shares[: self.rank])
+            rows = global_rows[first : first + shares[self.rank]]
             negatives = np.random.default_rng([self.seed, epoch, b]).integers(
                 0, self.num_items, self.num_uniform_negatives, dtype=np.int64
             )
-            yield self.batch(rows, negatives)
+            yield self.batch(rows, negatives, global_num_queries=len(global_rows))
 
 
 class _Prefetched:

@@ -10,27 +10,35 @@ import torch.distributed.nn.functional as dist_fn
 
 from torch import nn
 
+from recsys.data.shares import rank_shares
 from recsys.model.task import LocalCandidates
 
 
 class GatheredCandidates(nn.Module):
-    """All-gather equal-sized candidate blocks in rank order; differentiable for float inputs.
+    """All-gather the ranks' candidate blocks in rank order; differentiable for float inputs.
 
-    Gradients flowing into other ranks' blocks are summed back to their owner (the backward of
-    all_gather), which together with DDP's average makes N ranks match one process.
+    Block sizes follow ``rank_shares(global_size, world_size)`` (they may differ by one row):
+    blocks are padded to the largest, gathered, and unpadded. Gradients flowing into other
+    ranks' blocks are summed back to their owner (the backward of all_gather), which together
+    with DDP's average makes N ranks match one process.
     """
 
     def __init__(self, rank: int, world_size: int) -> None:
         super().__init__()
         self.rank, self.world_size = rank, world_size
 
-    def forward(self, t: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    def forward(self, t: torch.Tensor, global_size: int) -> Tuple[torch.Tensor, int]:
+        sizes = rank_shares(global_size, self.world_size)
+        if sizes[self.rank] != t.shape[0]:
+            raise ValueError(f"rank {self.rank} holds {t.shape[0]} candidates, expected {sizes[self.rank]} of {global_size}")
+        widest = max(sizes)
+        padded = torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1) + (0, widest - t.shape[0])).contiguous()
         if t.requires_grad:
-            parts: List[torch.Tensor] = list(dist_fn.all_gather(t.contiguous()))
+            parts: List[torch.Tensor] = list(dist_fn.all_gather(padded))
         else:
-            parts = [torch.empty_like(t) for _ in range(self.world_size)]
-            dist.all_gather(parts, t.contiguous())
-        return torch.cat(parts), self.rank * t.shape[0]
+            parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+            dist.all_gather(parts, padded)
+        return torch.cat([p[:size] for p, size in zip(parts, sizes)]), sum(sizes[: self.rank])
 
 
 def candidate_gather(rank: int, world_size: int) -> nn.Module:

@@ -26,12 +26,14 @@ from recsys.model.two_tower import TwoTower
 class LocalCandidates(nn.Module):
     """One process: the candidates are this rank's own. recsys.distributed swaps in a gather.
 
-    forward(local candidates) -> (candidates of every rank in rank order, offset of this rank's
-    rows). A module, not a function, so that torch.fx (TrainPipelineSparseDist traces forward()
+    forward(local candidates, global batch size) -> (candidates of every rank in rank order,
+    offset of this rank's rows). A module, not a function, so that torch.fx (TrainPipelineSparseDist traces forward()
     to find the sparse inputs) treats it as a leaf instead of tracing into a collective.
     """
 
-    def forward(self, t: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    world_size = 1
+
+    def forward(self, t: torch.Tensor, global_size: int) -> Tuple[torch.Tensor, int]:
         return t, 0
 
 
@@ -92,9 +94,10 @@ class RetrievalTask(nn.Module):
     def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         n = batch.num_queries
         queries, candidates = self.model(batch.features, n)
-        gathered = self.gather_candidates(candidates[:n])
+        global_n = batch.global_num_queries
+        gathered = self.gather_candidates(candidates[:n], global_n)
         positives, offset = gathered[0], gathered[1]  # indexing, not unpacking: fx-traceable
-        positive_ids = self.gather_candidates(batch.candidate_item_ids[:n])[0]
+        positive_ids = self.gather_candidates(batch.candidate_item_ids[:n], global_n)[0]
         all_candidates = torch.cat([positives, candidates[n:]])
         all_ids = torch.cat([positive_ids, batch.candidate_item_ids[n:]])
         labels = torch.arange(offset, offset + n, device=queries.device)
@@ -108,4 +111,8 @@ class RetrievalTask(nn.Module):
             temperature=self.temperature,
             candidate_log_q=log_q,
         )
+        # Mean over this rank's queries, reweighted so that the ranks' average (what DDP and
+        # torchrec's gradient division take) is the mean over the global batch, also when the
+        # shares differ by a row: loss_r * n_r * W / N.
+        loss = loss * (n * self.gather_candidates.world_size / global_n)
         return loss, (loss.detach(), logits.detach(), labels.detach())
