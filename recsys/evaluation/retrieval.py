@@ -189,8 +189,8 @@ def _topk_lowest_id_ties(scores: torch.Tensor, k: int, num_candidates: int) -> t
 
     ``torch.topk`` picks an arbitrary subset of the items tied at the k-th score. Taking k + 1
     candidates finds the rows where that matters (candidate k+1 scores the same as candidate k);
-    only those rows are rescanned to take the lowest ids among the tie. The other rows already
-    hold the exact set, which is then put in order by two small stable sorts.
+    only those rows are rescanned to take the lowest ids among the tie. Rows with equal scores
+    inside the chosen set are then put in order by two small stable sorts.
     """
     vals, ids = torch.topk(scores, num_candidates, dim=1, largest=True, sorted=True)
     if num_candidates > k:
@@ -200,11 +200,15 @@ def _topk_lowest_id_ties(scores: torch.Tensor, k: int, num_candidates: int) -> t
         rows = ambiguous.nonzero().squeeze(1)
         if rows.numel() > 0:
             _fix_boundary_ties(scores, vals, ids, rows)
-    # Within the chosen set: order by id, then stably by score (desc), giving (score desc, id asc).
-    ids, order = torch.sort(ids, dim=1, stable=True)
-    vals = torch.gather(vals, 1, order)
-    vals, order = torch.sort(vals, dim=1, descending=True, stable=True)
-    ids = torch.gather(ids, 1, order)
+    # Within the chosen set: order by id, then stably by score (desc), giving (score desc, id asc);
+    # only rows holding equal scores need it (topk already sorted the values).
+    tied = (vals[:, 1:] == vals[:, :-1]).any(dim=1).nonzero().squeeze(1)
+    if tied.numel() > 0:
+        t_vals, t_ids = vals[tied], ids[tied]
+        t_ids, order = torch.sort(t_ids, dim=1, stable=True)
+        t_vals = torch.gather(t_vals, 1, order)
+        t_vals, order = torch.sort(t_vals, dim=1, descending=True, stable=True)
+        vals[tied], ids[tied] = t_vals, torch.gather(t_ids, 1, order)
     return vals, ids
 
 
