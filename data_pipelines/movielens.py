@@ -18,9 +18,14 @@ Sources (``RELEASES``), looked for in ``root`` in this order: the extracted fold
 
 Text files are decoded as utf-8 when they are valid utf-8, else latin-1.
 
-Pipeline: parse -> ``filter_interactions`` (min rating, dedupe, k-core) -> contiguous ids
+Pipeline: parse (pyarrow, typed columns; the min-rating filter applied batch by batch as the
+columns are copied out) -> ``filter_interactions`` (min rating, dedupe, k-core) -> contiguous ids
 (raw ids ascending) -> the split protocol -> ids compacted again if the protocol dropped any
--> features -> ``write_dataset_dir``. Outputs beyond the dataset-dir contract:
+-> features -> ``write_dataset_dir``. The sources' sha256 is computed on a second thread unless
+a prepared dir of the same release and protocol exists (then first: it may be a cache hit); the
+movies and users files are parsed on that thread too.
+Speed and memory: see ``scripts/bench_data.py`` and data_pipelines/README.md. Outputs beyond the
+dataset-dir contract:
 
     items.parquet        + title (str), year (int64, 0 = none in the title),
                            year_bucket (int64: 0 = unknown, 1 = < 1920, 2 = 1920s, ..., 12 = >= 2020)
@@ -48,6 +53,7 @@ import os
 import re
 import zipfile
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -89,6 +95,8 @@ ML1M_OCCUPATIONS = (  # ml-1m README: users.dat occupation codes 0..20
     "tradesman/craftsman", "unemployed", "writer",
 )
 _YEAR = re.compile(r"\((\d{4})(?:[-\u2013]\d{0,4})?\)\s*$")  # "Toy Story (1995)", "Babylon 5 (1994-1998)"
+_RATINGS_BLOCK_BYTES = 1 << 24  # CSV bytes per Arrow batch (~640k ml-25m rows)
+_RELEASE_EVERY_BATCHES = 4  # hand freed Arrow memory back to the OS this often while copying batches out
 _RAW_ID_LOOKUP_LIMIT = 1 << 27  # raw ids below this map through a dense lookup array (<= 1 GiB)
 
 
@@ -293,6 +301,40 @@ def _locate_bad_rating_line(label: str, text: str, sep: str, names: tuple[str, .
 
 def _read_ratings(src: _Source, release: Release) -> pd.DataFrame:
     """Raw ratings: user_id, item_id (raw int64 ids), timestamp int64, rating float32."""
+    return _ratings_frame(_ratings_table(src, release).to_batches())
+
+
+def _ratings_frame(batches: list[pa.RecordBatch], *, min_rating: float = 0.0) -> pd.DataFrame:
+    """``_ratings_table``'s batches as ``_read_ratings``' frame, optionally filtered by rating.
+
+    ``min_rating`` > 0 keeps only the rows whose float32 rating is >= it (exactly
+    ``filter_interactions``' first step). Consumes ``batches``: each is dropped once copied and
+    Arrow's freed memory handed back to the OS, so the numpy columns reuse those pages (on a
+    VM several times faster than fresh ones) and the file never exists twice in memory.
+    """
+    # columns user_id, item_id, rating, timestamp
+    keep = [b.column(2).to_numpy().astype(np.float32) >= min_rating if min_rating > 0 else None for b in batches]
+    counts = [b.num_rows if k is None else int(np.count_nonzero(k)) for b, k in zip(batches, keep)]
+    columns = [np.empty(sum(counts), dtype=np.float32 if i == 2 else np.int64) for i in range(4)]
+    at = 0
+    for j, (k, count) in enumerate(zip(keep, counts)):
+        for i, out in enumerate(columns):
+            values = batches[j].column(i).to_numpy()
+            out[at : at + count] = values if k is None else np.compress(k, values)  # rating: float64 -> float32
+        at += count
+        batches[j] = None
+        if j % _RELEASE_EVERY_BATCHES == _RELEASE_EVERY_BATCHES - 1:
+            pa.default_memory_pool().release_unused()
+    pa.default_memory_pool().release_unused()
+    user_ids, item_ids, ratings, timestamps = columns
+    return pd.DataFrame(
+        {"user_id": user_ids, "item_id": item_ids, "timestamp": timestamps, "rating": ratings},
+        copy=False,  # keep one block per column: no 2-D stacking copy
+    )
+
+
+def _ratings_table(src: _Source, release: Release) -> pa.Table:
+    """The ratings file parsed and validated: columns user_id, item_id, rating (float64), timestamp (int64)."""
     label = src.describe(release.ratings)
     types = {"user_id": pa.int64(), "item_id": pa.int64(), "rating": pa.float64(), "timestamp": pa.int64()}
     if release.layout == "csv":
@@ -312,7 +354,7 @@ def _read_ratings(src: _Source, release: Release) -> pd.DataFrame:
         missing = [n for n in names if n not in header]
         if missing:
             raise MovieLensError(f"{label} line 1: missing column(s) {missing}; header is {','.join(header)!r}")
-        read = pacsv.ReadOptions(block_size=1 << 24)
+        read = pacsv.ReadOptions(block_size=_RATINGS_BLOCK_BYTES)
         parse = pacsv.ParseOptions(delimiter=",")
     else:
         names, first_line = ("user id", "item id", "rating", "timestamp"), 1
@@ -323,7 +365,7 @@ def _read_ratings(src: _Source, release: Release) -> pd.DataFrame:
         if release.layout == "dat":
             data = data.replace(b"::", b":")  # pyarrow wants a one-byte delimiter; ratings are numbers only
         source = pa.BufferReader(data)
-        read = pacsv.ReadOptions(block_size=1 << 24, column_names=list(names))
+        read = pacsv.ReadOptions(block_size=_RATINGS_BLOCK_BYTES, column_names=list(names))
         parse = pacsv.ParseOptions(delimiter="\t" if release.layout == "100k" else ":")
     rename = dict(zip(names, ("user_id", "item_id", "rating", "timestamp")))
     convert = pacsv.ConvertOptions(column_types={n: types[rename[n]] for n in names}, include_columns=list(names))
@@ -340,23 +382,12 @@ def _read_ratings(src: _Source, release: Release) -> pd.DataFrame:
         raise MovieLensError(f"{label}: cannot parse ({e})") from None
     if table.num_rows == 0:
         raise MovieLensError(f"{label}: empty file (no ratings)")
-    rating = table.column("rating")
-    if any(table.column(i).null_count for i in range(table.num_columns)) or not np.isfinite(
-        rating.to_numpy(zero_copy_only=False)
-    ).all():
+    if any(table.column(i).null_count for i in range(table.num_columns)) or not all(
+        np.isfinite(chunk.to_numpy()).all() for chunk in table.column("rating").chunks
+    ):
         locate()
         raise MovieLensError(f"{label}: empty or non-finite values")
-    columns = {rename[n]: table.column(n).to_numpy() for n in table.column_names}
-    df = pd.DataFrame(
-        {
-            "user_id": columns["user_id"],
-            "item_id": columns["item_id"],
-            "timestamp": columns["timestamp"],
-            "rating": columns["rating"].astype(np.float32),
-        },
-        copy=False,  # keep one block per column: no 2-D stacking copy
-    )
-    return df
+    return table.select(list(names)).rename_columns(["user_id", "item_id", "rating", "timestamp"])
 
 
 @dataclass
@@ -599,7 +630,6 @@ def prepare_movielens(
     rel = RELEASES[release]
     root = Path(root).absolute()
     src = locate_source(rel, root, url=url, md5=md5, allow_download=allow_download, progress=progress)
-    sources = src.checksums()
     options = {
         "min_rating": float(min_rating),
         "min_user_interactions": int(min_user_interactions),
@@ -608,20 +638,46 @@ def prepare_movielens(
     protocol_options: dict[str, Any] = {}
     if protocol == "strong_generalization":
         protocol_options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
-    key = cache_key(rel.name, sources, protocol, seed, {**options, **protocol_options})
-    out_dir = root / f"{rel.name}-{protocol}-{key}"
-    if is_complete(out_dir):
-        try:
-            if read_meta(out_dir).get("cache_key") == key:
-                return out_dir
-        except ValueError:
-            pass  # corrupt meta.json: rewrite below
 
-    ratings, movies, users = read_release(src, rel)
+    def key_and_dir(sources: list[dict[str, str]]) -> tuple[str, Path]:
+        key = cache_key(rel.name, sources, protocol, seed, {**options, **protocol_options})
+        return key, root / f"{rel.name}-{protocol}-{key}"
+
+    # The key needs the sources' sha256 (~0.5 s for ml-25m). Only a complete dir of this release and
+    # protocol can be a cache hit: without one, hash on a second thread once the CSV reader (which
+    # uses every core) is done.
+    pending_sources: Future | None = None
+    if any(is_complete(d) for d in root.glob(f"{rel.name}-{protocol}-*")):
+        sources = src.checksums()
+        key, out_dir = key_and_dir(sources)
+        if is_complete(out_dir):
+            try:
+                if read_meta(out_dir).get("cache_key") == key:
+                    return out_dir
+            except ValueError:
+                pass  # corrupt meta.json: rewrite below
+        pending_sources = Future()
+        pending_sources.set_result(sources)
+
+    table = _ratings_table(src, rel)
+    num_raw = table.num_rows
+    # Second thread, beside the numpy work: the movies and users files (read and checked here, before
+    # anything can fail on the ratings, so errors come in file order), then the hash if still needed.
+    pool = ThreadPoolExecutor(max_workers=1)
+    pending_features = pool.submit(lambda: (_read_movies(src, rel), _read_users(src, rel)))
+    if pending_sources is None:
+        pending_sources = pool.submit(src.checksums)
+    pool.shutdown(wait=False)  # its thread ends with the last job
+    # Hand the CSV reader's scratch memory back to the OS now: the numpy arrays that follow then reuse
+    # those pages, which on a VM is several times faster than touching fresh ones.
+    pa.default_memory_pool().release_unused()
+    batches = table.to_batches()
+    del table  # the batches hold the only references: _ratings_frame frees them one by one
+    ratings = _ratings_frame(batches, min_rating=options["min_rating"])  # the rating filter, applied early
     ratings_label = src.describe(rel.ratings)
-    num_raw = len(ratings)
     kept = filter_interactions(ratings, **options)
     del ratings
+    movies, users = pending_features.result()
     if len(kept) == 0:
         raise MovieLensError(f"{ratings_label}: no ratings left after the filters {options} (of {num_raw})")
 
@@ -639,6 +695,7 @@ def prepare_movielens(
         parts = list(split(kept, protocol, seed=seed, **protocol_options))
     except ValueError as e:
         raise MovieLensError(f"{rel.name}, protocol {protocol}: {e}") from None
+    num_kept = len(kept)
     del kept
     for split_name, part in zip(("train", "valid", "test"), parts):
         if len(part) == 0:
@@ -647,9 +704,12 @@ def prepare_movielens(
                 f"empty ({[len(p) for p in parts]} train/valid/test rows); nothing was written"
             )
 
-    # the protocol may drop users or items (strong_generalization): compact the ids again
-    used_users = _distinct(np.concatenate([p["user_id"].to_numpy() for p in parts]))
-    used_items = _distinct(np.concatenate([p["item_id"].to_numpy() for p in parts]))
+    # the protocol may drop users or items (strong_generalization drops rows): compact the ids again
+    if sum(len(p) for p in parts) < num_kept:
+        used_users = _distinct(np.concatenate([p["user_id"].to_numpy() for p in parts]))
+        used_items = _distinct(np.concatenate([p["item_id"].to_numpy() for p in parts]))
+    else:  # every kept row is in a split, so every user and item is too
+        used_users, used_items = np.arange(len(raw_users)), np.arange(len(raw_items))
     if len(used_users) < len(raw_users) or len(used_items) < len(raw_items):
         for p in parts:
             p["user_id"] = _dense_map(p["user_id"].to_numpy(), used_users)
@@ -665,6 +725,8 @@ def prepare_movielens(
     extra = {"vocab/users.parquet": user_vocab, "vocab/items.parquet": item_vocab, "vocab/categories.parquet": category_vocab}
     if occupation_vocab is not None:
         extra["vocab/occupations.parquet"] = occupation_vocab
+    sources = pending_sources.result()
+    key, out_dir = key_and_dir(sources)
     meta: dict[str, Any] = {
         "name": name or f"movielens_{rel.name.removeprefix('ml-').replace('-', '_')}",
         "release": rel.name,

@@ -40,11 +40,18 @@ Protocols (``PROTOCOLS``):
 
 Filters (``filter_interactions``) run before a protocol: minimum rating, duplicate
 (user, item) pairs (the latest kept), then an iterated k-core on users and items.
+
+Speed: everything works on row numbers and copies a frame's columns once, at the end. Sorts
+are ``lexsort_fast``: keys packed into one uint64 whose values are sorted (not argsorted). The
+canonical order takes two such sorts, by (user_id, item_id) (a no-op on MovieLens files, which
+come in that order) and then a stable one by (user_id, timestamp); recbole's split adds one
+more, by (user_id, random draw).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -53,6 +60,7 @@ __all__ = [
     "PROTOCOLS",
     "filter_interactions",
     "lexsort_fast",
+    "lexsort_order",
     "split",
     "split_loo",
     "split_recbole",
@@ -64,6 +72,7 @@ COLUMNS = ("user_id", "item_id", "timestamp", "rating")
 MIN_INTERACTIONS_TO_SPLIT = 3  # fewer than this and a user cannot give one row to each split
 LIANG_HELDOUT_USERS, LIANG_NUM_USERS = 10_000, 136_677  # ML-20M after Liang's filter: 10k valid + 10k test users
 LIANG_MIN_TARGET_USERS_ROWS = 5  # held-out users with fewer rows are all fold-in (no targets)
+_PARALLEL_TAKE_ROWS = 1 << 20  # from this many rows the output columns are copied on two threads
 LIANG_TARGET_FRACTION = 0.2  # share of a held-out user's rows that are targets (floored)
 
 Splits = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
@@ -73,55 +82,175 @@ def lexsort_fast(keys: tuple[np.ndarray, ...], *, truncate_last: bool = False) -
     """Exactly ``np.lexsort(keys)`` (the LAST key is primary, stable), often 10-40x faster.
 
     Integer keys are shifted to start at 0 and packed into one uint64 (primary key in the
-    high bits), which numpy's vectorised sort orders in one pass; an equal packed pair
-    means equal keys, resolved by a stable sort as lexsort would. When the keys need more
-    than 64 bits it falls back to ``np.lexsort``, except that with ``truncate_last`` the
-    least significant key (``keys[0]``, e.g. uniform random draws as integers) may lose
-    low bits: then any equal packed pair falls back to ``np.lexsort``, so the result is
-    still exact.
+    high bits) with a tie-breaker in the low bits: the row index, or, when the primary key
+    is already in runs (sorted), the row's position within its run. Sorting those values
+    (not an argsort) then gives the stable order directly. When the keys and the
+    tie-breaker need more than 64 bits, ``truncate_last`` lets the least significant key
+    (``keys[0]``, e.g. uniform random draws as integers) lose low bits; rows whose
+    truncated keys tie are then re-sorted exactly, so the result is still ``np.lexsort``'s.
+    Otherwise it falls back to an argsort of the packed keys, or to ``np.lexsort``.
     """
+    order = lexsort_order(keys, truncate_last=truncate_last)
+    return np.arange(len(keys[0]), dtype=np.int64) if order is None else order
+
+
+def _as_uint64(k: np.ndarray) -> np.ndarray:
+    """``k``'s values mod 2^64 (two's complement), a view when it is 64-bit already."""
+    return k.view(np.uint64) if k.dtype.itemsize == 8 else k.astype(np.uint64)
+
+
+def _pack(columns: list[np.ndarray], los: list[int], bits: list[int], drop_low: int = 0) -> np.ndarray:
+    """One uint64 per row: each column minus its minimum ``lo`` (< 2**bits), primary (first) in the high
+    bits; the last column loses its ``drop_low`` lowest bits."""
+    packed, tmp = np.empty(len(columns[0]), dtype=np.uint64), None
+    for j, (k, lo, b) in enumerate(zip(columns, los, bits)):
+        out = packed if j == 0 else tmp
+        out = np.subtract(_as_uint64(k), np.uint64(lo % 2**64), out=out)
+        if j == len(columns) - 1 and drop_low:
+            out >>= np.uint64(drop_low)
+        if j:
+            packed <<= np.uint64(b)
+            packed |= out
+        tmp = out if j else None
+    return packed
+
+
+def _is_sorted(columns: list[np.ndarray]) -> bool:
+    """Whether rows are in lexicographic order of ``columns`` (primary first), ties allowed."""
+    tied = None
+    for k in columns:
+        a, b = k[:-1], k[1:]
+        down = b < a
+        if tied is not None:
+            down &= tied
+        if down.any():
+            return False
+        tied = (b == a) if tied is None else (tied & (b == a))
+        if not tied.any():
+            break
+    return True
+
+
+def _run_starts(sorted_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, length) of each run of equal values in ``sorted_ids`` (non-empty)."""
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+    return starts, np.diff(np.r_[starts, len(sorted_ids)])
+
+
+def lexsort_order(keys: tuple[np.ndarray, ...], *, truncate_last: bool = False) -> np.ndarray | None:
+    """``lexsort_fast(keys)``, or None when that is the identity (the rows are already in order).
+
+    None lets a caller skip copying its columns; the check costs one pass when the keys pack
+    into 64 bits (MovieLens files and every split this module returns are sorted already).
+    """
+    keys = tuple(np.asarray(k) for k in keys)
     n = len(keys[0])
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    shifted, bits = [], []
-    for k in reversed(keys):  # primary first
-        k = np.asarray(k)
-        if not np.issubdtype(k.dtype, np.integer):
-            return np.lexsort(keys)
-        lo = int(k.min())
-        span = int(k.max()) - lo
-        shifted.append((k - lo).astype(np.uint64) if lo else k.astype(np.uint64))
-        bits.append(max(span.bit_length(), 1))
+    if n <= 1:
+        return None
+    if not all(np.issubdtype(k.dtype, np.integer) for k in keys):
+        order = np.lexsort(keys)
+        return None if np.array_equal(order, np.arange(n)) else order
+    columns = list(reversed(keys))  # primary first
+    los = [int(k.min()) for k in columns]
+    bits = [max((int(k.max()) - lo).bit_length(), 1) for k, lo in zip(columns, los)]
     total = sum(bits)
-    truncated = 0
-    if total > 64:
-        truncated = total - 64
-        if not truncate_last or truncated >= bits[-1]:
-            return np.lexsort(keys)
-        shifted[-1] = shifted[-1] >> np.uint64(truncated)
-        bits[-1] -= truncated
-    packed = np.zeros(n, dtype=np.uint64)
-    for k, b in zip(shifted, bits):
-        packed <<= np.uint64(b)
-        packed |= k
-    if (packed[1:] > packed[:-1]).all():  # already strictly sorted (MovieLens files often are)
-        return np.arange(n, dtype=np.int64)
-    order = np.argsort(packed)
-    sorted_packed = packed[order]
-    if (sorted_packed[1:] == sorted_packed[:-1]).any():
-        return np.lexsort(keys) if truncated else np.argsort(packed, kind="stable")
+    packed = None
+    if total <= 64:
+        packed = _pack(columns, los, bits)
+        if (packed[1:] >= packed[:-1]).all():
+            return None
+    elif _is_sorted(columns):
+        return None
+    # tie-breaker: the row index, or the position within the primary key's runs when those are fewer bits
+    tie_bits = (n - 1).bit_length()
+    run_start_of_row = None
+    if total + tie_bits > 64 and len(columns) > 1 and (columns[0][1:] >= columns[0][:-1]).all():
+        starts, lengths = _run_starts(columns[0])
+        pos_bits = (int(lengths.max()) - 1).bit_length()
+        if pos_bits < tie_bits:
+            tie_bits, run_start_of_row = pos_bits, np.repeat(starts, lengths)
+    truncated = max(total + tie_bits - 64, 0)
+    if truncated and (not truncate_last or truncated >= bits[-1]):
+        return _lexsort_argsort(keys, packed)
+    if truncated:
+        packed = _pack(columns, los, bits[:-1] + [bits[-1] - truncated], drop_low=truncated)
+    packed <<= np.uint64(tie_bits)
+    tie = np.arange(n, dtype=np.int64)
+    if run_start_of_row is not None:
+        tie -= run_start_of_row
+    packed |= tie.view(np.uint64)
+    del tie
+    packed.sort()
+    tied = None
+    if truncated:  # rows equal but for the truncated bits are in index order: fixed below
+        high = packed >> np.uint64(tie_bits)
+        tied = high[1:] == high[:-1]
+        del high
+    packed &= np.uint64((1 << tie_bits) - 1)
+    order = packed.view(np.int64)
+    if run_start_of_row is not None:
+        order += run_start_of_row  # the sorted rows keep the primary's runs where they were
+    if tied is not None and tied.any():  # order those by the full last key, then index
+        at = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])
+        group = np.cumsum(np.r_[True, ~tied][at])
+        rows = order[at]
+        order[at] = rows[np.lexsort((rows, keys[0][rows], group))]
     return order
 
 
-def _canonical(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` sorted by (user_id, timestamp, item_id) (stable), index reset."""
+def _lexsort_argsort(keys: tuple[np.ndarray, ...], packed: np.ndarray | None) -> np.ndarray:
+    """np.lexsort(keys) via an argsort of the packed keys (no room for a tie-breaker), or np.lexsort itself."""
+    if packed is None:
+        return np.lexsort(keys)
+    order = np.argsort(packed)
+    sorted_packed = packed[order]
+    if (sorted_packed[1:] == sorted_packed[:-1]).any():
+        return np.argsort(packed, kind="stable")
+    return order
+
+
+def _check_columns(df: pd.DataFrame) -> None:
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"interactions lack column(s) {missing}; have {list(df.columns)}")
-    order = lexsort_fast((df["item_id"].to_numpy(), df["timestamp"].to_numpy(), df["user_id"].to_numpy()))
-    if np.array_equal(order, np.arange(len(df))):
+
+
+def _canonical_order(df: pd.DataFrame) -> np.ndarray | None:
+    """Row order sorting ``df`` by (user_id, timestamp, item_id), stable; None when already sorted.
+
+    Two one-pass sorts instead of one lexsort of three keys: rows sorted by (user_id, item_id)
+    (MovieLens files come so) need only a stable sort by (user_id, timestamp), whose user
+    runs let the row's position within its user be the tie-breaker.
+    """
+    _check_columns(df)
+    users, items, timestamps = (df[c].to_numpy() for c in ("user_id", "item_id", "timestamp"))
+    by_pair = lexsort_order((items, users))
+    if by_pair is not None:
+        users, timestamps = users[by_pair], timestamps[by_pair]
+    order = lexsort_order((timestamps, users))
+    if by_pair is None:
+        return order
+    return by_pair if order is None else by_pair[order]
+
+
+def _compose(order: np.ndarray | None, mask: np.ndarray) -> np.ndarray | None:
+    """Rows (of the original frame) that ``mask`` selects from the rows ``order`` lists; None = all, in order."""
+    if order is None:
+        return None if mask.all() else np.flatnonzero(mask)
+    return np.compress(mask, order)  # np.compress: several times faster than order[mask]
+
+
+def _rows(df: pd.DataFrame, rows: np.ndarray | None) -> pd.DataFrame:
+    """``df.iloc[rows]`` (None = every row) with a fresh RangeIndex, one numpy take per column."""
+    if rows is None:
         return df.reset_index(drop=True)
-    return df.iloc[order].reset_index(drop=True)
+    if df.columns.has_duplicates:
+        return df.iloc[rows].reset_index(drop=True)
+    data = {}
+    for c in df.columns:
+        s = df[c]
+        data[c] = s.to_numpy()[rows] if isinstance(s.dtype, np.dtype) else s.take(rows).reset_index(drop=True)
+    return pd.DataFrame(data, columns=df.columns, copy=False)
 
 
 def _group_positions(user_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -129,19 +258,34 @@ def _group_positions(user_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(user_ids)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.r_[True, user_ids[1:] != user_ids[:-1]])
-    sizes = np.diff(np.r_[starts, n])
-    run_of_row = np.repeat(np.arange(len(starts)), sizes)
-    return np.arange(n) - starts[run_of_row], sizes[run_of_row]
+    starts, sizes = _run_starts(user_ids)
+    return np.arange(n) - np.repeat(starts, sizes), np.repeat(sizes, sizes)
 
 
 def _round_half_up(x: np.ndarray) -> np.ndarray:
     return np.floor(x + 0.5).astype(np.int64)
 
 
-def _take(df: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
-    # df is canonical, so any row subset is canonical too.
-    return df[mask].reset_index(drop=True)
+def _random_as_ints(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``(rng.random(n) * 2**53).astype(np.uint64)`` without the floats: ``random()`` is the top 53 bits
+    of one raw 64-bit draw times 2^-53, so these are the same numbers, same order, same generator state."""
+    return rng.bit_generator.random_raw(n) >> np.uint64(11)
+
+
+def _split_by_label(df: pd.DataFrame, order: np.ndarray | None, label: np.ndarray) -> Splits:
+    """Rows of ``df`` in canonical ``order`` (None = as they are) labelled 0 train, 1 valid, 2 test."""
+    rows = [_compose(order, label == s) for s in range(3)]
+    numeric = all(isinstance(t, np.dtype) for t in df.dtypes) and not df.columns.has_duplicates
+    if len(df) < _PARALLEL_TAKE_ROWS or not numeric or any(r is None for r in rows):
+        return tuple(_rows(df, r) for r in rows)  # type: ignore[return-value]
+    # the copies are most of the split's time; np.take releases the GIL, so two threads share them
+    columns = [df[c].to_numpy() for c in df.columns]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        taken = list(pool.map(lambda job: np.take(columns[job[1]], rows[job[0]]), np.ndindex(3, len(columns))))
+    return tuple(  # type: ignore[return-value]
+        pd.DataFrame(dict(zip(df.columns, taken[s * len(columns) : (s + 1) * len(columns)])), columns=df.columns, copy=False)
+        for s in range(3)
+    )
 
 
 def recbole_split_sizes(n: np.ndarray, ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> np.ndarray:
@@ -165,33 +309,41 @@ def recbole_split_sizes(n: np.ndarray, ratios: tuple[float, float, float] = (0.8
 def split_recbole(df: pd.DataFrame, *, seed: int, ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> Splits:
     """Random per-user split; see the module docstring for the exact counts.
 
-    Vectorized: one lexsort by (user_id, random key), then each row's rank within its user
+    Vectorized: one sort by (user_id, random key), then each row's rank within its user
     picks its split (rank < n_test -> test, < n_test + n_valid -> valid, else train).
     """
-    df = _canonical(df)
+    order = _canonical_order(df)
     user_ids = df["user_id"].to_numpy()
-    keys = np.random.default_rng(seed).random(len(df))
-    # user runs stay in place, rows shuffled within; random() draws are k / 2^53, k exact in uint64
-    shuffled = lexsort_fast(((keys * 2.0**53).astype(np.uint64), user_ids), truncate_last=True)
-    rank_in_shuffled, n_of_row = _group_positions(user_ids[shuffled])
-    rank = np.empty(len(df), dtype=np.int64)
-    rank[shuffled] = rank_in_shuffled
-    sizes = recbole_split_sizes(n_of_row, ratios)
-    n_valid, n_test = sizes[:, 1], sizes[:, 2]
-    test = rank < n_test
-    valid = ~test & (rank < n_test + n_valid)
-    return _take(df, ~(test | valid)), _take(df, valid), _take(df, test)
+    if order is not None:
+        user_ids = user_ids[order]
+    n = len(user_ids)
+    keys = _random_as_ints(np.random.default_rng(seed), n)
+    shuffled = lexsort_fast((keys, user_ids), truncate_last=True)  # user runs stay in place, rows shuffled within
+    label = np.zeros(n, dtype=np.int8)  # 0 train, 1 valid, 2 test
+    if n:
+        starts, lengths = _run_starts(user_ids)  # the same runs in shuffled order
+        sizes = recbole_split_sizes(lengths, ratios)
+        rank_in_shuffled = np.arange(n) - np.repeat(starts, lengths)
+        n_test = np.repeat(sizes[:, 2], lengths)
+        in_shuffled = (rank_in_shuffled < n_test).astype(np.int8)
+        in_shuffled += rank_in_shuffled < n_test + np.repeat(sizes[:, 1], lengths)
+        label[shuffled] = in_shuffled
+    return _split_by_label(df, order, label)
 
 
 def split_loo(df: pd.DataFrame) -> Splits:
     """Temporal leave-one-out: per user last by (timestamp, item_id) -> test, second last -> valid."""
-    df = _canonical(df)
-    position, n = _group_positions(df["user_id"].to_numpy())
-    from_end = n - 1 - position  # 0 = the user's latest interaction
-    splittable = n >= MIN_INTERACTIONS_TO_SPLIT
-    test = splittable & (from_end == 0)
-    valid = splittable & (from_end == 1)
-    return _take(df, ~(test | valid)), _take(df, valid), _take(df, test)
+    order = _canonical_order(df)
+    user_ids = df["user_id"].to_numpy()
+    if order is not None:
+        user_ids = user_ids[order]
+    label = np.zeros(len(user_ids), dtype=np.int8)
+    if len(user_ids):
+        starts, lengths = _run_starts(user_ids)
+        ends = (starts + lengths)[lengths >= MIN_INTERACTIONS_TO_SPLIT]
+        label[ends - 1] = 2  # the user's latest interaction
+        label[ends - 2] = 1
+    return _split_by_label(df, order, label)
 
 
 def _num_heldout(num_users: int, num_heldout_users: int) -> int:
@@ -228,31 +380,38 @@ def split_strong_generalization(
     draw per held-out row (canonical order, same generator): per user the rows with the
     ``floor(0.2 n)`` smallest draws are the targets.
     """
-    df = _canonical(df)
+    order = _canonical_order(df)
+    user_ids, item_ids = df["user_id"].to_numpy(), df["item_id"].to_numpy()
+    if order is not None:
+        user_ids, item_ids = user_ids[order], item_ids[order]
     rng = np.random.default_rng(seed)
-    users = np.unique(df["user_id"].to_numpy())
+    users = np.unique(user_ids)
     h = _num_heldout(len(users), num_heldout_users)
     perm = rng.permutation(users)
     valid_users, test_users = np.sort(perm[len(users) - 2 * h : len(users) - h]), np.sort(perm[len(users) - h :])
-    user_ids = df["user_id"].to_numpy()
     in_valid, in_test = np.isin(user_ids, valid_users), np.isin(user_ids, test_users)
     heldout = in_valid | in_test
     if drop_unseen_items:
-        train_items = np.unique(df["item_id"].to_numpy()[~heldout])
-        keep = ~heldout | np.isin(df["item_id"].to_numpy(), train_items)
-        df, in_valid, in_test, heldout = _take(df, keep), in_valid[keep], in_test[keep], heldout[keep]
+        train_items = np.unique(item_ids[~heldout])
+        keep = ~heldout | np.isin(item_ids, train_items)
+        if not keep.all():
+            order = _compose(order, keep)
+            user_ids, in_valid, in_test, heldout = (np.compress(keep, a) for a in (user_ids, in_valid, in_test, heldout))
 
     rows = np.flatnonzero(heldout)  # canonical order, so each user's rows are one run
-    keys = rng.random(len(rows))
-    sub_users = df["user_id"].to_numpy()[rows]
-    shuffled = lexsort_fast(((keys * 2.0**53).astype(np.uint64), sub_users), truncate_last=True)
+    keys = _random_as_ints(rng, len(rows))
+    sub_users = user_ids[rows]
+    shuffled = lexsort_fast((keys, sub_users), truncate_last=True)
     rank_in_shuffled, n_of_row = _group_positions(sub_users[shuffled])
     rank = np.empty(len(rows), dtype=np.int64)
     rank[shuffled] = rank_in_shuffled
     n_target = np.where(n_of_row >= LIANG_MIN_TARGET_USERS_ROWS, np.floor(n_of_row * LIANG_TARGET_FRACTION), 0)
-    target = np.zeros(len(df), dtype=bool)
+    label = np.zeros(len(user_ids), dtype=np.int8)
+    target = np.zeros(len(user_ids), dtype=bool)
     target[rows] = rank < n_target
-    return _take(df, ~target), _take(df, target & in_valid), _take(df, target & in_test)
+    label[target & in_valid] = 1
+    label[target & in_test] = 2
+    return _split_by_label(df, order, label)
 
 
 def _counts_of(ids: np.ndarray) -> np.ndarray:
@@ -270,35 +429,38 @@ def filter_interactions(
 
     The k-core repeats "drop users with < min_user_interactions rows, then items with
     < min_item_interactions rows" until nothing changes (0 disables either side). Returns a
-    new frame with a fresh index, rows in their input order.
+    new frame with a fresh index, rows in their input order. Works on row numbers: the
+    frame's columns are copied once, at the end.
     """
+    rows = None  # rows of df kept so far, ascending (None = all)
+    users, items = df["user_id"].to_numpy(), df["item_id"].to_numpy()
     if min_rating > 0:
         keep = df["rating"].to_numpy() >= min_rating
         if not keep.all():
-            df = df[keep]
-    users, items = df["user_id"].to_numpy(), df["item_id"].to_numpy()
-    if len(df):
-        pairs = lexsort_fast((items, users))  # cheap: (user, item) packs into few bits; O(n) when sorted
-        if pairs[-1] == len(pairs) - 1 and np.array_equal(pairs, np.arange(len(pairs))):
-            u, i = users, items
-        else:
-            u, i = users[pairs], items[pairs]
+            rows = np.flatnonzero(keep)
+            users, items = np.compress(keep, users), np.compress(keep, items)
+    if len(users):
+        pairs = lexsort_order((items, users))  # cheap: (user, item) packs into few bits; None when sorted
+        u, i = (users, items) if pairs is None else (users[pairs], items[pairs])
         if ((u[1:] == u[:-1]) & (i[1:] == i[:-1])).any():  # duplicates: keep each pair's latest row
-            order = np.lexsort((df["timestamp"].to_numpy(), items, users))
+            timestamps = df["timestamp"].to_numpy()
+            order = lexsort_fast((timestamps if rows is None else timestamps[rows], items, users))
             u, i = users[order], items[order]
             last_of_pair = np.r_[(u[1:] != u[:-1]) | (i[1:] != i[:-1]), True]
-            keep = np.zeros(len(df), dtype=bool)
+            keep = np.zeros(len(users), dtype=bool)
             keep[order[last_of_pair]] = True
-            df = df[keep]
+            rows = _compose(rows, keep)
+            users, items = np.compress(keep, users), np.compress(keep, items)
     while min_user_interactions > 0 or min_item_interactions > 0:
-        keep = np.ones(len(df), dtype=bool)
-        for column, k in (("user_id", min_user_interactions), ("item_id", min_item_interactions)):
+        keep = np.ones(len(users), dtype=bool)
+        for ids, k in ((users, min_user_interactions), (items, min_item_interactions)):
             if k > 0:
-                keep &= _counts_of(df[column].to_numpy()) >= k
+                keep &= _counts_of(ids) >= k
         if keep.all():
             break
-        df = df[keep]
-    return df.reset_index(drop=True)
+        rows = _compose(rows, keep)
+        users, items = np.compress(keep, users), np.compress(keep, items)
+    return _rows(df, rows)
 
 
 PROTOCOLS: dict[str, Callable[..., Splits]] = {

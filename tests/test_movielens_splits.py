@@ -7,8 +7,10 @@ import pandas as pd
 import pytest
 
 from data_pipelines.splits import (
+    _random_as_ints,
     filter_interactions,
     lexsort_fast,
+    lexsort_order,
     split,
     split_strong_generalization,
     strong_generalization_users,
@@ -75,3 +77,36 @@ def test_proportional_heldout_count():
     df = _df([(u, 0, u, 5.0) for u in range(136_677 // 10)])
     valid_users, test_users = strong_generalization_users(df, seed=0)
     assert len(valid_users) == len(test_users) == 1000  # 10000 x 13667 / 136677, rounded
+
+
+def test_lexsort_order_is_none_when_sorted_and_fast_paths_are_exact():
+    rng = np.random.default_rng(1)
+    users = np.sort(rng.integers(0, 2_000, 200_000))
+    items = rng.integers(0, 50_000, 200_000)
+    pairs = np.lexsort((items, users))
+    assert lexsort_order((items[pairs], users)) is None  # sorted: no permutation to apply
+    assert np.array_equal(lexsort_order((items, users)), pairs)
+    # grouped primary key: with 2**40 timestamps an index does not fit, the position within a user does
+    timestamps = rng.integers(0, 2**40, 200_000)
+    timestamps[:100] = timestamps[100:200]
+    assert np.array_equal(lexsort_fast((timestamps, users)), np.lexsort((timestamps, users)))
+    # truncated draws: rows equal but for the dropped bits are re-sorted by the full draw
+    draws = rng.integers(0, 2**53, 200_000, dtype=np.uint64)
+    draws[1::2] = draws[::2] ^ np.uint64(1)  # pairs differing only in the lowest bit
+    for primary in (users, rng.permutation(users)):
+        assert np.array_equal(lexsort_fast((draws, primary), truncate_last=True), np.lexsort((draws, primary)))
+
+
+def test_random_as_ints_is_random_times_2_53():
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    assert np.array_equal(_random_as_ints(a, 1000), (b.random(1000) * 2.0**53).astype(np.uint64))
+    assert a.random() == b.random()  # same generator state afterwards
+
+
+def test_filter_keeps_input_order_and_columns():
+    rows = [(2, 5, 9, 4.0), (1, 7, 3, 2.0), (1, 5, 1, 5.0), (2, 5, 4, 3.5), (3, 1, 2, 3.0)]
+    df = _df(rows).assign(extra=np.arange(5))
+    out = filter_interactions(df, min_rating=3.0)
+    assert out.columns.tolist() == df.columns.tolist() and (out.dtypes == df.dtypes).all()
+    assert out.extra.tolist() == [0, 2, 4]  # (2, 5) twice: the later timestamp (9) stays
+    assert isinstance(out.index, pd.RangeIndex)
