@@ -154,3 +154,14 @@ def test_prefetched_epoch_equals_the_unprefetched_one_and_raises_where_it_failed
     next(it), next(it)
     with pytest.raises(ValueError, match="bad batch"):
         next(it)
+
+
+def test_heldout_users_are_never_training_examples(tiny_data):
+    """strong_generalization: held-out users' train rows are fold-in history, not examples."""
+    heldout = np.arange(0, 400, 4)
+    data = dataclasses.replace(tiny_data, heldout_users=heldout)
+    batches = TrainBatches(data, history_length=2, global_batch_size=500, num_uniform_negatives=0, seed=1, prefetch=0)
+    users = np.concatenate([b.features["user_id"].values().numpy() for b in batches.epoch(0)])
+    train_users = tiny_data.splits["train"].user_ids
+    assert not np.isin(users, heldout).any()
+    assert len(users) == int((~np.isin(train_users, heldout)).sum())  # every other row exactly once

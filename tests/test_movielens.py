@@ -236,3 +236,21 @@ def test_fit_trains_on_an_ml100k_format_fixture(tmp_path, process_group):
     assert results["dataset"]["counts"]["users"] == 120
     assert 0.0 <= results["test"]["two_tower"]["recall@20"] <= 1.0
     assert json.loads((tmp_path / "run" / "results.json").read_text())["dataset"]["protocol"] == "recbole"
+
+
+def test_fit_strong_generalization_trains_on_training_users_only(tmp_path, process_group):
+    from recsys.data.dataset import load_dataset
+    from recsys.trainer import fit
+    from tests.conftest import tiny_config
+
+    files = release_files("ml-100k", random_ratings(120, 150, seed=0), num_movies=150, num_users=120)
+    write_folder(tmp_path / "data", "ml-100k", files)
+    cfg = tiny_config(["data=movielens_100k", "data/protocol=strong_generalization", f"data.root={tmp_path / 'data'}",
+                       "data.movielens.download=false", "data.num_heldout_users=10", "trainer.epochs=1",
+                       "trainer.global_batch_size=64", "eval.ks=[20,100]", "eval.valid_metric=recall_liang@20"])
+    results = fit(cfg, tmp_path / "run")
+    data = load_dataset(results["dataset"]["dir"])
+    assert len(data.heldout_users) == 20 and results["dataset"]["protocol"] == "strong_generalization"
+    examples = int((~data.is_heldout(data.splits["train"].user_ids)).sum())
+    assert results["train"]["samples"] == examples  # one epoch: every training user's row once, no fold-in row
+    assert set(results["test"]["two_tower"]) >= {"recall_liang@20", "ndcg@100"}

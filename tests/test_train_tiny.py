@@ -67,3 +67,19 @@ def test_unknown_sharding_table_is_refused(tmp_path, data_root, process_group):
 def test_appended_config_typo_is_refused_too():
     with pytest.raises(ValueError, match=r"Key 'epochz' not in 'TrainerConfig'\n    full_key: trainer.epochz"):
         tiny_config(["+trainer.epochz=3"])
+
+
+@pytest.mark.parametrize("experiment", ["tiny", "movielens", "movielens_liang"])
+def test_every_experiment_composes(experiment):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from recsys.config import register_configs, to_config
+
+    register_configs()
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    assert {p.stem for p in (conf / "experiment").glob("*.yaml")} == {"tiny", "movielens", "movielens_liang"}
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = to_config(compose(config_name="config", overrides=[f"+experiment={experiment}"]))
+    assert cfg.run_name == experiment and cfg.eval.valid_metric.split("@")[0] in ("recall", "recall_liang")

@@ -94,6 +94,9 @@ class TrainBatches:
     batch of each epoch: the last, smaller batch holds the remainder (merged into the one before
     if it has fewer rows than there are ranks). Uniform negatives for batch b are drawn from
     (seed, epoch, b), so all ranks share them.
+
+    Training examples are the training split's rows, except those of held-out users
+    (strong_generalization: their rows are fold-in history for evaluation, never targets).
     """
 
     def __init__(
@@ -113,15 +116,16 @@ class TrainBatches:
                 f"trainer.global_batch_size={global_batch_size} is smaller than the world size {world_size}"
             )
         self.train: Interactions = data.splits["train"]
-        if len(self.train) < global_batch_size:
-            raise ValueError(
-                f"trainer.global_batch_size={global_batch_size} exceeds the {len(self.train)} training examples"
-            )
         self.builder = FeatureBuilder(data, history_length)
         self.num_items = data.num_items
         self.global_batch_size = global_batch_size
         self.world_size = world_size
-        self.bounds = batch_bounds(len(self.train), global_batch_size, world_size)
+        self.example_rows = np.nonzero(~data.is_heldout(self.train.user_ids))[0]
+        if len(self.example_rows) < global_batch_size:
+            raise ValueError(
+                f"trainer.global_batch_size={global_batch_size} exceeds the {len(self.example_rows)} training examples"
+            )
+        self.bounds = batch_bounds(len(self.example_rows), global_batch_size, world_size)
         self.num_uniform_negatives = num_uniform_negatives
         self.seed, self.rank = seed, rank
         self.history_length = history_length
@@ -157,7 +161,7 @@ class TrainBatches:
         return _Prefetched(batches, self.prefetch) if self.prefetch > 0 else batches
 
     def _build_epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.train))
+        order = self.example_rows[np.random.default_rng([self.seed, epoch]).permutation(len(self.example_rows))]
         for b in range(start_batch, len(self)):
             global_rows = order[self.bounds[b] : self.bounds[b + 1]]
             shares = rank_shares(len(global_rows), self.world_size)

@@ -7,7 +7,7 @@ column and value; batches re-check their features before each lookup.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict
 
@@ -51,6 +51,13 @@ class RetrievalData:
     splits: Dict[str, Interactions]
     item_category_indptr: np.ndarray  # num_items + 1
     item_category_ids: np.ndarray  # categories of item i: ids[indptr[i]:indptr[i+1]]
+    heldout_users: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # strong_generalization
+
+    def is_heldout(self, user_ids: np.ndarray) -> np.ndarray:
+        """Whether each user is a held-out (valid / test) user whose train rows are fold-in history only."""
+        mask = np.zeros(self.num_users, dtype=bool)
+        mask[self.heldout_users] = True
+        return mask[user_ids]
 
     @property
     def table_num_rows(self) -> Dict[str, int]:
@@ -107,4 +114,9 @@ def load_dataset(path: str | Path) -> RetrievalData:
     indptr = indptr - indptr[0]
     category_ids = categories.flatten().to_numpy().astype(np.int64, copy=False)
     _check_range(items_path, "categories", category_ids, num_categories)
-    return RetrievalData(root, meta, num_users, num_items, num_categories, splits, indptr, category_ids)
+    heldout_path = root / "heldout_users.parquet"
+    heldout = np.zeros(0, dtype=np.int64)
+    if heldout_path.exists():
+        heldout = pq.read_table(heldout_path, columns=["user_id"]).column("user_id").to_numpy().astype(np.int64)
+        _check_range(heldout_path, "user_id", heldout, num_users)
+    return RetrievalData(root, meta, num_users, num_items, num_categories, splits, indptr, category_ids, heldout)
