@@ -4,7 +4,8 @@
     $ torchrun --standalone --nproc_per_node=2 scripts/evaluate_recall.py run_dir=runs/default
 """
 
-from recsys.evaluate import main
+import runpy
 
 if __name__ == "__main__":
-    main()
+    # run the module as __main__ so Hydra finds conf/ relative to recsys/evaluate.py
+    runpy.run_module("recsys.evaluate", run_name="__main__", alter_sys=True)

@@ -51,3 +51,10 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     # the training run's own test numbers (same weights, same protocol) agree with the report's
     results = json.loads((trained_run / "results.json").read_text())
     assert results["test"]["two_tower"]["recall@20"] == pytest.approx(one["splits"]["test"]["metrics"]["two_tower"]["recall@20"], abs=1e-6)
+
+
+def test_script_wrapper_finds_the_config(tmp_path):
+    proc = subprocess.run([sys.executable, "scripts/evaluate_recall.py", f"run_dir={tmp_path}", "ks=[5]", "--cfg", "job"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"run_dir: {tmp_path}" in proc.stdout and "- 5" in proc.stdout
