@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -28,7 +29,13 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
         logging.getLogger().setLevel(logging.WARNING)
-    fit(to_config(cfg), HydraConfig.get().runtime.output_dir)
+    from data_pipelines.movielens import MovieLensError
+
+    try:
+        fit(to_config(cfg), HydraConfig.get().runtime.output_dir)
+    except MovieLensError as e:  # missing or bad input files: one message, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

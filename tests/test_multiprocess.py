@@ -59,3 +59,14 @@ def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, tin
     assert double_results["train"]["world_size"] == 2
     for model in ("two_tower", "popularity"):
         assert double_results["test"][model]["recall@20"] == pytest.approx(single_results["test"][model]["recall@20"], abs=5e-3)
+
+
+def test_a_failing_rank_ends_the_job_instead_of_hanging(tmp_path, data_root, tiny_data):
+    """Rank 0 fails while preparing data (the others wait in a collective): exit non-zero, promptly."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "recsys.train",
+           "+experiment=tiny", "data=movielens_100k", f"data.root={tmp_path / 'empty'}", "data.movielens.download=false",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)  # it hung for good before the fix
+    assert proc.returncode != 0
+    assert "put ml-100k.zip" in proc.stdout + proc.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
 from datetime import timedelta
 from dataclasses import dataclass
 
@@ -84,10 +85,16 @@ def init_distributed(device: str = "auto", backend: str = "auto") -> DistEnv:
 
 
 def destroy_distributed(env: DistEnv | None = None) -> None:
-    """Tear down the group; collect garbage first, or torchrec's threads abort the exit (rc 1)."""
+    """Tear down the group; collect garbage first, or torchrec's threads abort the exit (rc 1).
+
+    Called from ``finally``: while an exception is propagating, the other ranks may be blocked
+    in a collective this rank will never join, so there is no barrier then; the process exits
+    with the error and torchrun stops the job.
+    """
     gc.collect()
     if env is not None and not env.owns_group:
         return
     if dist.is_initialized():
-        dist.barrier()
+        if sys.exc_info()[0] is None:
+            dist.barrier()
         dist.destroy_process_group()
