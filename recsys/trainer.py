@@ -142,7 +142,7 @@ def make_train_step(cfg: Config, sharded: ShardedModel, env: DistEnv):
         raise ValueError(f"trainer.pipeline={cfg.trainer.pipeline!r}: expected 'none' or 'sparse_dist'")
 
     def step(batches: Iterator[Batch]) -> torch.Tensor:
-        batch = next(batches).to(env.device)
+        batch = next(batches).to(env.device, non_blocking=True)  # pinned on GPU: no host sync
         loss, _ = dmp(batch)
         loss.backward()  # the fused sparse optimizer updates the looked-up rows in here
         optimizer.step()
@@ -198,6 +198,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         seed=tcfg.seed,
         rank=env.rank,
         world_size=env.world_size,
+        pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
     )
     evaluator = Evaluator(
         data, FeatureBuilder(data, cfg.data.history_length), ks=cfg.eval.ks,

@@ -110,6 +110,7 @@ class TrainBatches:
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
+        pin_memory: bool = False,
     ) -> None:
         if global_batch_size < world_size:
             raise ValueError(
@@ -131,6 +132,7 @@ class TrainBatches:
         self.history_length = history_length
         self.user_start = self.train.user_bounds(data.num_users)[self.train.user_ids]
         self.prefetch = prefetch
+        self.pin_memory = pin_memory  # GPU: page-locked batches, so the copy to the device can be asynchronous
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
@@ -170,7 +172,8 @@ class TrainBatches:
             negatives = np.random.default_rng([self.seed, epoch, b]).integers(
                 0, self.num_items, self.num_uniform_negatives, dtype=np.int64
             )
-            yield self.batch(rows, negatives, global_num_queries=len(global_rows))
+            batch = self.batch(rows, negatives, global_num_queries=len(global_rows))
+            yield batch.pin_memory() if self.pin_memory else batch
 
 
 class _Prefetched:
