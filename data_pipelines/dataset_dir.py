@@ -181,6 +181,16 @@ def is_complete(dataset_dir: str | os.PathLike) -> bool:
     return all((d / f).is_file() for f in (META_FILE, *PARQUET_FILES))
 
 
+def is_prepared(dataset_dir: str | os.PathLike, cache_key: str) -> bool:
+    """True when the dir is complete and was written for ``cache_key`` (a corrupt meta.json counts as not)."""
+    if not is_complete(dataset_dir):
+        return False
+    try:
+        return read_meta(dataset_dir).get("cache_key") == cache_key
+    except ValueError:
+        return False
+
+
 # ---------------------------------------------------------------- writing
 
 

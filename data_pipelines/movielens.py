@@ -63,7 +63,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from data_pipelines.dataset_dir import CODE_VERSION, is_complete, read_meta, write_dataset_dir
+from data_pipelines.dataset_dir import CODE_VERSION, is_complete, is_prepared, write_dataset_dir
 from data_pipelines.download import DownloadError, download, sha256_file
 from data_pipelines.splits import PROTOCOLS, filter_interactions, split
 
@@ -650,12 +650,8 @@ def prepare_movielens(
     if any(is_complete(d) for d in root.glob(f"{rel.name}-{protocol}-*")):
         sources = src.checksums()
         key, out_dir = key_and_dir(sources)
-        if is_complete(out_dir):
-            try:
-                if read_meta(out_dir).get("cache_key") == key:
-                    return out_dir
-            except ValueError:
-                pass  # corrupt meta.json: rewrite below
+        if is_prepared(out_dir, key):
+            return out_dir
         pending_sources = Future()
         pending_sources.set_result(sources)
 

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from data_pipelines.dataset_dir import CODE_VERSION, is_complete, read_meta, write_dataset_dir
+from data_pipelines.dataset_dir import CODE_VERSION, is_prepared, write_dataset_dir
 from data_pipelines.splits import PROTOCOLS, split
 
 __all__ = [
@@ -251,12 +251,8 @@ def prepare_synthetic(
         raise ValueError(f"unknown split protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
     key = cache_key(spec, protocol, split_seed)
     out_dir = (Path(root) / f"synthetic-{key}").absolute()
-    if is_complete(out_dir):
-        try:
-            if read_meta(out_dir).get("cache_key") == key:
-                return out_dir
-        except ValueError:
-            pass  # corrupt meta.json: rewrite below
+    if is_prepared(out_dir, key):
+        return out_dir
     interactions, items, users = generate(spec)
     train, valid, test = split(interactions, protocol, seed=split_seed)
     meta = {

@@ -56,11 +56,16 @@ def _state_dicts(sharded: ShardedModel, with_optimizer: bool) -> Dict[str, Any]:
     return state
 
 
+def is_complete_checkpoint(path: Path) -> bool:
+    """Renamed into place by rank 0 after every rank finished writing (the state file comes last)."""
+    return (path / STATE_FILE).is_file()
+
+
 def complete_checkpoints(root: Path) -> List[Path]:
     """Complete step checkpoints under ``root``, oldest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name) and (p / STATE_FILE).is_file()]
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and is_complete_checkpoint(p)]
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
@@ -116,7 +121,7 @@ def save_checkpoint(
 
 def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_optimizer: bool = True) -> TrainerState:
     """Collective: load weights (and optimizer state) in place, resharding as needed."""
-    if not (path / STATE_FILE).is_file():
+    if not is_complete_checkpoint(path):
         raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
     if with_optimizer and not sharded.dense_optimizer.state:
         saved_keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata

@@ -20,12 +20,10 @@ from typing import List, Optional
 
 import hydra
 import numpy as np
-import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from data_pipelines.prepare import prepare_dataset
 from recsys.checkpoint import load_checkpoint
 from recsys.config import Config, register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
@@ -36,7 +34,7 @@ from recsys.evaluation.ann import ANN_KINDS
 from recsys.evaluation.evaluator import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
-from recsys.trainer import build_task
+from recsys.trainer import build_task, prepare_dataset_on_rank0
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +77,7 @@ def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
 
 def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv):
     """Collective: (dataset, sharded model with the checkpoint's weights, checkpoint path) for this job's ranks."""
-    dataset_dir = [str(prepare_dataset(cfg.data)) if env.is_main else None]
-    if env.world_size > 1:
-        torch.distributed.broadcast_object_list(dataset_dir, src=0)
-    data = load_dataset(dataset_dir[0])
+    data = load_dataset(prepare_dataset_on_rank0(cfg.data, env))
     sharded = shard_model(build_task(cfg, data), sharding=cfg.sharding, sparse=cfg.optim.sparse,
                           dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
     path = Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"

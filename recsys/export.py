@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra

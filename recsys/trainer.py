@@ -21,15 +21,14 @@ from pathlib import Path
 from itertools import islice
 from typing import Any, Dict, Iterator, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
-from recsys.config import Config
+from recsys.checkpoint import TrainerState, is_complete_checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from recsys.config import Config, DataConfig
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset
@@ -72,8 +71,9 @@ def build_task(cfg: Config, data: RetrievalData) -> RetrievalTask:
     )
 
 
-def _prepare_on_rank0(cfg: Config, env: DistEnv) -> Path:
-    holder = [str(prepare_dataset(cfg.data)) if env.is_main else None]
+def prepare_dataset_on_rank0(cfg: DataConfig, env: DistEnv) -> Path:
+    """Collective: rank 0 prepares (or finds) the dataset dir, every rank gets its path."""
+    holder = [str(prepare_dataset(cfg)) if env.is_main else None]
     if env.world_size > 1:
         dist.broadcast_object_list(holder, src=0)
     return Path(holder[0])
@@ -155,7 +155,7 @@ def make_train_step(cfg: Config, sharded: ShardedModel, env: DistEnv):
 def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     tcfg = cfg.trainer
     run_dir.mkdir(parents=True, exist_ok=True)
-    dataset_dir = _prepare_on_rank0(cfg, env)
+    dataset_dir = prepare_dataset_on_rank0(cfg.data, env)
     data = load_dataset(dataset_dir)
     log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
 
@@ -167,7 +167,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     )
     if env.is_main:
         log.info("sharding plan:\n%s", sharded.plan)
-    dmp, optimizer = sharded.module, sharded.optimizer
+    dmp = sharded.module
     dmp.module.gather_candidates = candidate_gather(env.rank, env.world_size)
     two_tower = dmp.module.model
 
@@ -208,7 +208,6 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     steps_per_epoch = len(batches) if tcfg.max_steps_per_epoch <= 0 else min(len(batches), tcfg.max_steps_per_epoch)
     metrics_log = MetricsLog(run_dir, enabled=env.is_main)
     valid_metric = cfg.eval.valid_metric
-    steps_this_run = 0
     try:
         while not state.early_stopped and state.epoch < tcfg.epochs:
             epoch = state.epoch
@@ -225,7 +224,6 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                 state.step += 1
                 state.samples += int(batches.bounds[i + 1] - batches.bounds[i])
                 state.next_batch = i + 1
-                steps_this_run += 1
                 progress.update(1)
                 window_losses.append(loss)
                 if state.step % tcfg.log_every_steps == 0 or i == steps_per_epoch - 1:
@@ -264,7 +262,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                     state.early_stopped = True
             checkpoint()
         best = ckpt_root / "best"
-        if (best / "trainer_state.json").is_file():
+        if is_complete_checkpoint(best):
             load_checkpoint(sharded, best, env=env, with_optimizer=False)
         valid = evaluator.evaluate(two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
         test = evaluator.evaluate(two_tower, "test", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)

@@ -40,8 +40,8 @@ from recsys.distributed.plan_config import (
     PlanReport,
     plan_dry_run,
     register_plan_configs,
-    reject_unknown_keys,
 )
+from recsys.config import reject_unknown_keys
 
 register_plan_configs()
 

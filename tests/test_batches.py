@@ -98,7 +98,6 @@ def test_latest_items_are_the_last_of_each_users_timeline():
 
 def test_out_of_range_and_negative_ids_raise_before_lookup(tiny_data):
     builder = FeatureBuilder(tiny_data, history_length=2)
-    empty = np.zeros(0, dtype=np.int64)
     ok = dict(user_ids=np.array([0, 1]), hist_lengths=np.array([1, 0]), hist_items=np.array([1]), candidate_item_ids=np.array([2, 3]))
     builder.build(**ok)
     with pytest.raises(ValueError, match=r"feature 'item_id': id 300 is out of range for table 'item' of 300 rows"):

@@ -21,9 +21,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from data_pipelines.dataset_dir import is_complete, read_meta
+from data_pipelines.dataset_dir import read_meta
 from data_pipelines.movielens import RELEASES, MovieLensError, prepare_movielens
-from tests.fixtures.movielens import hand_ratings, random_ratings, release_files, write_folder, write_zip
+from tests.fixtures.movielens import random_ratings, release_files, write_folder, write_zip
 
 PROTOCOLS = {  # protocol -> (filters as in conf/data/protocol/*.yaml, expected train/valid/test, users, items)
     "recbole": (dict(min_rating=3.0), (32, 6, 6), 6, 20),
@@ -219,7 +219,7 @@ def test_cli_without_network_exits_nonzero_with_one_message(tmp_path):
     )
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("error: cannot download http://127.0.0.1:9/ml-1m.zip")
-    assert f"put ml-1m.zip (from https://files.grouplens.org/datasets/movielens/ml-1m.zip)" in result.stderr
+    assert "put ml-1m.zip (from https://files.grouplens.org/datasets/movielens/ml-1m.zip)" in result.stderr
     assert "Traceback" not in result.stderr and not list(tmp_path.glob("*.zip*"))
 
 

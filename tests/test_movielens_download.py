@@ -74,7 +74,7 @@ def test_complete_download_is_verified_renamed_and_recorded(tmp_path, server):
 def test_failed_download_keeps_nothing_and_says_where_to_put_the_file(tmp_path, server, name, md5, pattern):
     with pytest.raises(MovieLensError, match=pattern) as info:
         _prepare(tmp_path, f"{server}/{name}", md5)
-    assert f"put ml-100k.zip (from https://files.grouplens.org/datasets/movielens/ml-100k.zip)" in str(info.value)
+    assert "put ml-100k.zip (from https://files.grouplens.org/datasets/movielens/ml-100k.zip)" in str(info.value)
     assert list(tmp_path.iterdir()) == []  # no zip, no .part file, no dataset dir
 
 

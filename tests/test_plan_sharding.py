@@ -12,7 +12,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from recsys.distributed.plan_config import GB, PlanConfig, plan_dry_run, register_plan_configs, reject_unknown_keys
+from recsys.config import reject_unknown_keys
+from recsys.distributed.plan_config import GB, PlanConfig, plan_dry_run, register_plan_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "plan_sharding.py"

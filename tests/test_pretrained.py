@@ -4,7 +4,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from recsys.checkpoint import latest_checkpoint
 from recsys.distributed.pretrained import open_pretrained

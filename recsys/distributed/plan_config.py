@@ -21,7 +21,6 @@ Memory is in GB of 2**30 bytes, the unit torchrec's planner prints and ``hbm_cap
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -29,13 +28,12 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.types import PlannerError, ShardingOption, Stats
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from recsys.config import reject_unknown_keys
 from recsys.config import ModelConfig, OptimConfig, ShardingConfig
 from recsys.data.features import query_features
 from recsys.distributed.sharding import planner_constraints, sparse_optimizer_kwargs

@@ -26,8 +26,12 @@ from recsys.evaluation.retrieval import exact_topk, popularity_topk
 PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _rank_share(n: int, rank: int, world_size: int) -> slice:
-    per_rank = -(-n // world_size)
+    per_rank = _ceil_div(n, world_size)
     return slice(min(n, rank * per_rank), min(n, (rank + 1) * per_rank))
 
 
@@ -54,7 +58,7 @@ def embed(
 ) -> torch.Tensor:
     """Embeddings of ``ids`` (users for side="query", items for side="candidate"), ``len(ids) x D``, on every rank."""
     share = ids[_rank_share(len(ids), rank, world_size)]
-    num_steps = -(-(-(-len(ids) // world_size)) // batch_size)
+    num_steps = _ceil_div(_ceil_div(len(ids), world_size), batch_size)  # the same on every rank
     if side == "query":
         batches = query_batches(builder, share, timeline, batch_size)
         filler = next(query_batches(builder, ids[:1], timeline, 1))
@@ -62,17 +66,15 @@ def embed(
         batches = item_batches(builder, share, batch_size)
         filler = next(item_batches(builder, ids[:1], 1))
     out: List[torch.Tensor] = []
+    dim = 0  # a rank whose share is empty still runs the filler batches, which give D
     for batch, is_real in _lockstep(batches, num_steps, filler):
         batch = batch.to(device)
         queries, candidates = two_tower(batch.features, batch.num_queries)
+        embeddings = queries if side == "query" else candidates
+        dim = embeddings.shape[1]
         if is_real:
-            out.append((queries if side == "query" else candidates).float().cpu())
-    local = torch.cat(out) if out else torch.zeros(0, 0)
-    if world_size > 1:
-        dim = torch.tensor([local.shape[1] if out else 0])
-        dist.all_reduce(dim, op=dist.ReduceOp.MAX)
-        if not out:
-            local = torch.zeros(0, int(dim.item()))
+            out.append(embeddings.float().cpu())
+    local = torch.cat(out) if out else torch.zeros(0, dim)
     return all_gather_rows(local, world_size)
 
 
