@@ -137,7 +137,7 @@ def make_train_step(cfg: Config, sharded: ShardedModel, env: DistEnv):
     dmp, optimizer = sharded.module, sharded.optimizer
     if cfg.trainer.pipeline == "sparse_dist":
         pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
-        return pipeline, lambda batches: pipeline.progress(batches)[0]
+        return pipeline, pipeline.progress  # returns the task's second output: the detached loss
     if cfg.trainer.pipeline != "none":
         raise ValueError(f"trainer.pipeline={cfg.trainer.pipeline!r}: expected 'none' or 'sparse_dist'")
 

@@ -146,3 +146,24 @@ def test_popularity_topk_matches_sorted_counts(seed):
         assert ids[u].tolist() == expected
         kept = ids[u] >= 0
         np.testing.assert_array_equal(scores[u][kept].numpy(), counts[ids[u][kept].numpy()])
+
+
+def test_faiss_selection_and_torch_topk_give_the_same_result(monkeypatch):
+    """The CPU path selects with FAISS heaps; without faiss it falls back to torch.topk: same output, ties included."""
+    import builtins
+
+    rng = np.random.default_rng(5)
+    queries, items = _tied_embeddings(rng, 40, 300, 6)
+    exclude = _random_exclude(rng, 40, 300, 290)  # some rows keep fewer than k items: -1 / -inf padding
+    with_faiss = exact_topk(queries, items, 20, exclude=exclude, chunk_size=16)
+    real_import = builtins.__import__
+
+    def no_faiss(name, *args, **kwargs):
+        if name == "faiss":
+            raise ImportError("no faiss here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_faiss)
+    without = exact_topk(queries, items, 20, exclude=exclude, chunk_size=16)
+    assert torch.equal(with_faiss[1], without[1]) and torch.equal(with_faiss[0], without[0])
+    assert (with_faiss[1] == -1).any()  # the padding case was exercised

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from recsys.model.task import RetrievalTask, sampled_softmax_loss
+from recsys.model.task import RetrievalTask, accidental_hits, masked_logits, sampled_softmax_loss
 
 
 def naive_loss(q, c, labels, q_items, c_items, tau, log_q):
@@ -40,9 +40,9 @@ def test_loss_matches_naive_reference_with_hits_and_uniform_negatives(use_log_q)
     log_q = torch.log((b * p[c_items] + b_neg / num_items) / (b + b_neg)) if use_log_q else None
     labels = torch.arange(b)
 
-    loss, logits = sampled_softmax_loss(
-        q, c, labels=labels, query_item_ids=pos_items, candidate_item_ids=c_items, temperature=0.1, candidate_log_q=log_q
-    )
+    args = dict(labels=labels, query_item_ids=pos_items, candidate_item_ids=c_items, temperature=0.1, candidate_log_q=log_q)
+    loss = sampled_softmax_loss(q, c, **args)
+    logits = masked_logits(q, c, **args)
     expected = naive_loss(q.numpy(), c.numpy(), labels.numpy(), pos_items.numpy(), c_items.numpy(), 0.1, log_q)
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     # exactly the accidental hits are masked: (0,3), (3,0), (1, neg 2 = column 8)
@@ -66,6 +66,63 @@ def test_task_mixture_log_q_and_forward_equal_reference():
 def test_loss_gradient_flows_to_both_towers():
     q = torch.randn(4, 3, requires_grad=True)
     c = torch.randn(4, 3, requires_grad=True)
-    loss, _ = sampled_softmax_loss(q, c, labels=torch.arange(4), query_item_ids=torch.arange(4), candidate_item_ids=torch.arange(4), temperature=0.5)
+    loss = sampled_softmax_loss(q, c, labels=torch.arange(4), query_item_ids=torch.arange(4), candidate_item_ids=torch.arange(4), temperature=0.5)
     loss.backward()
     assert q.grad.abs().sum() > 0 and c.grad.abs().sum() > 0
+
+
+def autograd_reference(q, c, labels, q_items, c_items, tau, log_q):
+    """The loss written the obvious way, differentiated by autograd."""
+    logits = q @ c.t() / tau - (log_q.unsqueeze(0) if log_q is not None else 0.0)
+    hits = c_items.unsqueeze(0) == q_items.unsqueeze(1)
+    hits[torch.arange(labels.numel()), labels] = False
+    return torch.nn.functional.cross_entropy(logits.masked_fill(hits, float("-inf")), labels)
+
+
+@pytest.mark.parametrize("use_log_q", [True, False])
+def test_hand_written_backward_equals_autograd(use_log_q):
+    """Random batches with many repeated items (accidental hits) and uniform negatives; labels offset as on rank 1."""
+    g = torch.Generator().manual_seed(1)
+    b, c_rows, d, tau = 64, 160, 16, 0.07
+    q0 = torch.nn.functional.normalize(torch.randn(b, d, generator=g), dim=-1)
+    c0 = torch.nn.functional.normalize(torch.randn(c_rows, d, generator=g), dim=-1)
+    c_items = torch.randint(0, 40, (c_rows,), generator=g)
+    labels = torch.arange(32, 32 + b)  # this rank's positives sit after another rank's
+    q_items = c_items[labels]
+    log_q = torch.log(torch.rand(c_rows, generator=g) * 0.01 + 1e-4) if use_log_q else None
+    grads = []
+    for fn in (sampled_softmax_loss, None):
+        q, c = q0.clone().requires_grad_(), c0.clone().requires_grad_()
+        if fn is None:
+            loss = autograd_reference(q, c, labels, q_items, c_items, tau, log_q)
+        else:
+            loss = fn(q, c, labels=labels, query_item_ids=q_items, candidate_item_ids=c_items, temperature=tau, candidate_log_q=log_q)
+        (3.0 * loss).backward()  # a non-unit upstream gradient must scale the result
+        grads.append((loss.item(), q.grad, c.grad))
+    (l1, gq1, gc1), (l2, gq2, gc2) = grads
+    assert l1 == pytest.approx(l2, rel=1e-6)
+    torch.testing.assert_close(gq1, gq2, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(gc1, gc2, rtol=1e-5, atol=1e-7)
+    assert gq1.abs().sum() > 0 and gc1.abs().sum() > 0
+
+
+def test_accidental_hits_equal_dense_comparison():
+    g = torch.Generator().manual_seed(2)
+    c_items = torch.randint(0, 30, (200,), generator=g)
+    labels = torch.randperm(200, generator=g)[:50]
+    q_items = c_items[labels]
+    q_items[:5] = 99  # a query whose item is nowhere among the candidates (its label column is then no hit either)
+    dense = c_items.unsqueeze(0) == q_items.unsqueeze(1)
+    dense[torch.arange(50), labels] = False
+    rows, cols = accidental_hits(q_items, c_items, labels)
+    assert sorted(zip(rows.tolist(), cols.tolist())) == sorted(map(tuple, dense.nonzero().tolist()))
+    assert rows.numel() > 50  # the case has plenty of hits to find
+
+
+def test_backward_twice_is_an_error():
+    q = torch.randn(4, 3, requires_grad=True)
+    loss = sampled_softmax_loss(q, torch.randn(4, 3), labels=torch.arange(4), query_item_ids=torch.arange(4),
+                                candidate_item_ids=torch.arange(4), temperature=0.5)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()

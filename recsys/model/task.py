@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from recsys.data.batch import Batch
@@ -37,7 +36,92 @@ class LocalCandidates(nn.Module):
         return t, 0
 
 
-@torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward(): it assigns into a mask
+def accidental_hits(
+    query_item_ids: torch.Tensor, candidate_item_ids: torch.Tensor, labels: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(rows, columns) of every candidate whose item is its query's positive, the label itself excepted.
+
+    Found by sorting the candidates' ids, never as a B_q x C comparison: at batch 8192 the dense
+    ``==`` + ``masked_fill_`` takes ~45 ms a step on 2 CPU cores, this ~1.3 ms. (On CUDA the pair
+    count would need a host sync to size the result; ``sampled_softmax_loss`` uses the dense mask there.)
+    """
+    sorted_ids, order = torch.sort(candidate_item_ids)
+    first = torch.searchsorted(sorted_ids, query_item_ids)
+    counts = torch.searchsorted(sorted_ids, query_item_ids, right=True) - first
+    rows = torch.repeat_interleave(torch.arange(query_item_ids.numel(), device=counts.device), counts)
+    # position of each pair within its query's run of equal ids, then the candidate column there
+    run_start = torch.cumsum(counts, 0) - counts
+    cols = order[torch.repeat_interleave(first - run_start, counts) + torch.arange(rows.numel(), device=counts.device)]
+    keep = cols != labels[rows]
+    return rows[keep], cols[keep]
+
+
+def masked_logits(
+    queries: torch.Tensor,
+    candidates: torch.Tensor,
+    *,
+    labels: torch.Tensor,
+    query_item_ids: torch.Tensor,
+    candidate_item_ids: torch.Tensor,
+    temperature: float,
+    candidate_log_q: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``B_q x C`` scores <q, c> / tau - log q(c), accidental hits set to -inf (no autograd)."""
+    with torch.no_grad():
+        if candidate_log_q is not None:
+            # the logQ row is the GEMM's bias and 1/tau its alpha: no extra B_q x C pass for either
+            logits = torch.addmm(candidate_log_q.neg().unsqueeze(0), queries, candidates.t(), alpha=1.0 / temperature)
+        else:
+            logits = torch.mm(queries, candidates.t()).mul_(1.0 / temperature)
+        if logits.device.type == "cpu":
+            logits.index_put_(accidental_hits(query_item_ids, candidate_item_ids, labels), torch.tensor(float("-inf")))
+        else:
+            hits = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)
+            hits[torch.arange(labels.numel(), device=labels.device), labels] = False
+            logits.masked_fill_(hits, float("-inf"))
+    return logits
+
+
+class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy over masked logits with a hand-written backward.
+
+    Autograd through mm / div / sub / masked_fill / cross_entropy keeps one B_q x C tensor per op
+    and makes ~8 passes over B_q x C; this keeps one (the log-probabilities, computed in place on
+    the logits on CPU) and makes ~4: the GEMM, log_softmax, then in backward exp and the two GEMMs.
+    Gradient: dL/dlogits = (softmax - onehot(label)) / B_q; dlogits/dq = c / tau, dlogits/dc = q / tau.
+    """
+
+    @staticmethod
+    def forward(ctx, queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q):
+        logits = masked_logits(
+            queries, candidates, labels=labels, query_item_ids=query_item_ids,
+            candidate_item_ids=candidate_item_ids, temperature=temperature, candidate_log_q=candidate_log_q,
+        )
+        # in place on CPU (the kernel reads each row before writing it; a fresh 8192 x 8192 tensor
+        # would page-fault in every step); out of place on other devices, where that is not verified
+        log_probs = torch.log_softmax(logits, 1, out=logits) if logits.device.type == "cpu" else torch.log_softmax(logits, 1)
+        rows = torch.arange(labels.numel(), device=labels.device)
+        loss = -log_probs[rows, labels].mean()
+        ctx.save_for_backward(queries, candidates, log_probs, labels)
+        ctx.temperature = temperature
+        ctx.backward_done = False
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.backward_done:
+            raise RuntimeError("sampled_softmax_loss: backward ran twice (its buffer is reused in place)")
+        ctx.backward_done = True
+        queries, candidates, log_probs, labels = ctx.saved_tensors
+        grad_logits = log_probs.exp_()  # the softmax, in place
+        grad_logits[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0
+        scale = grad_loss / (labels.numel() * ctx.temperature)  # a 0-dim tensor: no host sync
+        grad_q = torch.mm(grad_logits, candidates).mul_(scale) if ctx.needs_input_grad[0] else None
+        grad_c = torch.mm(grad_logits.t(), queries).mul_(scale) if ctx.needs_input_grad[1] else None
+        return grad_q, grad_c, None, None, None, None, None
+
+
+@torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward(): an autograd Function inside
 def sampled_softmax_loss(
     queries: torch.Tensor,
     candidates: torch.Tensor,
@@ -47,23 +131,18 @@ def sampled_softmax_loss(
     candidate_item_ids: torch.Tensor,
     temperature: float,
     candidate_log_q: Optional[torch.Tensor] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy of each query against all candidates.
+) -> torch.Tensor:
+    """Mean cross-entropy of each query against all candidates (the scores of ``masked_logits``).
 
     queries ``B_q x D``; candidates ``C x D``; labels ``B_q`` (column of each positive);
-    query_item_ids ``B_q``; candidate_item_ids ``C``; candidate_log_q ``C`` or None.
-    Returns (mean loss, logits ``B_q x C`` after correction and masking).
+    query_item_ids ``B_q``; candidate_item_ids ``C``; candidate_log_q ``C`` or None (no gradient
+    flows to it). Gradients flow to queries and candidates; backward may run once.
     """
-    # B_q x C passes done in place on the matmul's output: none of mm / div / sub / masked_fill
-    # needs its output for backward, and a fresh B_q x C tensor costs an allocation whose pages
-    # fault in one by one (8192 x 8192 floats = 256 MiB); same values, bit for bit
-    logits = torch.mm(queries, candidates.t()).div_(temperature)
-    if candidate_log_q is not None:
-        logits.sub_(candidate_log_q.unsqueeze(0))
-    hits = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)
-    hits[torch.arange(labels.numel(), device=labels.device), labels] = False
-    logits.masked_fill_(hits, float("-inf"))
-    return F.cross_entropy(logits, labels), logits
+    if candidate_log_q is not None and candidate_log_q.requires_grad:
+        raise ValueError("sampled_softmax_loss: candidate_log_q must not require grad")
+    return _InBatchSoftmaxCrossEntropy.apply(
+        queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q
+    )
 
 
 class RetrievalTask(nn.Module):
@@ -91,7 +170,8 @@ class RetrievalTask(nn.Module):
         q = (b * self.item_probs[item_ids] + b_neg / num_items) / (b + b_neg)
         return torch.log(q.clamp_min(1e-12))
 
-    def forward(self, batch: Batch) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def forward(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(loss to backpropagate, its detached copy: the output TrainPipelineSparseDist hands back)."""
         n = batch.num_queries
         queries, candidates = self.model(batch.features, n)
         global_n = batch.global_num_queries
@@ -102,7 +182,7 @@ class RetrievalTask(nn.Module):
         all_ids = torch.cat([positive_ids, batch.candidate_item_ids[n:]])
         labels = torch.arange(offset, offset + n, device=queries.device)
         log_q = self.candidate_log_q(all_ids, positives.shape[0]) if self.logq_correction else None
-        loss, logits = sampled_softmax_loss(
+        loss = sampled_softmax_loss(
             queries,
             all_candidates,
             labels=labels,
@@ -115,4 +195,4 @@ class RetrievalTask(nn.Module):
         # torchrec's gradient division take) is the mean over the global batch, also when the
         # shares differ by a row: loss_r * n_r * W / N.
         loss = loss * (n * self.gather_candidates.world_size / global_n)
-        return loss, (loss.detach(), logits.detach(), labels.detach())
+        return loss, loss.detach()
