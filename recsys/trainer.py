@@ -32,7 +32,7 @@ from recsys.config import Config, DataConfig
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset
-from recsys.data.features import query_features
+from recsys.data.features import query_tables
 from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import ShardedModel, shard_model
@@ -54,14 +54,12 @@ def build_task(cfg: Config, data: RetrievalData) -> RetrievalTask:
     if unknown:
         raise ValueError(f"model.tables: unknown tables {sorted(unknown)}; expected user, item, category")
     torch.manual_seed(cfg.trainer.seed)
-    qf = query_features(cfg.data.history_length)
     configs = table_configs(
         num_rows=data.table_num_rows,
         dims={t: c.embedding_dim for t, c in tables.items()},
         poolings={t: c.pooling for t, c in tables.items()},
-        query_features=qf,
     )
-    model = TwoTower(configs, query_features=qf, tower_dims=cfg.model.tower_dims)
+    model = TwoTower(configs, query_tables=query_tables(cfg.data.history_length), tower_dims=cfg.model.tower_dims)
     return RetrievalTask(
         model,
         item_counts=torch.from_numpy(data.item_counts()),

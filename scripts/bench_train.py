@@ -22,7 +22,7 @@ Shapes::
     embedding   batch 2048, users 1e6 x 64, items 1e6 x 64, 1000 categories x 32, history bags of
                 100 items (+ their categories), and 6 further categorical query features
                 side_0..side_5 (one id each, tables of 1e5 x 16, sum). recsys's TwoTower takes
-                them through its constructor (extra EmbeddingBagConfigs + query_features); the
+                them through its constructor (extra EmbeddingBagConfigs + query_tables); the
                 trainer's build_task and TrainBatches don't, so the loader measurement leaves
                 them out.
 
@@ -66,7 +66,7 @@ from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig, T
 from recsys.data.batch import Batch
 from recsys.data.batches import TrainBatches
 from recsys.data.dataset import Interactions, RetrievalData
-from recsys.data.features import query_features
+from recsys.data.features import CANDIDATE_TABLES, query_tables
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.distributed.sharding import shard_model
 from recsys.model.task import RetrievalTask
@@ -155,11 +155,15 @@ def with_side_features(batch: Batch, shape: Shape, rng: np.random.Generator) -> 
     return Batch(features=features, candidate_item_ids=batch.candidate_item_ids, num_queries=n)
 
 
-def to_plain_inputs(batch: Batch) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
-    """KJT -> {feature: (ids, offsets)} for nn.EmbeddingBag; query features only for query rows."""
+def to_plain_inputs(batch: Batch) -> Dict[Tuple[str, str], Tuple[torch.Tensor, torch.Tensor]]:
+    """KJT -> {(side, table): (ids, offsets)} for nn.EmbeddingBag: query rows and candidate rows apart,
+    as a user without torchrec would hold them (history ids and candidate ids as separate tensors)."""
+    n = batch.num_queries
     out = {}
     for key, jt in batch.features.to_dict().items():
-        out[key] = (jt.values().long(), jt.offsets()[:-1].long())
+        values, offsets = jt.values().long(), jt.offsets().long()
+        out[("query", key)] = (values[: offsets[n]], offsets[:n])
+        out[("candidate", key)] = (values[offsets[n] :], offsets[n:-1] - offsets[n])
     return out
 
 
@@ -167,20 +171,20 @@ def to_plain_inputs(batch: Batch) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]
 
 
 def model_tables(shape: Shape, data: RetrievalData) -> Tuple[List[EmbeddingBagConfig], List[str]]:
-    qf = query_features(shape.history_length)
-    configs = table_configs(num_rows=data.table_num_rows, dims=DIMS, poolings=POOLINGS, query_features=qf)
+    """(table configs, the query tower's tables): recsys's three tables plus the side tables."""
+    configs = table_configs(num_rows=data.table_num_rows, dims=DIMS, poolings=POOLINGS)
     for key in side_keys(shape):
         configs.append(EmbeddingBagConfig(
             name=key, num_embeddings=shape.side_rows, embedding_dim=SIDE_DIM, feature_names=[key],
             pooling=PoolingType.SUM,
         ))
-    return configs, qf + side_keys(shape)
+    return configs, query_tables(shape.history_length) + side_keys(shape)
 
 
 def build_task(shape: Shape, data: RetrievalData) -> RetrievalTask:
     torch.manual_seed(0)
-    configs, qf = model_tables(shape, data)
-    model = TwoTower(configs, query_features=qf, tower_dims=TOWER_DIMS)
+    configs, qt = model_tables(shape, data)
+    model = TwoTower(configs, query_tables=qt, tower_dims=TOWER_DIMS)
     return RetrievalTask(model, item_counts=torch.from_numpy(data.item_counts()), temperature=TEMPERATURE,
                          logq_correction=True, num_uniform_negatives=0)
 
@@ -208,27 +212,24 @@ def table_weights(sharded) -> Dict[str, torch.Tensor]:
 
 
 class PlainTwoTower(nn.Module):
-    """What a user writes without torchrec: one nn.EmbeddingBag(sparse=True) per table."""
+    """What a user writes without torchrec: one nn.EmbeddingBag(sparse=True) per table, called once
+    per side (the item table for the history bags, then again for the candidates)."""
 
-    def __init__(self, configs: List[EmbeddingBagConfig], query_feats: List[str], candidate_feats: List[str]):
+    def __init__(self, configs: List[EmbeddingBagConfig], query_tables: List[str], candidate_tables: List[str]):
         super().__init__()
         self.tables = nn.ModuleDict({
             c.name: nn.EmbeddingBag(c.num_embeddings, c.embedding_dim, mode=c.pooling.name.lower(), sparse=True)
             for c in configs
         })
-        self.table_of = {f: c.name for c in configs for f in c.feature_names}
-        dim = {f: c.embedding_dim for c in configs for f in c.feature_names}
-        self.query_feats, self.candidate_feats = query_feats, candidate_feats
+        dim = {c.name: c.embedding_dim for c in configs}
+        self.query_tables, self.candidate_tables = query_tables, candidate_tables
         from recsys.model.two_tower import mlp
-        self.query_tower = mlp(sum(dim[f] for f in query_feats), TOWER_DIMS)
-        self.candidate_tower = mlp(sum(dim[f] for f in candidate_feats), TOWER_DIMS)
+        self.query_tower = mlp(sum(dim[t] for t in query_tables), TOWER_DIMS)
+        self.candidate_tower = mlp(sum(dim[t] for t in candidate_tables), TOWER_DIMS)
 
     def forward(self, inputs, num_queries: int):
-        def pooled(f):
-            ids, offsets = inputs[f]
-            return self.tables[self.table_of[f]](ids, offsets)
-        q = torch.cat([pooled(f)[:num_queries] for f in self.query_feats], dim=1)
-        c = torch.cat([pooled(f) for f in self.candidate_feats], dim=1)
+        q = torch.cat([self.tables[t](*inputs[("query", t)]) for t in self.query_tables], dim=1)
+        c = torch.cat([self.tables[t](*inputs[("candidate", t)]) for t in self.candidate_tables], dim=1)
         return F.normalize(self.query_tower(q), dim=-1), F.normalize(self.candidate_tower(c), dim=-1)
 
 
@@ -275,7 +276,7 @@ def main(argv=None) -> Dict:
     rng = np.random.default_rng(1)
     batches = [with_side_features(b, shape, rng) for _, b in zip(range(args.num_batches), source.epoch(0))]
     plain_inputs = [to_plain_inputs(b) for b in batches]
-    mean_hist = (batches[0].features["history_item_ids"].lengths().float().mean().item()
+    mean_hist = (batches[0].features["item"].lengths()[:B].float().mean().item()
                  if shape.history_length else 0.0)
     print(f"shape {args.shape}: {shape}; mean history bag {mean_hist:.1f}; torch threads {torch.get_num_threads()}",
           flush=True)
@@ -307,8 +308,8 @@ def main(argv=None) -> Dict:
     log_q = build_task(shape, data).candidate_log_q(torch.arange(shape.num_items), B)
 
     if "plain" in ways:
-        configs, qf = model_tables(shape, data)
-        plain = PlainTwoTower(configs, qf, ["item_id", "item_categories"])
+        configs, qt = model_tables(shape, data)
+        plain = PlainTwoTower(configs, qt, CANDIDATE_TABLES)
         with torch.no_grad():
             for t, w in weights.items():
                 plain.tables[t].weight.copy_(w)

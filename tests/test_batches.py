@@ -32,21 +32,26 @@ def test_training_history_is_the_users_previous_items(tiny_data):
     features = batch.features.to_dict()
     train = tiny_data.splits["train"]
     order = np.random.default_rng([0, 0]).permutation(len(train))[:64]
-    hist = features["history_item_ids"]
+    hist, cats = features["item"], features["category"]  # query rows [0, 64): the history
     for j, row in enumerate(order):
         u = train.user_ids[row]
         earlier = [i for i in range(row) if train.user_ids[i] == u]  # rows are sorted by (user, time)
         expected = train.item_ids[earlier[-history_length:]].tolist() if earlier else []
         got = hist.values()[hist.offsets()[j] : hist.offsets()[j + 1]].tolist()
         assert got == expected
-        cats = features["history_categories"]
         got_cats = cats.values()[cats.offsets()[j] : cats.offsets()[j + 1]].tolist()
         expected_cats = [c for i in expected for c in tiny_data.item_category_ids[tiny_data.item_category_indptr[i] : tiny_data.item_category_indptr[i + 1]]]
         assert got_cats == expected_cats
     assert batch.num_queries == 64 and batch.candidate_item_ids.numel() == 64 + 3
     assert batch.candidate_item_ids[:64].tolist() == train.item_ids[order].tolist()
-    # negative rows carry only candidate features
-    assert features["user_id"].lengths()[64:].sum() == 0 and features["item_id"].lengths().tolist() == [1] * 67
+    # candidate rows [64, 131): no user, one item each (the positives, then the negatives), its categories
+    assert batch.features.stride() == 64 + 67
+    assert features["user"].lengths()[64:].sum() == 0 and features["user"].lengths()[:64].tolist() == [1] * 64
+    assert hist.lengths()[64:].tolist() == [1] * 67
+    assert hist.values()[hist.offsets()[64] :].tolist() == batch.candidate_item_ids.tolist()
+    for j, item in enumerate(batch.candidate_item_ids.tolist()):
+        got_cats = cats.values()[cats.offsets()[64 + j] : cats.offsets()[65 + j]].tolist()
+        assert got_cats == tiny_data.item_category_ids[tiny_data.item_category_indptr[item] : tiny_data.item_category_indptr[item + 1]].tolist()
 
 
 def test_ranks_split_every_global_batch_and_share_negatives(tiny_data):
@@ -75,7 +80,7 @@ def test_every_example_is_seen_exactly_once_per_epoch(tiny_data, world_size):
         batches = TrainBatches(tiny_data, history_length=0, global_batch_size=1001, num_uniform_negatives=0,
                                seed=3, rank=rank, world_size=world_size, prefetch=0)
         for batch in batches.epoch(2):
-            seen.append(batch.candidate_item_ids.numpy() * 1_000_000 + batch.features["user_id"].values().numpy())
+            seen.append(batch.candidate_item_ids.numpy() * 1_000_000 + batch.features["user"].values().numpy())
     seen = np.sort(np.concatenate(seen))
     expected = np.sort(train.item_ids * 1_000_000 + train.user_ids)
     assert np.array_equal(seen, expected)  # (user, item) pairs are unique in the split
@@ -107,7 +112,7 @@ def test_out_of_range_and_negative_ids_raise_before_lookup(tiny_data):
     with pytest.raises(ValueError, match=r"feature 'user_id': id 400 is out of range for table 'user' of 400 rows"):
         builder.build(**{**ok, "user_ids": np.array([0, 400])})
     batch = builder.build(**ok)
-    with pytest.raises(ValueError, match="feature 'item_id': id 3 is out of range for table 'item' of 3 rows"):
+    with pytest.raises(ValueError, match="feature 'item': id 3 is out of range for table 'item' of 3 rows"):
         validate_kjt(batch.features, {"user": 400, "item": 3, "category": 8})
 
 
@@ -160,7 +165,7 @@ def test_heldout_users_are_never_training_examples(tiny_data):
     heldout = np.arange(0, 400, 4)
     data = dataclasses.replace(tiny_data, heldout_users=heldout)
     batches = TrainBatches(data, history_length=2, global_batch_size=500, num_uniform_negatives=0, seed=1, prefetch=0)
-    users = np.concatenate([b.features["user_id"].values().numpy() for b in batches.epoch(0)])
+    users = np.concatenate([b.features["user"].values().numpy() for b in batches.epoch(0)])
     train_users = tiny_data.splits["train"].user_ids
     assert not np.isin(users, heldout).any()
     assert len(users) == int((~np.isin(train_users, heldout)).sum())  # every other row exactly once

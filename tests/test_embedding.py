@@ -7,7 +7,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig, TableShardingConfig
 from recsys.data.batch import Batch
-from recsys.data.features import build_kjt, query_features
+from recsys.data.features import build_kjt, query_tables
 from recsys.distributed.sharding import shard_model
 from recsys.distributed.table_init import BLOCK_ROWS, fill_rows
 from recsys.model.task import RetrievalTask
@@ -19,11 +19,10 @@ POOLING = {"user": "sum", "item": "mean", "category": "mean"}
 
 
 def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_adagrad"):
-    qf = query_features(history_length=5)
-    configs = table_configs(num_rows=NUM_ROWS, dims=DIMS, poolings=POOLING, query_features=qf)
+    configs = table_configs(num_rows=NUM_ROWS, dims=DIMS, poolings=POOLING)
     torch.manual_seed(0)
     task = RetrievalTask(
-        TwoTower(configs, query_features=qf, tower_dims=[12, 8]),
+        TwoTower(configs, query_tables=query_tables(history_length=5), tower_dims=[12, 8]),
         item_counts=torch.ones(NUM_ROWS["item"]), temperature=0.2, logq_correction=True, num_uniform_negatives=0,
     )
     sharding = ShardingConfig(
@@ -33,23 +32,20 @@ def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_a
 
 
 def random_batch(rng, batch_size=6):
-    """Random jagged features, including empty history bags."""
+    """Random jagged features in the batch layout (query rows, then candidate rows), including empty history bags."""
+    ones, zeros = np.ones(batch_size, dtype=np.int64), np.zeros(batch_size, dtype=np.int64)
+    candidates = rng.permutation(NUM_ROWS["item"])[:batch_size]
     lengths = {
-        "user_id": np.ones(batch_size, dtype=np.int64),
-        "history_item_ids": rng.integers(0, 4, batch_size),
-        "item_id": np.ones(batch_size, dtype=np.int64),
-        "item_categories": rng.integers(1, 4, batch_size),
+        "user": np.concatenate([ones, zeros]),
+        "item": np.concatenate([rng.integers(0, 4, batch_size), ones]),
+        "category": np.concatenate([rng.integers(0, 5, batch_size), rng.integers(1, 4, batch_size)]),
     }
-    lengths["history_categories"] = rng.integers(0, 5, batch_size)
     values = {
-        "user_id": rng.integers(0, NUM_ROWS["user"], batch_size),
-        "history_item_ids": rng.integers(0, NUM_ROWS["item"], lengths["history_item_ids"].sum()),
-        "history_categories": rng.integers(0, NUM_ROWS["category"], lengths["history_categories"].sum()),
-        "item_id": rng.permutation(NUM_ROWS["item"])[:batch_size],
-        "item_categories": rng.integers(0, NUM_ROWS["category"], lengths["item_categories"].sum()),
+        "user": rng.integers(0, NUM_ROWS["user"], batch_size),
+        "item": np.concatenate([rng.integers(0, NUM_ROWS["item"], lengths["item"][:batch_size].sum()), candidates]),
+        "category": rng.integers(0, NUM_ROWS["category"], lengths["category"].sum()),
     }
-    keys = ["user_id", "history_item_ids", "history_categories", "item_id", "item_categories"]
-    return Batch(build_kjt(keys, lengths, values), torch.from_numpy(values["item_id"]), batch_size), lengths, values
+    return Batch(build_kjt(list(NUM_ROWS), lengths, values), torch.from_numpy(candidates), batch_size), lengths, values
 
 
 def full_tables(module):
@@ -61,9 +57,6 @@ def full_tables(module):
     return out
 
 
-FEATURE_TABLE = {"user_id": "user", "history_item_ids": "item", "history_categories": "category", "item_id": "item", "item_categories": "category"}
-
-
 @pytest.mark.parametrize("sharding_type", ["table_wise", "column_wise"])
 def test_sharded_lookups_equal_embedding_bag_reference(process_group, sharding_type):
     sharded = make_sharded(process_group, sharding_type)
@@ -72,11 +65,11 @@ def test_sharded_lookups_equal_embedding_bag_reference(process_group, sharding_t
     for _ in range(3):
         batch, lengths, values = random_batch(rng)
         pooled = sharded.module.module.model.ebc(batch.features).to_dict()
-        for feature, table in FEATURE_TABLE.items():
+        for table in NUM_ROWS:
             ref = torch.nn.EmbeddingBag.from_pretrained(tables[table], mode=POOLING[table])
-            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths[feature])[:-1]]))
-            expected = ref(torch.from_numpy(values[feature]), offsets)
-            torch.testing.assert_close(pooled[feature], expected, rtol=1e-5, atol=1e-6, msg=feature)
+            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths[table])[:-1]]))
+            expected = ref(torch.from_numpy(values[table]), offsets)
+            torch.testing.assert_close(pooled[table], expected, rtol=1e-5, atol=1e-6, msg=table)
 
 
 @pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "sgd"])
@@ -89,10 +82,7 @@ def test_fused_step_changes_exactly_the_looked_up_rows(process_group, optimizer)
     sharded.optimizer.step()
     after = full_tables(sharded.module)
     for table in NUM_ROWS:
-        looked_up = set()
-        for feature, t in FEATURE_TABLE.items():
-            if t == table:
-                looked_up |= set(values[feature].tolist())
+        looked_up = set(values[table].tolist())
         changed = (after[table] != before[table]).any(dim=1).nonzero().flatten().tolist()
         assert set(changed) == looked_up, table
 

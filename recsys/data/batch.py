@@ -13,13 +13,13 @@ from torchrec.streamable import Pipelineable
 class Batch(Pipelineable):
     """One rank's share of a global batch.
 
-    Row layout of ``features`` (stride S = num_queries + num_negatives)::
+    ``features`` (one key per table, ``recsys.data.features``) has stride B + C, C = B + negatives::
 
-        rows [0, num_queries)   query features and that query's positive item (candidate features)
-        rows [num_queries, S)   uniform negatives shared by the whole global batch (candidate
-                                features only); identical on every rank
+        rows [0, B)          the queries (user, history and its categories)
+        rows [B, 2B)         their positive items (candidate j is query j's positive)
+        rows [2B, B + C)     uniform negatives shared by the whole global batch; identical on every rank
 
-    ``candidate_item_ids[j]`` is the item of candidate row j (used for logQ and accidental hits).
+    ``candidate_item_ids[j]`` is the item of candidate j (used for logQ and accidental hits).
     ``global_num_queries`` is the size of the global batch this rank's share belongs to (0 when
     constructing: this batch is the whole global batch); ranks' shares may differ by one row.
     """

@@ -35,7 +35,7 @@ from torchrec.distributed.planner.types import PlannerError, ShardingOption, Sta
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from recsys.config import ModelConfig, OptimConfig, ShardingConfig
-from recsys.data.features import query_features
+from recsys.data.features import query_tables
 from recsys.distributed.sharding import planner_constraints, sparse_optimizer_kwargs
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
@@ -189,15 +189,13 @@ def _check(cfg: PlanConfig) -> None:
 def build_meta_task(cfg: PlanConfig) -> RetrievalTask:
     """The training module (towers, tables and the item-probability buffer) on the meta device."""
     tables = cfg.model.tables
-    qf = query_features(cfg.history_length)
     configs = table_configs(
         num_rows={t: getattr(cfg.num_rows, t) for t in TABLES},
         dims={t: c.embedding_dim for t, c in tables.items()},
         poolings={t: c.pooling for t, c in tables.items()},
-        query_features=qf,
     )
     with torch.device("meta"):
-        model = TwoTower(configs, query_features=qf, tower_dims=cfg.model.tower_dims)
+        model = TwoTower(configs, query_tables=query_tables(cfg.history_length), tower_dims=cfg.model.tower_dims)
         return RetrievalTask(
             model,
             item_counts=torch.ones(cfg.num_rows.item),

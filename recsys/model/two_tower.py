@@ -5,12 +5,12 @@ tables are built on the meta device and materialised by ``recsys.distributed.sha
 the towers are ordinary modules (so they are initialised from the torch seed, identically on
 every rank).
 
-Shapes (B_q queries, S candidate rows, F features, D tower output)::
+Shapes (B_q queries, C candidates, D tower output)::
 
-    features: KJT, stride S; query features filled in rows [0, B_q), empty below
-    ebc(features) -> KeyedTensor  S x sum(table dims)
-    query tower:     B_q x (dims of query features)     -> B_q x D, L2-normalised
-    candidate tower: S   x (dims of candidate features) -> S   x D, L2-normalised
+    features: KJT, one key per table, stride B_q + C (layout: recsys.data.features)
+    ebc(features) -> KeyedTensor  (B_q + C) x sum(table dims)
+    query tower:     rows [0, B_q) of the query tables' columns        -> B_q x D, L2-normalised
+    candidate tower: rows [B_q, B_q + C) of the candidate tables' ones -> C x D, L2-normalised
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from recsys.data.features import CANDIDATE_FEATURES, FEATURE_TABLES
+from recsys.data.features import CANDIDATE_TABLES, TABLES
 
 
 def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
@@ -38,24 +38,18 @@ def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def table_configs(
-    *, num_rows: dict, dims: dict, poolings: dict, query_features: Sequence[str]
-) -> List[EmbeddingBagConfig]:
-    """One EmbeddingBagConfig per table, listing every feature that looks it up."""
-    features = list(query_features) + CANDIDATE_FEATURES
-    configs = []
-    for table in ("user", "item", "category"):
-        names = [f for f in features if FEATURE_TABLES[f] == table]
-        configs.append(
-            EmbeddingBagConfig(
-                name=table,
-                num_embeddings=int(num_rows[table]),
-                embedding_dim=int(dims[table]),
-                feature_names=names,
-                pooling=PoolingType[poolings[table].upper()],
-            )
+def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> List[EmbeddingBagConfig]:
+    """One EmbeddingBagConfig per table, looked up by the one KJT key of the same name."""
+    return [
+        EmbeddingBagConfig(
+            name=table,
+            num_embeddings=int(num_rows[table]),
+            embedding_dim=int(dims[table]),
+            feature_names=[table],
+            pooling=PoolingType[poolings[table].upper()],
         )
-    return configs
+        for table in TABLES
+    ]
 
 
 class TwoTower(nn.Module):
@@ -63,25 +57,28 @@ class TwoTower(nn.Module):
         self,
         tables: List[EmbeddingBagConfig],
         *,
-        query_features: Sequence[str],
+        query_tables: Sequence[str],
         tower_dims: Sequence[int],
+        candidate_tables: Sequence[str] = tuple(CANDIDATE_TABLES),
     ) -> None:
         super().__init__()
-        self.query_features = list(query_features)
-        self.candidate_features = list(CANDIDATE_FEATURES)
-        dim_of_feature = {f: t.embedding_dim for t in tables for f in t.feature_names}
+        if any(len(t.feature_names) != 1 for t in tables):
+            raise ValueError("TwoTower: every table is looked up by exactly one KJT key (see recsys.data.features)")
+        # the towers read tables' pooled columns by the key each table is looked up with
+        key_of = {t.name: t.feature_names[0] for t in tables}
+        self.query_keys = [key_of[t] for t in query_tables]
+        self.candidate_keys = [key_of[t] for t in candidate_tables]
+        dim = {t.feature_names[0]: t.embedding_dim for t in tables}
         self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-        self.query_tower = mlp(sum(dim_of_feature[f] for f in self.query_features), tower_dims)
-        self.candidate_tower = mlp(sum(dim_of_feature[f] for f in self.candidate_features), tower_dims)
+        self.query_tower = mlp(sum(dim[k] for k in self.query_keys), tower_dims)
+        self.candidate_tower = mlp(sum(dim[k] for k in self.candidate_keys), tower_dims)
 
     def forward(self, features: KeyedJaggedTensor, num_queries: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Returns (queries ``B_q x D``, candidates ``S x D``), both with unit L2 norm."""
+        """Returns (queries ``B_q x D``, candidates ``C x D``), both with unit L2 norm."""
         # one fused permute (fbgemm's permute_pooled_embs) forward and backward, instead of a
-        # split per feature, a slice per query feature and a cat per tower
-        query_in, candidate_in = KeyedTensor.regroup(
-            [self.ebc(features)], [self.query_features, self.candidate_features]
-        )
-        query_in = query_in[:num_queries]
+        # split per table, a slice per query table and a cat per tower
+        query_in, candidate_in = KeyedTensor.regroup([self.ebc(features)], [self.query_keys, self.candidate_keys])
+        query_in, candidate_in = query_in[:num_queries], candidate_in[num_queries:]
         queries = F.normalize(self.query_tower(query_in), dim=-1)
         candidates = F.normalize(self.candidate_tower(candidate_in), dim=-1)
         return queries, candidates
