@@ -48,6 +48,10 @@ class DataConfig:
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
     min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
+    # true: each rank reads only its own users' rows (contiguous user ranges of ~equal training rows)
+    # and trains / evaluates on them, instead of every rank holding the whole dataset; the epoch's
+    # order then depends on the world size (docs: README "Data across ranks")
+    shard_by_user: bool = False
     num_heldout_users: int = 0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)

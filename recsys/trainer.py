@@ -32,6 +32,7 @@ from recsys.config import Config, DataConfig
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset
+from recsys.distributed.data_shards import load_rank_data
 from recsys.data.features import query_tables
 from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
@@ -101,6 +102,7 @@ def config_fingerprint(cfg: Config) -> str:
     """What the weights depend on (data and model), not where or how they are trained."""
     data = asdict(cfg.data)
     data.pop("root")
+    data.pop("shard_by_user")  # how the rows are read, not which
     blob = json.dumps({"data": data, "model": asdict(cfg.model)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -154,8 +156,14 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     tcfg = cfg.trainer
     run_dir.mkdir(parents=True, exist_ok=True)
     dataset_dir = prepare_dataset_on_rank0(cfg.data, env)
-    data = load_dataset(dataset_dir)
-    log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
+    example_counts = None  # every rank's training examples, when each holds its own users only
+    if cfg.data.shard_by_user:
+        data, example_counts = load_rank_data(dataset_dir, env)
+        log.info("dataset %s, users %s of rank %d: %s", dataset_dir, data.user_range, env.rank,
+                 {s: len(v) for s, v in data.splits.items()})
+    else:
+        data = load_dataset(dataset_dir)
+        log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
 
     task = build_task(cfg, data)
     sharded = shard_model(
@@ -182,6 +190,10 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             )
         if env.is_main:
             log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
+        if cfg.data.shard_by_user and state.next_batch > 0 and state.world_size != env.world_size and env.is_main:
+            log.warning("data.shard_by_user: resuming mid-epoch on %d ranks, saved on %d: the users' split across ranks "
+                        "changed, so the rest of epoch %d is not exactly the remainder of the interrupted one",
+                        env.world_size, state.world_size, state.epoch)
         state.world_size = env.world_size
 
     def checkpoint(name: Optional[str] = None, with_optimizer: bool = True) -> None:
@@ -197,10 +209,11 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         rank=env.rank,
         world_size=env.world_size,
         pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
+        rank_example_counts=example_counts,
     )
     evaluator = Evaluator(
         data, FeatureBuilder(data, cfg.data.history_length), ks=cfg.eval.ks,
-        batch_size=cfg.eval.batch_size, chunk_size=cfg.eval.chunk_size,
+        batch_size=cfg.eval.batch_size, chunk_size=cfg.eval.chunk_size, per_rank_users=cfg.data.shard_by_user,
     )
     pipeline, train_step = make_train_step(cfg, sharded, env)
     steps_per_epoch = len(batches) if tcfg.max_steps_per_epoch <= 0 else min(len(batches), tcfg.max_steps_per_epoch)
@@ -282,7 +295,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             "dir": str(data.dir),
             "name": data.meta.get("name"),
             "protocol": data.meta.get("protocol"),
-            "counts": {**{s: len(v) for s, v in data.splits.items()}, "users": data.num_users, "items": data.num_items, "categories": data.num_categories},
+            "counts": {**{s: int(data.meta.get("counts", {}).get(s, len(v))) for s, v in data.splits.items()}, "users": data.num_users, "items": data.num_items, "categories": data.num_categories},
         },
         "checkpoint": str(ckpt_root / "best"),
     }

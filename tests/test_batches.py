@@ -169,3 +169,52 @@ def test_heldout_users_are_never_training_examples(tiny_data):
     train_users = tiny_data.splits["train"].user_ids
     assert not np.isin(users, heldout).any()
     assert len(users) == int((~np.isin(train_users, heldout)).sum())  # every other row exactly once
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_per_rank_user_shards_partition_the_epoch_with_full_histories(tiny_data, world_size):
+    """data.shard_by_user: each rank reads its users' rows only; together the ranks see every example
+    exactly once per epoch, in equally many batches, with the same histories as from the whole split."""
+    from recsys.data.dataset import SPLITS, load_dataset, user_boundaries
+
+    bounds = user_boundaries(tiny_data.dir / "train.parquet", world_size, tiny_data.num_users)
+    shards = [load_dataset(tiny_data.dir, (bounds[r], bounds[r + 1])) for r in range(world_size)]
+    for split in SPLITS:  # the shards partition every split
+        pairs = np.concatenate([s.splits[split].user_ids * 1_000_000 + s.splits[split].item_ids for s in shards])
+        full = tiny_data.splits[split]
+        assert np.array_equal(np.sort(pairs), np.sort(full.user_ids * 1_000_000 + full.item_ids))
+    counts = [len(s.splits["train"]) for s in shards]
+    assert max(counts) - min(counts) < 0.1 * sum(counts) / world_size  # balanced by rows
+    kwargs = dict(history_length=3, global_batch_size=301, num_uniform_negatives=4, seed=1, world_size=world_size, prefetch=0)
+    ranks = [TrainBatches(s, rank=r, rank_example_counts=counts, **kwargs) for r, s in enumerate(shards)]
+    whole = TrainBatches(tiny_data, **{**kwargs, "world_size": 1})
+    row_of = {(u, i): j for j, (u, i) in enumerate(zip(tiny_data.splits["train"].user_ids, tiny_data.splits["train"].item_ids))}
+    assert len({len(r) for r in ranks}) == 1 and len(ranks[0]) == -(-sum(counts) // 301)
+    seen = []
+    for parts in zip(*(r.epoch(1) for r in ranks)):
+        sizes = parts[0].rank_sizes
+        assert [p.num_queries for p in parts] == list(sizes)
+        assert all(p.rank_sizes == sizes and p.global_num_queries == sum(sizes) for p in parts)
+        for r, p in enumerate(parts):
+            n = p.num_queries
+            assert torch.equal(p.candidate_item_ids[n:], parts[0].candidate_item_ids[parts[0].num_queries:])  # shared negatives
+            users = p.features["user"].values().numpy()
+            items = p.candidate_item_ids[:n].numpy()
+            assert ((users >= bounds[r]) & (users < bounds[r + 1])).all()
+            seen.append(users * 1_000_000 + items)
+            # the same examples built from the whole split: identical features, histories included
+            full_rows = np.array([row_of[(u, i)] for u, i in zip(users, items)])
+            expected = whole.batch(full_rows, p.candidate_item_ids[n:].numpy())
+            for key in ("user", "item", "category"):
+                assert torch.equal(p.features[key].lengths(), expected.features[key].lengths()), key
+                assert torch.equal(p.features[key].values(), expected.features[key].values()), key
+    seen = np.sort(np.concatenate(seen))
+    train = tiny_data.splits["train"]
+    assert np.array_equal(seen, np.sort(train.user_ids * 1_000_000 + train.item_ids))
+
+
+def test_per_rank_shards_too_small_for_the_epoch_are_refused(tiny_data):
+    n = len(tiny_data.splits["train"])
+    with pytest.raises(ValueError, match=r"rank 1 holds 3 training examples, fewer than the \d+ batches"):
+        TrainBatches(tiny_data, history_length=0, global_batch_size=100, num_uniform_negatives=0, seed=0,
+                     rank=0, world_size=2, rank_example_counts=[n, 3])

@@ -70,3 +70,24 @@ def test_a_failing_rank_ends_the_job_instead_of_hanging(tmp_path, data_root, tin
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)  # it hung for good before the fix
     assert proc.returncode != 0
     assert "put ml-100k.zip" in proc.stdout + proc.stderr
+
+
+def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(tmp_path, data_root, tiny_data):
+    """data.shard_by_user on 2 ranks: a full epoch of uneven per-rank batches trains, and the metrics the
+    ranks combine from their own users equal a one-process evaluation of the same checkpoint on the whole data."""
+    run_dir = tmp_path / "sharded"
+    losses, results = run(run_dir, data_root, 2, ["data.shard_by_user=true", "trainer.pipeline=sparse_dist", *UNEVEN])
+    assert len(losses) == 16 and losses[-1] < losses[0]
+    assert results["train"]["world_size"] == 2
+    assert results["dataset"]["counts"]["train"] == len(tiny_data.splits["train"])  # whole-split counts, not a shard's
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-m", "recsys.evaluate", f"run_dir={run_dir}", "ann_kinds=[]", "ease=false",
+                           "ks=[10,20,50]"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    for split in ("valid", "test"):
+        for model in ("two_tower", "popularity"):
+            whole = report["splits"][split]["metrics"][model]
+            for name, value in results[split][model].items():
+                assert value == pytest.approx(whole[name], rel=1e-9, abs=1e-12), (split, model, name)
+    assert results["test"]["two_tower"]["num_users_evaluated"] == 400

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -22,12 +23,15 @@ class Batch(Pipelineable):
     ``candidate_item_ids[j]`` is the item of candidate j (used for logQ and accidental hits).
     ``global_num_queries`` is the size of the global batch this rank's share belongs to (0 when
     constructing: this batch is the whole global batch); ranks' shares may differ by one row.
+    ``rank_sizes``: every rank's number of queries in this global batch, when they do not follow
+    ``rank_shares(global_num_queries, world_size)`` (``data.shard_by_user``); None otherwise.
     """
 
     features: KeyedJaggedTensor
     candidate_item_ids: torch.Tensor  # S, int64
     num_queries: int
     global_num_queries: int = 0
+    rank_sizes: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         if self.global_num_queries == 0:
@@ -39,6 +43,7 @@ class Batch(Pipelineable):
             candidate_item_ids=self.candidate_item_ids.to(device=device, non_blocking=non_blocking),
             num_queries=self.num_queries,
             global_num_queries=self.global_num_queries,
+            rank_sizes=self.rank_sizes,
         )
 
     def record_stream(self, stream: torch.Stream) -> None:
@@ -51,4 +56,5 @@ class Batch(Pipelineable):
             candidate_item_ids=self.candidate_item_ids.pin_memory(),
             num_queries=self.num_queries,
             global_num_queries=self.global_num_queries,
+            rank_sizes=self.rank_sizes,
         )

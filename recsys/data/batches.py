@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -89,6 +89,13 @@ class TrainBatches:
 
     Training examples are the training split's rows, except those of held-out users
     (strong_generalization: their rows are fold-in history for evaluation, never targets).
+
+    **Per-rank data** (``rank_example_counts`` given: ``data.shard_by_user``): ``data`` holds only
+    this rank's users, and ``rank_example_counts`` lists every rank's number of examples. The
+    epoch has the global batch count of all examples (``batch_bounds``); rank r shuffles its own
+    n_r examples with (seed, epoch, r) and gives batch b its rows ``[b n_r // S, (b+1) n_r // S)``
+    of them (S batches), so each example is still in exactly one batch per epoch, and the batch
+    says every rank's size (``Batch.rank_sizes``). The order depends on the world size.
     """
 
     def __init__(
@@ -103,6 +110,7 @@ class TrainBatches:
         world_size: int = 1,
         prefetch: int = 2,
         pin_memory: bool = False,
+        rank_example_counts: Optional[Sequence[int]] = None,
     ) -> None:
         if global_batch_size < world_size:
             raise ValueError(
@@ -114,15 +122,28 @@ class TrainBatches:
         self.global_batch_size = global_batch_size
         self.world_size = world_size
         self.example_rows = np.nonzero(~data.is_heldout(self.train.user_ids))[0]
-        if len(self.example_rows) < global_batch_size:
-            raise ValueError(
-                f"trainer.global_batch_size={global_batch_size} exceeds the {len(self.example_rows)} training examples"
-            )
-        self.bounds = batch_bounds(len(self.example_rows), global_batch_size, world_size)
+        self.rank_example_counts = None if rank_example_counts is None else [int(n) for n in rank_example_counts]
+        total = len(self.example_rows) if rank_example_counts is None else sum(self.rank_example_counts)
+        if total < global_batch_size:
+            raise ValueError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
+        self.bounds = batch_bounds(total, global_batch_size, world_size)
+        if self.rank_example_counts is not None:
+            counts = self.rank_example_counts
+            if len(counts) != world_size or counts[rank] != len(self.example_rows):
+                raise ValueError(f"rank_example_counts={counts}: expected {world_size} counts, this rank's = {len(self.example_rows)}")
+            if min(counts) < len(self):
+                r = int(np.argmin(counts))
+                raise ValueError(
+                    f"rank {r} holds {counts[r]} training examples, fewer than the {len(self)} batches of an epoch: "
+                    f"use a larger trainer.global_batch_size, fewer ranks, or data.shard_by_user=false"
+                )
         self.num_uniform_negatives = num_uniform_negatives
         self.seed, self.rank = seed, rank
         self.history_length = history_length
-        self.user_start = self.train.user_bounds(data.num_users)[self.train.user_ids]
+        # first row of each row's user (rows are sorted by user); O(rows), never O(num_users)
+        users = self.train.user_ids
+        new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
+        self.user_start = np.nonzero(new_user)[0][np.cumsum(new_user) - 1]
         # the categories of every training row's item, in row order: a history (rows [s, e)) then
         # has its categories in one contiguous range, and a batch needs no per-item gather (the
         # item -> categories gather was ~5 ms of a 7 ms batch at 2048 x 100 history items)
@@ -135,7 +156,9 @@ class TrainBatches:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
-    def batch(self, rows: np.ndarray, negatives: np.ndarray, global_num_queries: int = 0) -> Batch:
+    def batch(
+        self, rows: np.ndarray, negatives: np.ndarray, global_num_queries: int = 0, rank_sizes: Optional[Tuple[int, ...]] = None
+    ) -> Batch:
         t = self.train
         ends = rows
         starts = np.maximum(self.user_start[rows], rows - self.history_length)
@@ -149,6 +172,7 @@ class TrainBatches:
             hist_categories=gather_ranges(indptr[starts], indptr[ends], self.row_category_ids) if self.history_length > 0 else None,
         )
         batch.global_num_queries = global_num_queries or len(rows)
+        batch.rank_sizes = rank_sizes
         return batch
 
     def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[Batch]:
@@ -163,16 +187,25 @@ class TrainBatches:
         return _Prefetched(batches, self.prefetch) if self.prefetch > 0 else batches
 
     def _build_epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
-        order = self.example_rows[np.random.default_rng([self.seed, epoch]).permutation(len(self.example_rows))]
-        for b in range(start_batch, len(self)):
-            global_rows = order[self.bounds[b] : self.bounds[b + 1]]
-            shares = rank_shares(len(global_rows), self.world_size)
-            first = sum(shares[: self.rank])
-            rows = global_rows[first : first + shares[self.rank]]
+        per_rank = self.rank_example_counts is not None
+        seed = [self.seed, epoch, self.rank] if per_rank else [self.seed, epoch]
+        order = self.example_rows[np.random.default_rng(seed).permutation(len(self.example_rows))]
+        num_batches = len(self)
+        for b in range(start_batch, num_batches):
+            rank_sizes = None
+            if per_rank:
+                rank_sizes = tuple((b + 1) * n // num_batches - b * n // num_batches for n in self.rank_example_counts)
+                lo = b * len(order) // num_batches
+                rows, global_size = order[lo : lo + rank_sizes[self.rank]], sum(rank_sizes)
+            else:
+                global_rows = order[self.bounds[b] : self.bounds[b + 1]]
+                shares = rank_shares(len(global_rows), self.world_size)
+                first = sum(shares[: self.rank])
+                rows, global_size = global_rows[first : first + shares[self.rank]], len(global_rows)
             negatives = np.random.default_rng([self.seed, epoch, b]).integers(
                 0, self.num_items, self.num_uniform_negatives, dtype=np.int64
             )
-            batch = self.batch(rows, negatives, global_num_queries=len(global_rows))
+            batch = self.batch(rows, negatives, global_num_queries=global_size, rank_sizes=rank_sizes)
             yield batch.pin_memory() if self.pin_memory else batch
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -52,19 +52,28 @@ class RetrievalData:
     item_category_indptr: np.ndarray  # num_items + 1
     item_category_ids: np.ndarray  # categories of item i: ids[indptr[i]:indptr[i+1]]
     heldout_users: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # strong_generalization
+    # set when only users [lo, hi) were read (data.shard_by_user): splits hold those users' rows only
+    user_range: Optional[Tuple[int, int]] = None
+    # training frequency of every item over the whole split, when splits hold a part of it
+    global_item_counts: Optional[np.ndarray] = None
 
     def is_heldout(self, user_ids: np.ndarray) -> np.ndarray:
         """Whether each user is a held-out (valid / test) user whose train rows are fold-in history only."""
-        mask = np.zeros(self.num_users, dtype=bool)
-        mask[self.heldout_users] = True
-        return mask[user_ids]
+        return np.isin(user_ids, self.heldout_users)  # O(rows + held-out users), not O(num_users)
 
     @property
     def table_num_rows(self) -> Dict[str, int]:
         return {"user": self.num_users, "item": self.num_items, "category": self.num_categories}
 
     def item_counts(self) -> np.ndarray:
-        """Training frequency of every item (the logQ estimate and the popularity baseline)."""
+        """Training frequency of every item (the logQ estimate and the popularity baseline).
+
+        With a user range loaded, the whole split's counts must have been set (``global_item_counts``).
+        """
+        if self.global_item_counts is not None:
+            return self.global_item_counts
+        if self.user_range is not None:
+            raise RuntimeError("item_counts of a user shard: set global_item_counts (a sum over all shards) first")
         return np.bincount(self.splits["train"].item_ids, minlength=self.num_items)
 
 
@@ -76,13 +85,17 @@ def _check_range(path: Path, column: str, values: np.ndarray, size: int) -> None
         raise ValueError(f"{path}: column '{column}' has id {int(bad[0])} outside [0, {size}) (from meta.json)")
 
 
-def _read_split(path: Path, num_users: int, num_items: int) -> Interactions:
+def _read_split(path: Path, num_users: int, num_items: int, user_range: Optional[Tuple[int, int]] = None) -> Interactions:
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing; prepare the dataset again (python -m data_pipelines.prepare)")
-    table = pq.read_table(path)
+    names = pq.ParquetFile(path).schema_arrow.names
     for column in ("user_id", "item_id", "timestamp"):
-        if column not in table.column_names:
-            raise ValueError(f"{path}: no column '{column}' (columns: {table.column_names})")
+        if column not in names:
+            raise ValueError(f"{path}: no column '{column}' (columns: {names})")
+    filters = None
+    if user_range is not None:  # row groups whose user_id statistics miss the range are never read
+        filters = [("user_id", ">=", int(user_range[0])), ("user_id", "<", int(user_range[1]))]
+    table = pq.read_table(path, columns=["user_id", "item_id", "timestamp"], filters=filters)
     users = table.column("user_id").to_numpy().astype(np.int64, copy=False)
     items = table.column("item_id").to_numpy().astype(np.int64, copy=False)
     times = table.column("timestamp").to_numpy().astype(np.int64, copy=False)
@@ -92,7 +105,29 @@ def _read_split(path: Path, num_users: int, num_items: int) -> Interactions:
     return Interactions(users[order], items[order], times[order])
 
 
-def load_dataset(path: str | Path) -> RetrievalData:
+def user_boundaries(train_path: str | Path, world_size: int, num_users: int) -> List[int]:
+    """Split users into ``world_size`` contiguous ranges holding about equal training rows.
+
+    Returns ``world_size + 1`` non-decreasing user ids; rank r owns users ``[b[r], b[r + 1])``.
+    ``b[r]`` is the user of row ``r * N // world_size`` of the (user-sorted) split, found from the
+    parquet metadata plus that one row group's user_id column: nothing else is read.
+    """
+    file = pq.ParquetFile(train_path)
+    meta = file.metadata
+    group_starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+    bounds = [0]
+    for r in range(1, world_size):
+        row = r * meta.num_rows // world_size
+        group = int(np.searchsorted(group_starts, row, side="right") - 1)
+        users = file.read_row_group(group, columns=["user_id"]).column(0).to_numpy()
+        bounds.append(max(bounds[-1], int(users[row - group_starts[group]])))
+    bounds.append(num_users)
+    return bounds
+
+
+def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None) -> RetrievalData:
+    """The dataset dir at ``path``; with ``user_range=(lo, hi)`` only the rows of users lo..hi-1 of
+    every split (items, heldout users and counts in meta.json are always whole)."""
     root = Path(path).resolve()
     meta_path = root / "meta.json"
     try:
@@ -102,7 +137,7 @@ def load_dataset(path: str | Path) -> RetrievalData:
     except json.JSONDecodeError as e:
         raise ValueError(f"{meta_path}: not valid JSON ({e})") from None
     num_users, num_items, num_categories = (int(meta[k]) for k in ("num_users", "num_items", "num_categories"))
-    splits = {s: _read_split(root / f"{s}.parquet", num_users, num_items) for s in SPLITS}
+    splits = {s: _read_split(root / f"{s}.parquet", num_users, num_items, user_range) for s in SPLITS}
 
     items_path = root / "items.parquet"
     items = pq.read_table(items_path)
@@ -119,4 +154,5 @@ def load_dataset(path: str | Path) -> RetrievalData:
     if heldout_path.exists():
         heldout = pq.read_table(heldout_path, columns=["user_id"]).column("user_id").to_numpy().astype(np.int64)
         _check_range(heldout_path, "user_id", heldout, num_users)
-    return RetrievalData(root, meta, num_users, num_items, num_categories, splits, indptr, category_ids, heldout)
+    return RetrievalData(root, meta, num_users, num_items, num_categories, splits, indptr, category_ids, heldout,
+                         user_range=None if user_range is None else (int(user_range[0]), int(user_range[1])))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -17,8 +17,8 @@ from recsys.model.task import LocalCandidates
 class GatheredCandidates(nn.Module):
     """All-gather the ranks' candidate blocks in rank order; differentiable for float inputs.
 
-    Block sizes follow ``rank_shares(global_size, world_size)`` (they may differ by one row):
-    blocks are padded to the largest, gathered, and unpadded. Gradients flowing into other
+    Block sizes are ``sizes`` when given (one per rank), else ``rank_shares(global_size,
+    world_size)`` (they may differ by one row): blocks are padded to the largest, gathered, and unpadded. Gradients flowing into other
     ranks' blocks are summed back to their owner (the backward of all_gather), which together
     with DDP's average makes N ranks match one process.
     """
@@ -27,8 +27,8 @@ class GatheredCandidates(nn.Module):
         super().__init__()
         self.rank, self.world_size = rank, world_size
 
-    def forward(self, t: torch.Tensor, global_size: int) -> Tuple[torch.Tensor, int]:
-        sizes = rank_shares(global_size, self.world_size)
+    def forward(self, t: torch.Tensor, global_size: int, sizes: Optional[Sequence[int]] = None) -> Tuple[torch.Tensor, int]:
+        sizes = rank_shares(global_size, self.world_size) if sizes is None else list(sizes)
         if sizes[self.rank] != t.shape[0]:
             raise ValueError(f"rank {self.rank} holds {t.shape[0]} candidates, expected {sizes[self.rank]} of {global_size}")
         widest = max(sizes)

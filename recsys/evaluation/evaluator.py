@@ -4,6 +4,10 @@ Protocol: every item is a candidate; for the valid split a user's training items
 for the test split their training and validation items; a user's query history is their latest
 items in the splits before the evaluated one. Every rank embeds a share of users and items (the
 sharded lookups are collective), the embeddings are gathered, and rank 0 ranks and scores.
+
+With ``per_rank_users`` (``data.shard_by_user``: each rank holds its own users' rows only) every
+rank embeds and ranks its own users against all items (item embeddings are gathered), and the
+metrics are combined across ranks: per-user sums and counts, and the items in any top-K.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from recsys.data.batches import FeatureBuilder, item_batches, query_batches
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.distributed.collectives import all_gather_rows
 from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
+from recsys.evaluation.metrics import PER_USER_METRICS, compute_metrics, per_user_metrics
 from recsys.evaluation.retrieval import exact_topk, popularity_topk
 
 PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
@@ -55,16 +59,26 @@ def embed(
     device: torch.device,
     rank: int = 0,
     world_size: int = 1,
+    local: bool = False,
 ) -> torch.Tensor:
-    """Embeddings of ``ids`` (users for side="query", items for side="candidate"), ``len(ids) x D``, on every rank."""
-    share = ids[_rank_share(len(ids), rank, world_size)]
-    num_steps = _ceil_div(_ceil_div(len(ids), world_size), batch_size)  # the same on every rank
+    """Embeddings of ``ids`` (users for side="query", items for side="candidate"), ``len(ids) x D``, on every rank.
+
+    ``local=True``: ``ids`` are this rank's own (they differ between ranks); each rank embeds all of
+    its ids and gets only their embeddings back (the ranks still step together).
+    """
+    if local:
+        share = ids
+        num_steps = _max_over_ranks(_ceil_div(len(ids), batch_size), device, world_size)
+    else:
+        share = ids[_rank_share(len(ids), rank, world_size)]
+        num_steps = _ceil_div(_ceil_div(len(ids), world_size), batch_size)  # the same on every rank
+    some_id = np.zeros(1, dtype=np.int64)  # a filler batch for ranks out of ids (user / item 0 always exists)
     if side == "query":
         batches = query_batches(builder, share, timeline, batch_size)
-        filler = next(query_batches(builder, ids[:1], timeline, 1))
+        filler = next(query_batches(builder, some_id, timeline, 1))
     else:
         batches = item_batches(builder, share, batch_size)
-        filler = next(item_batches(builder, ids[:1], 1))
+        filler = next(item_batches(builder, some_id, 1))
     out: List[torch.Tensor] = []
     dim = 0  # a rank whose share is empty still runs the filler batches, which give D
     for batch, is_real in _lockstep(batches, num_steps, filler):
@@ -74,16 +88,61 @@ def embed(
         dim = embeddings.shape[1]
         if is_real:
             out.append(embeddings.float().cpu())
-    local = torch.cat(out) if out else torch.zeros(0, dim)
-    return all_gather_rows(local, world_size)
+    mine = torch.cat(out) if out else torch.zeros(0, dim)
+    return mine if local else all_gather_rows(mine, world_size)
+
+
+def _max_over_ranks(value: int, device: torch.device, world_size: int) -> int:
+    if world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def metrics_over_ranks(
+    topk_ids: np.ndarray, relevant: UserItemCSR, ks: Sequence[int], *, num_items: int, device: torch.device, world_size: int
+) -> Dict[str, float]:
+    """``compute_metrics`` over the union of every rank's users, each rank passing its own rows.
+
+    Means are sums over the evaluated users of all ranks / their number (all-reduced in float64);
+    coverage@K counts the items in any rank's top K. Equal to ``compute_metrics`` on the
+    concatenated rows up to float rounding.
+    """
+    evaluated = relevant.lengths() > 0
+    per_user = per_user_metrics(topk_ids, relevant, ks)
+    names = [f"{name}@{k}" for k in ks for name in PER_USER_METRICS]
+    sums = torch.tensor([float(per_user[n][evaluated].sum()) for n in names] + [float(evaluated.sum())], dtype=torch.float64)
+    covered = torch.zeros(len(ks), num_items, dtype=torch.uint8)
+    top = np.asarray(topk_ids)[evaluated]
+    for j, k in enumerate(ks):
+        ids = top[:, :k]
+        covered[j, torch.from_numpy(ids[ids >= 0])] = 1
+    if world_size > 1:
+        sums, covered = sums.to(device), covered.to(device)
+        dist.all_reduce(sums)
+        dist.all_reduce(covered, op=dist.ReduceOp.MAX)
+        sums, covered = sums.cpu(), covered.cpu()
+    count = float(sums[-1])
+    out: Dict[str, float] = {}
+    for j, k in enumerate(ks):
+        for name in PER_USER_METRICS:
+            out[f"{name}@{k}"] = float(sums[names.index(f"{name}@{k}")]) / count if count else float("nan")
+        out[f"coverage@{k}"] = float(covered[j].sum()) / num_items
+    out["num_users_evaluated"] = count
+    return out
 
 
 class Evaluator:
     """Evaluates the valid or test split; the ranking and metrics run on rank 0 and are broadcast."""
 
-    def __init__(self, data: RetrievalData, builder: FeatureBuilder, *, ks: Sequence[int], batch_size: int, chunk_size: int) -> None:
+    def __init__(
+        self, data: RetrievalData, builder: FeatureBuilder, *, ks: Sequence[int], batch_size: int, chunk_size: int,
+        per_rank_users: bool = False,
+    ) -> None:
         self.data, self.builder = data, builder
         self.ks, self.batch_size, self.chunk_size = list(ks), batch_size, chunk_size
+        self.per_rank_users = per_rank_users
 
     def _csr(self, split: Interactions) -> UserItemCSR:
         return UserItemCSR.from_pairs(split.user_ids, split.item_ids, num_users=self.data.num_users, num_items=self.data.num_items)
@@ -104,10 +163,12 @@ class Evaluator:
         was_training = two_tower.training
         two_tower.eval()
         try:
-            user_emb = embed(two_tower, self.builder, side="query", ids=users, timeline=timeline, **common)
+            user_emb = embed(two_tower, self.builder, side="query", ids=users, timeline=timeline, local=self.per_rank_users, **common)
             item_emb = embed(two_tower, self.builder, side="candidate", ids=np.arange(self.data.num_items), timeline=None, **common)
         finally:
             two_tower.train(was_training)
+        if self.per_rank_users:
+            return self._evaluate_own_users(user_emb, item_emb, relevant, exclude, device, world_size, with_popularity)
         results: List[Dict[str, Dict[str, float]] | None] = [None]
         if rank == 0:
             k = max(self.ks)
@@ -122,3 +183,14 @@ class Evaluator:
             dist.broadcast_object_list(results, src=0)
         assert results[0] is not None
         return results[0]
+
+    def _evaluate_own_users(self, user_emb, item_emb, relevant, exclude, device, world_size, with_popularity):
+        k = max(self.ks)
+        common = dict(num_items=self.data.num_items, device=device, world_size=world_size)
+        _, top = exact_topk(user_emb, item_emb, k, exclude=exclude, chunk_size=self.chunk_size)
+        report = {"two_tower": metrics_over_ranks(top.numpy(), relevant, self.ks, **common)}
+        if with_popularity:
+            counts = torch.from_numpy(self.data.item_counts()).float()
+            _, pop = popularity_topk(counts, user_emb.shape[0], k, exclude=exclude, chunk_size=self.chunk_size)
+            report["popularity"] = metrics_over_ranks(pop.numpy(), relevant, self.ks, **common)
+        return report

@@ -14,7 +14,7 @@ torchrec / DDP averaging gradients over ranks, N ranks follow the same curve as 
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -25,14 +25,14 @@ from recsys.model.two_tower import TwoTower
 class LocalCandidates(nn.Module):
     """One process: the candidates are this rank's own. recsys.distributed swaps in a gather.
 
-    forward(local candidates, global batch size) -> (candidates of every rank in rank order,
-    offset of this rank's rows). A module, not a function, so that torch.fx (TrainPipelineSparseDist traces forward()
+    forward(local candidates, global batch size, per-rank sizes or None) -> (candidates of every
+    rank in rank order, offset of this rank's rows). A module, not a function, so that torch.fx (TrainPipelineSparseDist traces forward()
     to find the sparse inputs) treats it as a leaf instead of tracing into a collective.
     """
 
     world_size = 1
 
-    def forward(self, t: torch.Tensor, global_size: int) -> Tuple[torch.Tensor, int]:
+    def forward(self, t: torch.Tensor, global_size: int, sizes: Optional[Sequence[int]] = None) -> Tuple[torch.Tensor, int]:
         return t, 0
 
 
@@ -175,9 +175,9 @@ class RetrievalTask(nn.Module):
         n = batch.num_queries
         queries, candidates = self.model(batch.features, n)
         global_n = batch.global_num_queries
-        gathered = self.gather_candidates(candidates[:n], global_n)
+        gathered = self.gather_candidates(candidates[:n], global_n, batch.rank_sizes)
         positives, offset = gathered[0], gathered[1]  # indexing, not unpacking: fx-traceable
-        positive_ids = self.gather_candidates(batch.candidate_item_ids[:n], global_n)[0]
+        positive_ids = self.gather_candidates(batch.candidate_item_ids[:n], global_n, batch.rank_sizes)[0]
         all_candidates = torch.cat([positives, candidates[n:]])
         all_ids = torch.cat([positive_ids, batch.candidate_item_ids[n:]])
         labels = torch.arange(offset, offset + n, device=queries.device)

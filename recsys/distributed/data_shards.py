@@ -1,0 +1,43 @@
+"""Per-rank data (``data.shard_by_user``): each rank reads only its own users' rows of every split.
+
+The users are cut into ``world_size`` contiguous ranges of about equal training rows
+(``user_boundaries``: parquet metadata plus one row group per cut); rank r reads users
+``[b[r], b[r+1])`` with a pyarrow filter, so row groups of other users are skipped, and no
+process holds the whole dataset. Two numbers need every rank: the training frequency of each
+item (logQ, popularity; summed over ranks) and each rank's number of training examples (the
+epoch's batch count and every batch's per-rank sizes; gathered once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import List, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from recsys.data.dataset import RetrievalData, load_dataset, user_boundaries
+from recsys.distributed.env import DistEnv
+
+
+def load_rank_data(dataset_dir: str | Path, env: DistEnv) -> Tuple[RetrievalData, List[int]]:
+    """(this rank's users' data with the global item counts set, every rank's number of training examples)."""
+    root = Path(dataset_dir)
+    num_users = int(json.loads((root / "meta.json").read_text())["num_users"])
+    bounds = user_boundaries(root / "train.parquet", env.world_size, num_users)
+    data = load_dataset(root, (bounds[env.rank], bounds[env.rank + 1]))
+    train = data.splits["train"]
+    item_counts = np.bincount(train.item_ids, minlength=data.num_items).astype(np.int64)
+    examples = int((~data.is_heldout(train.user_ids)).sum())
+    example_counts = [examples]
+    if env.world_size > 1:
+        counts = torch.from_numpy(item_counts).to(env.device)
+        dist.all_reduce(counts)
+        item_counts = counts.cpu().numpy()
+        gathered = [torch.zeros(1, dtype=torch.int64, device=env.device) for _ in range(env.world_size)]
+        dist.all_gather(gathered, torch.tensor([examples], dtype=torch.int64, device=env.device))
+        example_counts = [int(g.item()) for g in gathered]
+    return dataclasses.replace(data, global_item_counts=item_counts), example_counts
