@@ -32,9 +32,9 @@ from recsys.config import Config, DataConfig
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset
-from recsys.distributed.data_shards import load_rank_data
 from recsys.data.features import query_tables
 from recsys.distributed.collectives import candidate_gather
+from recsys.distributed.data_shards import load_rank_data
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import ShardedModel, shard_model
 from recsys.evaluation.evaluator import Evaluator

@@ -134,7 +134,8 @@ def metrics_over_ranks(
 
 
 class Evaluator:
-    """Evaluates the valid or test split; the ranking and metrics run on rank 0 and are broadcast."""
+    """Evaluates the valid or test split: the ranking and metrics run on rank 0 and are broadcast,
+    or, with ``per_rank_users``, on every rank for its own users, the metrics combined across ranks."""
 
     def __init__(
         self, data: RetrievalData, builder: FeatureBuilder, *, ks: Sequence[int], batch_size: int, chunk_size: int,
