@@ -65,3 +65,15 @@ def test_checkpoint_from_two_ranks_loads_on_other_world_sizes_and_plans(uninterr
     assert_same_tensors(original["optim"], reloaded["optim"], "optim")
     fused_states = [k for per_param in reloaded["optim"]["state"].values() for k in per_param if k.endswith("momentum1")]
     assert sorted(fused_states) == ["category.momentum1", "item.momentum1", "user.momentum1"]  # row-wise Adagrad state came along
+
+
+def test_killed_rank_with_per_rank_data_also_ends_bit_identical(tmp_path, data_root):
+    """data.shard_by_user: each rank's own shuffled order resumes at the saved batch just the same."""
+    common = [*COMMON, "data.shard_by_user=true", f"data.root={data_root}"]
+    torchrun(2, ["-m", "recsys.train", *common, f"hydra.run.dir={tmp_path / 'whole'}"])
+    torchrun(2, ["-m", "recsys.train", *common, f"hydra.run.dir={tmp_path / 'killed'}",
+             "trainer.fault_at_step=14", "trainer.fault_rank=0"], max_restarts=1)
+    assert "resumed from" in (tmp_path / "killed" / "train.log").read_text()
+    a, b = latest_checkpoint(tmp_path / "whole" / "checkpoints"), latest_checkpoint(tmp_path / "killed" / "checkpoints")
+    assert a.name == b.name == "step_00000020"
+    assert_same_tensors(full_state(a, tmp_path), full_state(b, tmp_path))

@@ -38,8 +38,10 @@ def train(run_dir, data_root, *overrides, nproc=1):
         ["sharding=gpu_row_wise", "trainer.pipeline=sparse_dist", "optim/sparse=adam"],
         ["sharding=uvm_caching", "optim/sparse=partial_rowwise_adam"],
         ["sharding=table_wise", "sharding.device=cuda", "optim/sparse=rowwise_adagrad", "trainer.pipeline=sparse_dist"],
+        ["sharding=table_wise", "data.shard_by_user=true", "trainer.pipeline=sparse_dist"],
     ],
-    ids=["row_wise-adam-pipeline", "uvm_caching-partial_rowwise_adam", "table_wise-rowwise_adagrad-pipeline"],
+    ids=["row_wise-adam-pipeline", "uvm_caching-partial_rowwise_adam", "table_wise-rowwise_adagrad-pipeline",
+         "shard_by_user-pipeline"],
 )
 def test_cuda_training_learns(tmp_path, data_root, tiny_data, overrides):
     losses, results = train(tmp_path, data_root, *overrides)
