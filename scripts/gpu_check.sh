@@ -19,7 +19,12 @@ timeout 240 "$PY" -m recsys.train sharding.device=cuda trainer.pipeline=sparse_d
 run_rc=${PIPESTATUS[0]}
 samples=$("$PY" -c "import json; print(round(json.load(open('$OUT/run/results.json'))['train']['samples_per_s']))" 2>/dev/null || echo "n/a")
 
+# Exact top-100 at the ML-20M shape on the GPU vs. its bare matmuls (issue: offline evaluation speed).
+timeout 120 "$PY" scripts/bench_eval.py --device cuda 2>&1 | tee "$OUT/bench_eval.log" | tail -4
+eval_line=$(tail -1 "$OUT/bench_eval.log")
+
 echo "== gpu_check summary =="
 echo "gpu tests: $( [ $tests_rc -eq 0 ] && echo passed || echo "FAILED (rc $tests_rc)" ) — $(tail -1 "$OUT/gpu_tests.log")"
 echo "throughput run: $( [ $run_rc -eq 0 ] && echo ok || echo "FAILED (rc $run_rc)" ), train samples/s per GPU: $samples"
+echo "bench_eval (cuda): $eval_line"
 [ $tests_rc -eq 0 ] && [ $run_rc -eq 0 ]
