@@ -3,6 +3,7 @@
     $ .venv/bin/python scripts/bench_train.py --shape softmax     # batch 8192, the score matrix dominates
     $ .venv/bin/python scripts/bench_train.py --shape embedding   # batch 2048, 1e6-row tables, bags of 100
     $ .venv/bin/python scripts/bench_train.py --shape embedding --profile 10   # + torch.profiler per way
+    $ .venv/bin/python scripts/bench_train.py --shape movielens   # batch 1024, ML-1M sizes (`make run`)
 
 The same two-tower (user / item / category tables, MLP towers [128, 64], in-batch softmax with
 logQ correction, temperature 0.05) trained three ways on the same pre-built synthetic batches:
@@ -25,6 +26,8 @@ Shapes::
                 them through its constructor (extra EmbeddingBagConfigs + query_tables); the
                 trainer's build_task and TrainBatches don't, so the loader measurement leaves
                 them out.
+    movielens   batch 1024, 6040 users, 3706 items, 18 categories, history bags of 20: the default
+                dataset's (MovieLens-1M) shape with the default trainer, i.e. what `make run` trains
 
 Steps are timed one by one; a round runs ``--steps`` steps of each way in turn (the order rotates
 each round), the first ``--warmup`` steps of each way are dropped, and samples/s is batch size /
@@ -89,6 +92,8 @@ class Shape:
 SHAPES = {
     "softmax": Shape(8192, 100_000, 50_000, 100, 0, 0, 0, 100_000, 20),
     "embedding": Shape(2048, 1_000_000, 1_000_000, 1000, 100, 6, 100_000, 20_000, 300),
+    # the default dataset's (MovieLens-1M) shape and the default trainer: what `make run` trains
+    "movielens": Shape(1024, 6040, 3706, 18, 20, 0, 0, 6040, 132),
 }
 DIMS = {"user": 64, "item": 64, "category": 32}
 POOLINGS = {"user": "sum", "item": "mean", "category": "mean"}
