@@ -4,6 +4,7 @@
     $ .venv/bin/python scripts/bench_train.py --shape embedding   # batch 2048, 1e6-row tables, bags of 100
     $ .venv/bin/python scripts/bench_train.py --shape embedding --profile 10   # + torch.profiler per way
     $ .venv/bin/python scripts/bench_train.py --shape movielens   # batch 1024, ML-1M sizes (`make run`)
+    $ .venv/bin/python scripts/bench_train.py --shape movielens --device cuda   # one GPU: samples/s per GPU
 
 The same two-tower (user / item / category tables, MLP towers [128, 64], in-batch softmax with
 logQ correction, temperature 0.05) trained three ways on the same pre-built synthetic batches:
@@ -199,7 +200,7 @@ def build_recsys(shape: Shape, data: RetrievalData, env):
     names = [c.name for c in task.model.ebc.embedding_bag_configs()]
     sharding = ShardingConfig(
         tables={t: TableShardingConfig(sharding_types=["table_wise"], compute_kernels=["fused"]) for t in names},
-        device="cpu", backend="gloo",
+        device=env.device.type, backend=env.backend,
     )
     sharded = shard_model(task, sharding=sharding, sparse=SparseOptimConfig(), dense=DenseOptimConfig(), env=env, seed=0)
     # one process: the task's default (local candidates) is what the trainer installs for world size 1
@@ -241,7 +242,7 @@ class PlainTwoTower(nn.Module):
 def plain_loss(queries, candidates, item_ids, log_q_table, num_queries):
     """In-batch softmax with logQ and accidental-hit masking, as a user would write it."""
     logits = queries @ candidates.t() / TEMPERATURE - log_q_table[item_ids].unsqueeze(0)
-    labels = torch.arange(num_queries)
+    labels = torch.arange(num_queries, device=item_ids.device)
     hits = item_ids[:num_queries].unsqueeze(1) == item_ids.unsqueeze(0)
     hits[labels, labels] = False
     return F.cross_entropy(logits.masked_fill(hits, float("-inf")), labels)
@@ -262,6 +263,8 @@ def parse_args(argv=None):
     p.add_argument("--profile", type=int, default=0, help="after timing, profile this many steps of each way")
     p.add_argument("--profile-rows", type=int, default=15, help="operators listed per profiled way")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: one GPU (NCCL), batches moved there before timing, each step synchronised")
     return p.parse_args(argv)
 
 
@@ -273,14 +276,21 @@ def main(argv=None) -> Dict:
         torch.set_num_threads(args.threads)
     shape = SHAPES[args.shape]
     ways = args.ways.split(",")
-    env = init_distributed("cpu", "gloo")
+    env = init_distributed(args.device, "auto")
+    device = env.device
+
+    def sync() -> None:  # a step's time includes its kernels, not just their launch
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     data = synthetic_data(shape)
     B = shape.batch_size
     source = TrainBatches(data, history_length=shape.history_length, global_batch_size=B,
                           num_uniform_negatives=0, seed=0)
     rng = np.random.default_rng(1)
     batches = [with_side_features(b, shape, rng) for _, b in zip(range(args.num_batches), source.epoch(0))]
-    plain_inputs = [to_plain_inputs(b) for b in batches]
+    plain_inputs = [{k: (v.to(device), o.to(device)) for k, (v, o) in to_plain_inputs(b).items()} for b in batches]
+    batches = [b.to(device) for b in batches]  # once, before timing (the trainer overlaps the copy)
     mean_hist = (batches[0].features["item"].lengths()[:B].float().mean().item()
                  if shape.history_length else 0.0)
     print(f"shape {args.shape}: {shape}; mean history bag {mean_hist:.1f}; torch threads {torch.get_num_threads()}",
@@ -298,7 +308,7 @@ def main(argv=None) -> Dict:
         dmp.train()
 
         def recsys_step(i: int) -> torch.Tensor:
-            batch = batches[i % len(batches)].to(torch.device("cpu"))
+            batch = batches[i % len(batches)]
             loss, _ = dmp(batch)
             loss.backward()
             opt.step()
@@ -310,11 +320,11 @@ def main(argv=None) -> Dict:
         state_mb["recsys"] = sum(w.numel() * 4 + w.shape[0] * 4 for w in weights.values()) / 2**20
     else:
         del sharded
-    log_q = build_task(shape, data).candidate_log_q(torch.arange(shape.num_items), B)
+    log_q = build_task(shape, data).candidate_log_q(torch.arange(shape.num_items), B).to(device)
 
     if "plain" in ways:
         configs, qt = model_tables(shape, data)
-        plain = PlainTwoTower(configs, qt, CANDIDATE_TABLES)
+        plain = PlainTwoTower(configs, qt, CANDIDATE_TABLES).to(device)
         with torch.no_grad():
             for t, w in weights.items():
                 plain.tables[t].weight.copy_(w)
@@ -339,7 +349,8 @@ def main(argv=None) -> Dict:
     if "unfused" in ways:
         task = build_task(shape, data)
         configs = task.model.ebc.embedding_bag_configs()
-        task.model.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+        task.model.ebc = EmbeddingBagCollection(tables=configs, device=device)
+        task.to(device)
         with torch.no_grad():
             for t, w in weights.items():
                 task.model.ebc.embedding_bags[t].weight.copy_(w)
@@ -371,6 +382,7 @@ def main(argv=None) -> Dict:
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 loss = steps[w](counters[w])
+                sync()
                 times[w].append(time.perf_counter() - t0)
                 if counters[w] == 0:
                     first_loss[w] = float(loss)
@@ -398,10 +410,12 @@ def main(argv=None) -> Dict:
         from torch.profiler import ProfilerActivity, profile
 
         for w in names:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            with profile(activities=activities) as prof:
                 for _ in range(args.profile):
                     steps[w](counters[w])
                     counters[w] += 1
+                sync()
             print(f"--- {w}: {args.profile} steps")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_rows, max_name_column_width=60))
 
@@ -429,6 +443,9 @@ def main(argv=None) -> Dict:
         if w in paired:
             result[key] = round(paired[w], 3)
     result["peak_rss_mb"] = round(rss_mb(), 1)
+    if device.type == "cuda":
+        result["device"] = torch.cuda.get_device_name(device)
+        result["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     result["rss_before_models_mb"] = round(rss_before, 1)
     result.update({f"{w}_state_mb": round(v, 1) for w, v in state_mb.items()})
     result["loader_batches_per_s"] = round(loader_batches_per_s, 2)
