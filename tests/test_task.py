@@ -79,9 +79,15 @@ def autograd_reference(q, c, labels, q_items, c_items, tau, log_q):
     return torch.nn.functional.cross_entropy(logits.masked_fill(hits, float("-inf")), labels)
 
 
+@pytest.mark.parametrize("device_variant", [False, True], ids=["cpu-variant", "cuda-variant"])
 @pytest.mark.parametrize("use_log_q", [True, False])
-def test_hand_written_backward_equals_autograd(use_log_q):
-    """Random batches with many repeated items (accidental hits) and uniform negatives; labels offset as on rank 1."""
+def test_hand_written_backward_equals_autograd(use_log_q, device_variant, monkeypatch):
+    """Random batches with many repeated items (accidental hits) and uniform negatives; labels offset as on rank 1.
+    ``cuda-variant`` runs on CPU what runs on a GPU (dense hit mask, out-of-place log_softmax)."""
+    import recsys.model.task as task_module
+
+    if device_variant:
+        monkeypatch.setattr(task_module, "_on_host", lambda t: False)
     g = torch.Generator().manual_seed(1)
     b, c_rows, d, tau = 64, 160, 16, 0.07
     q0 = torch.nn.functional.normalize(torch.randn(b, d, generator=g), dim=-1)

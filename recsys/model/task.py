@@ -56,6 +56,13 @@ def accidental_hits(
     return rows[keep], cols[keep]
 
 
+def _on_host(t: torch.Tensor) -> bool:
+    """Which variant of the loss's two device-dependent steps runs: on CPU the sorted accidental
+    hits and the in-place log_softmax; elsewhere the dense hit mask (no host sync to size the
+    pairs) and an out-of-place log_softmax. Tests flip it to run the device variant on CPU."""
+    return t.device.type == "cpu"
+
+
 def masked_logits(
     queries: torch.Tensor,
     candidates: torch.Tensor,
@@ -73,7 +80,7 @@ def masked_logits(
             logits = torch.addmm(candidate_log_q.neg().unsqueeze(0), queries, candidates.t(), alpha=1.0 / temperature)
         else:
             logits = torch.mm(queries, candidates.t()).mul_(1.0 / temperature)
-        if logits.device.type == "cpu":
+        if _on_host(logits):
             logits.index_put_(accidental_hits(query_item_ids, candidate_item_ids, labels), torch.tensor(float("-inf")))
         else:
             hits = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)
@@ -99,7 +106,7 @@ class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
         )
         # in place on CPU (the kernel reads each row before writing it; a fresh 8192 x 8192 tensor
         # would page-fault in every step); out of place on other devices, where that is not verified
-        log_probs = torch.log_softmax(logits, 1, out=logits) if logits.device.type == "cpu" else torch.log_softmax(logits, 1)
+        log_probs = torch.log_softmax(logits, 1, out=logits) if _on_host(logits) else torch.log_softmax(logits, 1)
         rows = torch.arange(labels.numel(), device=labels.device)
         loss = -log_probs[rows, labels].mean()
         ctx.save_for_backward(queries, candidates, log_probs, labels)
