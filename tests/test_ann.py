@@ -86,3 +86,17 @@ def test_missing_faiss_gives_install_hint(monkeypatch):
 def test_unknown_kind_raises():
     with pytest.raises(ValueError, match="unknown ANN index kind"):
         build_index(np.zeros((5, 2), dtype=np.float32), "lsh")
+
+
+def test_ivf_nprobe_sweep_recall_grows_to_exhaustive():
+    """More lists scanned is a superset of candidates: recall never falls, and nprobe = nlist is exact."""
+    items, users, exclude = _clustered(2)
+    params = AnnParams(nlist=16, nprobe=2, nprobe_sweep=(1, 2, 4, 8, 64))
+    summary, _ = compare_ann(items, users, 20, exclude=exclude, kinds=["ivf_flat"], params=params, latency_sample=5)
+    entry = summary["indexes"]["ivf_flat"]
+    sweep = entry["nprobe_sweep"]
+    assert [p["nprobe"] for p in sweep] == [1, 2, 4, 8, 16]  # 64 capped at nlist
+    recalls = [p["recall_vs_exact"] for p in sweep]
+    assert recalls == sorted(recalls) and recalls[0] < 1.0 and recalls[-1] == pytest.approx(1.0)
+    assert sweep[1]["recall_vs_exact"] == pytest.approx(entry["recall_vs_exact"])  # nprobe=2, the configured one
+    assert entry["params"]["nprobe"] == 2  # the index was put back

@@ -48,10 +48,12 @@ class AnnParams:
     """Index settings. ``nlist`` None means ``clip(4 * sqrt(I), 1, I // 39)`` (FAISS wants >= 39
     training points per list); ``nprobe`` lists are scanned per query (capped at nlist);
     HNSW: ``hnsw_m`` links per node, ``ef_construction`` / ``ef_search`` beam widths (search uses
-    at least the number of neighbours asked for)."""
+    at least the number of neighbours asked for). ``nprobe_sweep``: the IVF index is also searched
+    at these nprobe values (capped at nlist; nlist itself = exhaustive) to show recall against speed."""
 
     nlist: int | None = None
     nprobe: int = 16
+    nprobe_sweep: tuple[int, ...] = (1, 4, 16, 64)
     hnsw_m: int = 32
     ef_construction: int = 200
     ef_search: int = 128
@@ -240,9 +242,24 @@ def compare_ann(
         entry = {"recall_vs_exact": recall_vs_exact(ids, exact_ids), "build_s": build_s}
         entry.update(timing(search_s, _single_query_ms(ann_one, sample)))
         entry["params"] = _index_params(index, kind, params, items.shape[0])
+        if kind == "ivf_flat" and params.nprobe_sweep:
+            entry["nprobe_sweep"] = _nprobe_sweep(index, users, k, exclude, exact_ids, params, chunk_size, timing)
         summary["indexes"][kind] = entry
         all_ids[kind] = ids
     return summary, all_ids
+
+
+def _nprobe_sweep(index, users, k, exclude, exact_ids, params: AnnParams, chunk_size: int, timing) -> list[dict]:
+    """Recall vs exact and batched speed of one IVF index at each nprobe of the sweep (index restored after)."""
+    configured, out = index.nprobe, []
+    for nprobe in sorted({min(max(1, int(p)), index.nlist) for p in params.nprobe_sweep}):
+        index.nprobe = nprobe
+        (_, ids), seconds = _timed(lambda: ann_topk(index, users, k, exclude=exclude, batch_size=chunk_size))
+        speed = timing(seconds, float("nan"))
+        out.append({"nprobe": nprobe, "recall_vs_exact": recall_vs_exact(ids, exact_ids),
+                    "ms_per_query": speed["ms_per_query"], "users_per_s": speed["users_per_s"]})
+    index.nprobe = configured
+    return out
 
 
 def _index_params(index, kind: str, params: AnnParams, num_items: int) -> dict:

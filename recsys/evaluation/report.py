@@ -579,6 +579,12 @@ def format_markdown(report: dict) -> str:
                          e["ms_per_query"], e["users_per_s"], e["single_query_ms"]])  # fmt: skip
         out += _table(["index", f"recall vs exact@{k}", f"recall@{k}", "build s", "ms/query (batched)", "users/s", "single query ms"], rows)
         out += [""]
+        for kind, e in ann["indexes"].items():
+            if e.get("nprobe_sweep"):
+                out += [f"{kind}: recall against speed as more of its {e['params']['nlist']} lists are scanned per query (nprobe = nlist scans all):", ""]
+                out += _table(["nprobe", f"recall vs exact@{k}", "ms/query (batched)", "users/s"],
+                              [[p["nprobe"], p["recall_vs_exact"], p["ms_per_query"], p["users_per_s"]] for p in e["nprobe_sweep"]])
+                out += [""]
 
     out += ["## Recall vs K", "", "![recall at K](recall_at_k.png)", ""]
     if report["more_like_this"]:
