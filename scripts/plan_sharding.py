@@ -29,7 +29,16 @@ lookup load. The example overlays' constraints, not the planner, make that choic
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
+    # torchrec's enumerator intersects *sets* of sharding types (planner/enumerators.py), so options
+    # of equal cost come out in string-hash order and the printed plan could change from run to run
+    # (table_wise vs a one-shard column_wise, the same placement): pin the hash seed, before the
+    # heavy imports, so that a dry run repeats
+    os.environ["PYTHONHASHSEED"] = "0"
+    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
