@@ -107,8 +107,9 @@ def test_hand_written_backward_equals_autograd(use_log_q, device_variant, monkey
         grads.append((loss.item(), q.grad, c.grad))
     (l1, gq1, gc1), (l2, gq2, gc2) = grads
     assert l1 == pytest.approx(l2, rel=1e-6)
-    torch.testing.assert_close(gq1, gq2, rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(gc1, gc2, rtol=1e-5, atol=1e-7)
+    # float32 GEMMs summed in another order: allow 1e-5 of the largest gradient (a wrong backward is off by O(1) of it)
+    torch.testing.assert_close(gq1, gq2, rtol=1e-5, atol=1e-5 * gq2.abs().max().item())
+    torch.testing.assert_close(gc1, gc2, rtol=1e-5, atol=1e-5 * gc2.abs().max().item())
     assert gq1.abs().sum() > 0 and gc1.abs().sum() > 0
 
 
