@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -45,15 +46,33 @@ def candidate_gather(rank: int, world_size: int) -> nn.Module:
     return LocalCandidates() if world_size == 1 else GatheredCandidates(rank, world_size)
 
 
-def all_gather_rows(t: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Concatenate each rank's ``n_r x ...`` block (sizes may differ) in rank order."""
+def all_gather_rows(
+    t: torch.Tensor, world_size: int, *, device: Optional[torch.device] = None, round_bytes: int = 256 << 20
+) -> torch.Tensor:
+    """Concatenate each rank's ``n_r x ...`` block (sizes may differ) in rank order; the result is on ``t.device``.
+
+    The collectives run on ``device`` (default ``t.device``): NCCL gathers only CUDA tensors, so a
+    CPU block travels through the GPU in rounds of at most ``round_bytes`` per rank, and the GPU
+    never holds more than one round from every rank (a 10^8 x 128 item table would not fit whole).
+    """
     if world_size == 1:
         return t
-    sizes = [torch.zeros(1, dtype=torch.int64, device=t.device) for _ in range(world_size)]
-    dist.all_gather(sizes, torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device))
-    max_rows = int(max(s.item() for s in sizes))
-    padded = torch.zeros((max_rows, *t.shape[1:]), dtype=t.dtype, device=t.device)
-    padded[: t.shape[0]] = t
-    parts = [torch.empty_like(padded) for _ in range(world_size)]
-    dist.all_gather(parts, padded)
-    return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes)])
+    comm = device if device is not None else t.device
+    sizes_t = [torch.zeros(1, dtype=torch.int64, device=comm) for _ in range(world_size)]
+    dist.all_gather(sizes_t, torch.tensor([t.shape[0]], dtype=torch.int64, device=comm))
+    sizes = [int(s.item()) for s in sizes_t]
+    row_bytes = max(1, math.prod(t.shape[1:]) * t.element_size())
+    rows_per_round = max(1, round_bytes // row_bytes)
+    starts = [sum(sizes[:r]) for r in range(world_size)]
+    out = torch.empty((sum(sizes), *t.shape[1:]), dtype=t.dtype, device=t.device)
+    for lo in range(0, max(sizes), rows_per_round):
+        width = min(rows_per_round, max(sizes) - lo)  # every rank sends this many rows, padded with zeros
+        padded = torch.zeros((width, *t.shape[1:]), dtype=t.dtype, device=comm)
+        piece = t[lo : lo + width]
+        padded[: piece.shape[0]] = piece.to(comm)
+        parts = [torch.empty_like(padded) for _ in range(world_size)]
+        dist.all_gather(parts, padded)
+        for rank, part in enumerate(parts):
+            n = min(max(sizes[rank] - lo, 0), width)
+            out[starts[rank] + lo : starts[rank] + lo + n] = part[:n].to(t.device)
+    return out

@@ -89,7 +89,7 @@ def embed(
         if is_real:
             out.append(embeddings.float().cpu())
     mine = torch.cat(out) if out else torch.zeros(0, dim)
-    return mine if local else all_gather_rows(mine, world_size)
+    return mine if local else all_gather_rows(mine, world_size, device=device)  # NCCL gathers on the GPU
 
 
 def _max_over_ranks(value: int, device: torch.device, world_size: int) -> int:
