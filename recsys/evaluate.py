@@ -48,6 +48,8 @@ class EvaluateConfig:
     ease: bool = True  # EASE baseline (skipped, with the reason, above ease_max_items items)
     ease_max_items: int = 50_000  # EASE needs an items x items inverse
     ann_kinds: List[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
+    max_users: int = 0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed
+    seed: int = 0  # seed of the user sample (max_users)
     batch_size: int = 4096  # users / items embedded per forward pass
     chunk_size: int = 4096  # query rows per chunked score matmul
     device: str = "auto"  # "auto" | "cpu" | "cuda"
@@ -98,10 +100,12 @@ def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
     for split in ecfg.splits:
         if split not in PRECEDING_SPLITS:
             raise ValueError(f"splits: {split!r} is not evaluable; choose from {sorted(PRECEDING_SPLITS)}")
-        users, relevant, exclude, timeline = evaluator.protocol(split)
+        users, relevant, exclude, timeline = evaluator.protocol(split, max_users=ecfg.max_users, seed=ecfg.seed)
         user_emb = embed(two_tower, builder, side="query", ids=users, timeline=timeline, **common)
+        num_users = len(np.unique(data.splits[split].user_ids))
+        sample = f"a uniform sample (seed {ecfg.seed}) of {len(users)} of the split's {num_users} users" if len(users) < num_users else ""
         splits[split] = SplitInputs(users=users, user_emb=user_emb, relevant=relevant, exclude=exclude,
-                                    masked_splits=PRECEDING_SPLITS[split])
+                                    masked_splits=PRECEDING_SPLITS[split], sample=sample)
     report = None
     if env.is_main:
         train = data.splits["train"]

@@ -52,6 +52,20 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     results = json.loads((trained_run / "results.json").read_text())
     assert results["test"]["two_tower"]["recall@20"] == pytest.approx(one["splits"]["test"]["metrics"]["two_tower"]["recall@20"], abs=1e-6)
 
+    # max_users: a seeded sample of users, each ranked exactly as in the full evaluation
+    full_recs = pd.read_parquet(eval_dir / "recommendations.parquet")
+    launch(["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[]", "ease=false", "ks=[10,20,50]", "max_users=40", "seed=3"])
+    sampled = json.loads((eval_dir / "report.json").read_text())
+    sampled_recs = pd.read_parquet(eval_dir / "recommendations.parquet")
+    for split in ("valid", "test"):
+        assert sampled["splits"][split]["num_users"] == 40
+        assert "uniform sample (seed 3) of 40 of the split's" in sampled["protocol"]["sentences"][split]
+    users = sampled_recs["user_id"].unique()
+    assert len(users) == 40 and set(users) <= set(full_recs["user_id"])
+    cols = ["user_id", "rank", "item_id"]
+    expected = full_recs[full_recs["user_id"].isin(users)][cols].reset_index(drop=True)
+    pd.testing.assert_frame_equal(sampled_recs[cols].reset_index(drop=True), expected)
+
 
 def test_script_wrapper_finds_the_config(tmp_path):
     proc = subprocess.run([sys.executable, "scripts/evaluate_recall.py", f"run_dir={tmp_path}", "ks=[5]", "--cfg", "job"],

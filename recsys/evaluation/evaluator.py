@@ -30,6 +30,15 @@ from recsys.evaluation.retrieval import exact_topk, popularity_topk
 PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
 
 
+def sample_users(users: np.ndarray, max_users: int, seed: int) -> np.ndarray:
+    """``users`` (ascending) if ``max_users`` is 0 or not fewer; else a seeded uniform sample of ``max_users`` of them, ascending."""
+    if max_users < 0:
+        raise ValueError(f"max_users must be >= 0 (0 = every user), got {max_users}")
+    if max_users == 0 or len(users) <= max_users:
+        return users
+    return np.sort(np.random.default_rng(seed).choice(users, size=max_users, replace=False))
+
+
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -148,10 +157,14 @@ class Evaluator:
     def _csr(self, split: Interactions) -> UserItemCSR:
         return UserItemCSR.from_pairs(split.user_ids, split.item_ids, num_users=self.data.num_users, num_items=self.data.num_items)
 
-    def protocol(self, split: str):
-        """(evaluated users, relevant CSR rows, excluded CSR rows, history timeline) for a split."""
+    def protocol(self, split: str, *, max_users: int = 0, seed: int = 0):
+        """(evaluated users, relevant CSR rows, excluded CSR rows, history timeline) for a split.
+
+        ``max_users > 0``: at most that many users, a uniform sample without replacement drawn
+        from ``seed`` (ascending ids; the same sample on every rank and every run).
+        """
         target = self.data.splits[split]
-        users = np.unique(target.user_ids)
+        users = sample_users(np.unique(target.user_ids), max_users, seed)
         before = [self.data.splits[s] for s in PRECEDING_SPLITS[split]]
         timeline = before[0] if len(before) == 1 else Interactions.concat(*before)
         relevant = self._csr(target).select_rows(users)

@@ -51,6 +51,7 @@ class SplitInputs:
             also EASE's input row x_u.
         masked_splits: names of the splits whose items are masked, e.g. ("train",) for valid,
             ("train", "valid") for test.
+        sample: how ``users`` were sampled from the split, in words; "" = every user of the split.
     """
 
     users: np.ndarray
@@ -58,6 +59,7 @@ class SplitInputs:
     relevant: UserItemCSR
     exclude: UserItemCSR
     masked_splits: tuple[str, ...]
+    sample: str = ""
 
 
 @dataclass
@@ -220,11 +222,13 @@ def describe_protocol(inputs: EvalInputs) -> dict:
         lines[name] = (
             f"{name}: full ranking over all {num_items} items for each of {split.relevant.num_users} users; "
             f"each user's {masked} items are masked (never recommended); the held-out {name} items are relevant."
+            + (f" The users are {split.sample}." if split.sample else "")
         )
     return {
         "ranking": "full",
         "num_candidates": num_items,
         "masked_splits": {n: list(s.masked_splits) for n, s in inputs.splits.items()},
+        "user_samples": {n: s.sample for n, s in inputs.splits.items() if s.sample},
         "ties": "equal scores are ordered by lower item id",
         "users": "users with no held-out item in the split are left out of every mean",
         "recall": "hits@K / |relevant|; recall_liang = hits@K / min(K, |relevant|) (Liang et al. 2018)",
