@@ -130,3 +130,34 @@ def test_cuda_only_sharding_choices_are_refused_on_cpu():
     planner_constraints(uvm, torch.device("cuda"), tables)
     auto = planner_constraints(ShardingConfig(tables={"user": TableShardingConfig()}), torch.device("cuda"), tables)
     assert "row_wise" in auto["user"].sharding_types and "data_parallel" not in auto["user"].sharding_types
+
+
+EXPECTED_KERNEL_OPTIMIZER = {
+    "sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM",
+    "partial_rowwise_adam": "PARTIAL_ROWWISE_ADAM", "lamb": "LAMB", "partial_rowwise_lamb": "PARTIAL_ROWWISE_LAMB",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_KERNEL_OPTIMIZER))
+def test_sparse_optimizer_settings_reach_fbgemm_under_its_own_names(name):
+    """What runs on GPU only, checked on CPU: torchrec builds the optimizer class on the parameter at once
+    (apply_optimizer_in_backward), maps the class to fbgemm's optimizer, and passes the kwargs (lr renamed
+    learning_rate) to fbgemm's kernel constructor, which has no **kwargs: an unknown name is a TypeError there."""
+    import inspect
+
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+    from torchrec.distributed.utils import merge_fused_params, optimizer_type_to_emb_opt_type
+
+    from recsys.distributed.sharding import SPARSE_OPTIMIZERS, sparse_optimizer_kwargs
+
+    assert set(SPARSE_OPTIMIZERS) == set(EXPECTED_KERNEL_OPTIMIZER)
+    cfg = SparseOptimConfig(name=name, lr=0.2, eps=1e-6, beta1=0.8, beta2=0.99, weight_decay=0.01)
+    cls, kwargs = sparse_optimizer_kwargs(cfg, torch.device("cuda"))
+    cls([torch.nn.Parameter(torch.zeros(3, 2))], **kwargs)
+    assert optimizer_type_to_emb_opt_type(cls).name == EXPECTED_KERNEL_OPTIMIZER[name]
+    fused = merge_fused_params({}, dict(kwargs))
+    accepted = inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters
+    assert set(fused) <= set(accepted), f"fbgemm has no parameter {sorted(set(fused) - set(accepted))}"
+    assert fused["learning_rate"] == 0.2 and fused["weight_decay"] == 0.01
+    if name in ("adam", "partial_rowwise_adam", "lamb", "partial_rowwise_lamb"):
+        assert (fused["beta1"], fused["beta2"], fused["eps"]) == (0.8, 0.99, 1e-6)

@@ -19,7 +19,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingPlan, ShardingType
-from torchrec.optim import LAMB, PartialRowWiseAdam, PartialRowWiseLAMB, RowWiseAdagrad
+from torchrec.optim import LAMB, Adam, PartialRowWiseAdam, PartialRowWiseLAMB, RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -29,13 +29,16 @@ from recsys.distributed.env import DistEnv
 from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
 from recsys.distributed.table_init import init_tables
 
-# name -> (optimizer class, devices whose fbgemm kernels implement it)
+# name -> (optimizer class, devices whose fbgemm kernels implement it). torchrec maps the class to
+# fbgemm's EmbOptimType and passes the kwargs (lr renamed learning_rate) to fbgemm's kernel
+# constructor, so the kwargs use fbgemm's names (beta1 / beta2, not torch's betas) and the Adam
+# family uses torchrec's placeholders, which accept them.
 SPARSE_OPTIMIZERS: Dict[str, Tuple[Type[torch.optim.Optimizer], Tuple[str, ...]]] = {
     "sgd": (torch.optim.SGD, ("cpu", "cuda")),
     "adagrad": (torch.optim.Adagrad, ("cpu", "cuda")),
     "rowwise_adagrad": (RowWiseAdagrad, ("cpu", "cuda")),
     # fbgemm's Adam family: "not supported in CPU mode"
-    "adam": (torch.optim.Adam, ("cuda",)),
+    "adam": (Adam, ("cuda",)),
     "partial_rowwise_adam": (PartialRowWiseAdam, ("cuda",)),  # Adam with one second moment per row
     "lamb": (LAMB, ("cuda",)),
     "partial_rowwise_lamb": (PartialRowWiseLAMB, ("cuda",)),
@@ -77,7 +80,7 @@ def sparse_optimizer_kwargs(cfg: SparseOptimConfig, device: torch.device) -> Tup
     if cfg.name != "sgd":
         kwargs["eps"] = cfg.eps
     if cfg.name in ("adam", "partial_rowwise_adam", "lamb", "partial_rowwise_lamb"):
-        kwargs["betas"] = (cfg.beta1, cfg.beta2)
+        kwargs.update(beta1=cfg.beta1, beta2=cfg.beta2)
     return cls, kwargs
 
 
