@@ -109,7 +109,8 @@ class ShardingConfig:
     tables: Dict[str, TableShardingConfig] = field(default_factory=dict)  # per-table planner constraints
     device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
     backend: str = "auto"  # process-group backend: "auto" (nccl on cuda, gloo on cpu) | "gloo" | "nccl"
-    hbm_cap_gb: float = 0.0  # per-device memory the planner may use; 0 = torchrec's default for the device
+    hbm_cap_gb: float = 0.0  # GPU memory per device the planner may use, GB (2**30 bytes); 0 = the device's total memory
+    ddr_cap_gb: float = 0.0  # host memory per rank the planner may use (CPU tables, UVM), GB; 0 = this host's RAM / local ranks
 
 
 @dataclass

@@ -25,11 +25,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.checkpoint import load_checkpoint
-from recsys.config import Config, register_configs, reject_unknown_keys
+from recsys.config import Config, SparseOptimConfig, register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import load_dataset
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
-from recsys.distributed.sharding import shard_model
+from recsys.distributed.sharding import inference_sharding, shard_model
 from recsys.evaluation.ann import ANN_KINDS
 from recsys.evaluation.evaluator import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.interactions import UserItemCSR
@@ -67,7 +67,7 @@ def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
     """Collective over all ranks; returns the report on rank 0 (None elsewhere)."""
     run_dir = Path(ecfg.run_dir)
     cfg = load_run_config(run_dir)
-    env = init_distributed(ecfg.device, cfg.sharding.backend)
+    env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     sharded = None
     try:
         sharded, report = _evaluate(ecfg, cfg, run_dir, env)
@@ -80,8 +80,10 @@ def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
 def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv):
     """Collective: (dataset, sharded model with the checkpoint's weights, checkpoint path) for this job's ranks."""
     data = load_dataset(prepare_dataset_on_rank0(cfg.data, env))
-    sharded = shard_model(build_task(cfg, data), sharding=cfg.sharding, sparse=cfg.optim.sparse,
-                          dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
+    # weights only: the sparse optimizer is never stepped or loaded (SGD keeps no state), and the
+    # run's GPU-only sharding choices give way on a CPU machine (DCP reshards)
+    sharded = shard_model(build_task(cfg, data), sharding=inference_sharding(cfg.sharding, env.device),
+                          sparse=SparseOptimConfig(name="sgd"), dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
     path = Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"
     load_checkpoint(sharded, path, env=env, with_optimizer=False)
     return data, sharded, path

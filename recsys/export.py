@@ -44,30 +44,34 @@ class ExportConfig:
     checkpoint: str = ""  # checkpoint dir; "" = <run_dir>/checkpoints/best
     out_dir: str = ""  # bundle dir; "" = <run_dir>/export (replaced atomically)
     batch_size: int = 4096  # items embedded per forward pass
+    device: str = "auto"  # "auto" | "cpu" | "cuda": where the tables are loaded to embed the items (the bundle is CPU either way)
 
 
 @torch.no_grad()
-def full_tables(module: torch.nn.Module, rank: int) -> dict:
-    """Every embedding table whole on rank 0 (collective; other ranks get an empty dict)."""
+def full_tables(module: torch.nn.Module, rank: int, device: torch.device = torch.device("cpu")) -> dict:
+    """Every embedding table whole on rank 0, on the CPU (collective; other ranks get an empty dict).
+
+    The gather runs on ``device``, the process group's device: NCCL rejects CPU output buffers.
+    """
     out = {}
     for key, value in module.state_dict().items():
         if ".embedding_bags." not in key:
             continue
         table = key.split(".")[-2]
         if isinstance(value, ShardedTensor):
-            full = torch.empty(value.size()) if rank == 0 else None
+            full = torch.empty(value.size(), device=device) if rank == 0 else None
             value.gather(dst=0, out=full)
         else:
-            full = value.detach().cpu().clone()
+            full = value.detach()
         if rank == 0:
-            out[table] = full
+            out[table] = full.cpu().clone()
     return out
 
 
 def export_run(ecfg: ExportConfig) -> Path:
     run_dir = Path(ecfg.run_dir)
     cfg = load_run_config(run_dir)
-    env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
+    env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     sharded = None
     try:
         data, sharded, checkpoint = load_trained(cfg, run_dir, ecfg.checkpoint, env)
@@ -76,7 +80,7 @@ def export_run(ecfg: ExportConfig) -> Path:
         builder = FeatureBuilder(data, cfg.data.history_length)
         item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
                          batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
-        tables = full_tables(sharded.module, env.rank)
+        tables = full_tables(sharded.module, env.rank, env.device)
         out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
         if env.is_main:
             encoder = QueryEncoder(

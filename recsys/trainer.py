@@ -170,6 +170,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         task, sharding=cfg.sharding, sparse=cfg.optim.sparse, dense=cfg.optim.dense, env=env, seed=tcfg.seed,
         pretrained={t: c.pretrained_path for t, c in cfg.model.tables.items() if c.pretrained_path},
         frozen_tables=[t for t, c in cfg.model.tables.items() if c.frozen],
+        batch_size_per_rank=-(-tcfg.global_batch_size // env.world_size),
     )
     if env.is_main:
         log.info("sharding plan:\n%s", sharded.plan)

@@ -126,6 +126,9 @@ def test_cuda_only_sharding_choices_are_refused_on_cpu():
     row_wise = ShardingConfig(tables={"user": TableShardingConfig(sharding_types=["row_wise"])})
     with pytest.raises(ValueError, match="sharding.tables.user.sharding_types: 'row_wise' needs CUDA"):
         planner_constraints(row_wise, torch.device("cpu"), tables)
+    ssd = ShardingConfig(tables={"item": TableShardingConfig(compute_kernels=["key_value"])})
+    with pytest.raises(ValueError, match="'key_value' is not a training kernel recsys supports"):
+        planner_constraints(ssd, torch.device("cuda"), tables)
     # on CUDA both are valid constraints, and an empty list means every model-parallel type
     planner_constraints(uvm, torch.device("cuda"), tables)
     auto = planner_constraints(ShardingConfig(tables={"user": TableShardingConfig()}), torch.device("cuda"), tables)
@@ -161,3 +164,16 @@ def test_sparse_optimizer_settings_reach_fbgemm_under_its_own_names(name):
     assert fused["learning_rate"] == 0.2 and fused["weight_decay"] == 0.01
     if name in ("adam", "partial_rowwise_adam", "lamb", "partial_rowwise_lamb"):
         assert (fused["beta1"], fused["beta2"], fused["eps"]) == (0.8, 0.99, 1e-6)
+
+
+def test_planner_sees_this_hosts_memory_unless_configured():
+    from recsys.distributed.env import DistEnv
+    from recsys.distributed.sharding import GB, host_memory_bytes, planner_topology
+
+    env = DistEnv(rank=0, world_size=4, local_world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    measured = planner_topology(ShardingConfig(), env)
+    assert [d.storage.ddr for d in measured.devices] == [host_memory_bytes() // 2] * 4
+    assert 1 * GB < host_memory_bytes() < 64 * 1024 * GB  # read from this machine, not torchrec's 128 GB guess
+    assert all(d.storage.hbm == 0 for d in measured.devices)  # a CPU topology has no HBM
+    configured = planner_topology(ShardingConfig(ddr_cap_gb=1.5), env)
+    assert [d.storage.ddr for d in configured.devices] == [int(1.5 * GB)] * 4

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,18 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     assert recs.groupby("user_id").size().max() == 50
     (eval_dir / "report.json").rename(tmp_path / "one.json")
 
-    launch(args, nproc=2)
+    # as if trained on GPUs (fused Adam, row-wise UVM-cached tables, NCCL): still loads on this CPU machine
+    config_path = trained_run / ".hydra" / "config.yaml"
+    trained_config = config_path.read_text()
+    gpu_config = OmegaConf.load(config_path)
+    gpu_config.optim.sparse.name = "adam"
+    gpu_config.sharding.backend = "nccl"
+    gpu_config.sharding.tables = {"item": {"sharding_types": ["row_wise"], "compute_kernels": ["fused_uvm_caching"], "cache_load_factor": 0.2}}
+    OmegaConf.save(gpu_config, config_path)
+    try:
+        launch(args, nproc=2)
+    finally:
+        config_path.write_text(trained_config)
     two = json.loads((eval_dir / "report.json").read_text())
     assert one["run"]["world_size"] == 1 and two["run"]["world_size"] == 2
     for split in ("valid", "test"):

@@ -1,4 +1,5 @@
-"""The CUDA path: NCCL, row-wise sharding, UVM caching, the fused Adam family, the sparse-dist pipeline.
+"""The CUDA path: NCCL, row-wise sharding, UVM caching, the fused Adam family, the sparse-dist pipeline,
+and evaluation and export of a GPU-trained run.
 
 Skipped on machines without a CUDA device (CI); run with scripts/gpu_check.sh on a GPU machine.
 Each test runs the real command line in a subprocess, so it gets its own NCCL process group.
@@ -47,6 +48,27 @@ def test_cuda_training_learns(tmp_path, data_root, tiny_data, overrides):
     losses, results = train(tmp_path, data_root, *overrides)
     assert losses[-1] < losses[0]
     assert results["test"]["two_tower"]["recall@20"] > results["test"]["popularity"]["recall@20"]
+
+
+def test_gpu_trained_run_evaluates_and_exports(tmp_path, data_root, tiny_data):
+    """Export gathers the sharded tables over NCCL into a CPU bundle; the report ranks on the GPU,
+    and on the CPU too (the run's GPU-only plan gives way), both agreeing with training's test recall."""
+    from recsys.serving import load_bundle
+
+    run_dir = tmp_path / "run"
+    train(run_dir, data_root, "sharding=gpu_row_wise", "optim/sparse=adam", "trainer.max_steps_per_epoch=10")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    for args in (["-m", "recsys.export", f"run_dir={run_dir}"],
+                 ["-m", "recsys.evaluate", f"run_dir={run_dir}", "ann_kinds=[]", "device=cuda"],
+                 ["-m", "recsys.evaluate", f"run_dir={run_dir}", "ann_kinds=[]", "device=cpu"]):
+        proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        if args[1] == "recsys.evaluate":
+            report = json.loads((run_dir / "eval" / "report.json").read_text())
+            recall = report["splits"]["test"]["metrics"]["two_tower"]["recall@20"]
+            assert recall == pytest.approx(json.loads((run_dir / "results.json").read_text())["test"]["two_tower"]["recall@20"], abs=1e-3)
+    bundle = load_bundle(run_dir / "export")
+    assert bundle.item_embeddings.shape[0] == tiny_data.num_items
 
 
 def test_cuda_matches_cpu_curve(tmp_path, data_root, tiny_data):

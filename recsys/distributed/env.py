@@ -17,6 +17,11 @@ import torch
 import torch.distributed as dist
 
 
+# How long a rank waits in a collective. Ranks do wait on rank 0 alone: preparing a dataset,
+# building the evaluation report (EASE, FAISS). NCCL's default is 10 minutes, gloo's 30.
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+
+
 @dataclass(frozen=True)
 class DistEnv:
     rank: int
@@ -58,7 +63,7 @@ def _attempt_store(world_size: int):
         return None
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
-        timeout=timedelta(minutes=10),
+        timeout=COLLECTIVE_TIMEOUT,
     )
     return dist.PrefixStore(f"recsys/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
@@ -74,13 +79,16 @@ def init_distributed(device: str = "auto", backend: str = "auto") -> DistEnv:
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     dev = resolve_device(device)
     if dev.type == "cuda":
-        dev = torch.device("cuda", local_rank)
+        # one GPU per local rank; modulo: launchers that give each process only its own GPU
+        # (CUDA_VISIBLE_DEVICES per task, SLURM --gpus-per-task=1) show it as device 0
+        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
     if backend == "auto":
         backend = "nccl" if dev.type == "cuda" else "gloo"
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=_attempt_store(world_size))
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=_attempt_store(world_size),
+                                timeout=COLLECTIVE_TIMEOUT)
     return DistEnv(rank, world_size, local_rank, local_world_size, dev, backend, owns_group)
 
 

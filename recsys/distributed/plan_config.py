@@ -36,11 +36,10 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from recsys.config import ModelConfig, OptimConfig, ShardingConfig
 from recsys.data.features import query_tables
-from recsys.distributed.sharding import planner_constraints, sparse_optimizer_kwargs
+from recsys.distributed.sharding import GB, planner_constraints, sparse_optimizer_kwargs
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 
-GB = 1024**3  # torchrec's planner "GB" (and sharding.hbm_cap_gb): 2**30 bytes
 TABLES = ("user", "item", "category")
 WHOLE_TABLE_TYPES = {"table_wise", "data_parallel"}  # sharding types that never split a table
 
@@ -52,7 +51,7 @@ class ClusterConfig:
     hbm_gb: float = MISSING  # device memory per device, GB (2**30 bytes)
     ddr_gb: float = MISSING  # host memory per device (the host's RAM / local_world_size), GB
     compute_device: str = "cuda"  # "cuda" | "cpu": which sharding types and kernels the planner may use
-    batch_size_per_rank: int = 512  # examples per rank per step, for the planner's perf model and input reservation; 512 = torchrec's default, what shard_model plans with
+    batch_size_per_rank: int = 512  # examples per rank per step, for the planner's perf model and input reservation; 512 = torchrec's default; training plans with trainer.global_batch_size / world_size
 
 
 @dataclass
@@ -65,7 +64,7 @@ class TableRowsConfig:
 @dataclass
 class PlanConfig:
     model: ModelConfig = field(default_factory=ModelConfig)  # table dims / poolings and towers (the `model` group)
-    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # per-table constraints (the `sharding` group); its device / backend / hbm_cap_gb are ignored: the cluster says
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # per-table constraints (the `sharding` group); its device / backend / hbm_cap_gb / ddr_cap_gb are ignored: the cluster says
     optim: OptimConfig = field(default_factory=OptimConfig)  # the fused sparse optimizer's state is part of each shard's storage
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # the cluster planned for (the `cluster` group)
     num_rows: TableRowsConfig = field(default_factory=TableRowsConfig)  # rows per table

@@ -7,7 +7,9 @@ makes data_parallel (which has no fused kernel), get the dense optimizer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Collection, Dict, Mapping, Tuple, Type
 
 import torch
@@ -50,7 +52,11 @@ DENSE_OPTIMIZERS: Dict[str, Type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
 }
 CPU_SHARDING_TYPES = {"data_parallel", "table_wise", "column_wise", "table_column_wise"}
-CUDA_ONLY_KERNELS = {"fused_uvm", "fused_uvm_caching"}  # tables in host memory behind an HBM cache
+# Training kernels per device: fused = fbgemm TBE with the optimizer in backward; dense = plain
+# autograd (data_parallel); UVM = rows in host memory, fused_uvm_caching with an HBM cache of hot rows.
+# torchrec's other kernels (quant*, key_value / SSD, virtual tables) need set-up recsys does not do.
+TRAINING_KERNELS = {"cpu": ["dense", "fused"], "cuda": ["dense", "fused", "fused_uvm", "fused_uvm_caching"]}
+CUDA_ONLY_KERNELS = set(TRAINING_KERNELS["cuda"]) - set(TRAINING_KERNELS["cpu"])
 # What an empty sharding_types list means: every model-parallel type the device offers
 # (data_parallel must be asked for by name: it has no fused optimizer).
 MODEL_PARALLEL_TYPES = {
@@ -99,6 +105,11 @@ def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) 
         for kernel in tcfg.compute_kernels:
             if kernel not in {k.value for k in EmbeddingComputeKernel}:
                 raise ValueError(f"sharding.tables.{table}.compute_kernels: unknown kernel {kernel!r}")
+            if kernel not in TRAINING_KERNELS["cuda"]:
+                raise ValueError(
+                    f"sharding.tables.{table}.compute_kernels: {kernel!r} is not a training kernel recsys supports; "
+                    f"choose from {TRAINING_KERNELS['cuda']}"
+                )
             if device.type == "cpu" and kernel in CUDA_ONLY_KERNELS:
                 raise ValueError(f"sharding.tables.{table}.compute_kernels: {kernel!r} needs CUDA (UVM); on CPU use 'fused'")
         constraints[table] = ParameterConstraints(
@@ -107,6 +118,61 @@ def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) 
             cache_params=CacheParams(load_factor=tcfg.cache_load_factor) if tcfg.cache_load_factor > 0 else None,
         )
     return constraints
+
+
+GB = 1024**3  # the planner's "GB", and the unit of hbm_cap_gb / ddr_cap_gb
+
+
+def host_memory_bytes() -> int:
+    """This host's RAM, or the container's memory limit (cgroup v2) when that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            total = min(total, int(limit))
+    except (OSError, ValueError):
+        pass
+    return total
+
+
+def planner_topology(cfg: ShardingConfig, env: DistEnv) -> Topology:
+    """The planner's view of this job's hardware: the devices' and host's real memory unless configured.
+
+    torchrec's own defaults (32 GB of HBM, 128 GB of host memory per rank) would let it plan a
+    table that cannot fit, or leave most of an 80 GB GPU unused.
+    """
+    if cfg.hbm_cap_gb > 0:
+        hbm_cap = int(cfg.hbm_cap_gb * GB)
+    elif env.device.type == "cuda":
+        hbm_cap = torch.cuda.get_device_properties(env.device).total_memory
+    else:
+        hbm_cap = None  # no HBM on a CPU topology
+    ddr_cap = int(cfg.ddr_cap_gb * GB) if cfg.ddr_cap_gb > 0 else host_memory_bytes() // env.local_world_size
+    return Topology(
+        world_size=env.world_size, compute_device=env.device.type, local_world_size=env.local_world_size,
+        hbm_cap=hbm_cap, ddr_cap=ddr_cap,
+    )
+
+
+def inference_sharding(cfg: ShardingConfig, device: torch.device) -> ShardingConfig:
+    """A training run's per-table constraints made valid on ``device``, for loading its weights only.
+
+    On CPU, CUDA-only sharding types (row_wise, ...) and kernels (UVM caching) are dropped, and the
+    planner chooses among the rest; DCP reshards the checkpoint into whatever plan results, so a
+    run trained on GPUs is evaluated and exported on a CPU machine.
+    """
+    if device.type == "cuda":
+        return cfg
+    tables = {
+        name: replace(
+            table,
+            sharding_types=[t for t in table.sharding_types if t in CPU_SHARDING_TYPES],
+            compute_kernels=[k for k in table.compute_kernels if k not in CUDA_ONLY_KERNELS],
+            cache_load_factor=0.0,
+        )
+        for name, table in cfg.tables.items()
+    }
+    return replace(cfg, tables=tables)
 
 
 def shard_model(
@@ -119,12 +185,14 @@ def shard_model(
     seed: int,
     pretrained: Mapping[str, str] | None = None,
     frozen_tables: Collection[str] = (),
+    batch_size_per_rank: int = 512,
 ) -> ShardedModel:
     """Plan, shard and initialise ``task`` (whose ``model.ebc`` lives on the meta device).
 
     Tables are initialised from ``seed`` block by block, so every world size and plan starts
     from the same weights; ``pretrained`` maps a table to a file that replaces that init.
     ``frozen_tables`` get a fused SGD with learning rate 0: their rows never move.
+    ``batch_size_per_rank`` (examples) sizes the planner's input / output reservations and perf model.
     """
     ebc = task.model.ebc
     configs = {c.name: c for c in ebc.embedding_bag_configs()}
@@ -143,17 +211,10 @@ def shard_model(
         for t, path in (pretrained or {}).items()
     }  # opened before sharding: a bad file fails fast
 
-    topology_kwargs: Dict[str, Any] = {}
-    if sharding.hbm_cap_gb > 0:
-        topology_kwargs["hbm_cap"] = int(sharding.hbm_cap_gb * 1024**3)
-    topology = Topology(
-        world_size=env.world_size,
-        compute_device=env.device.type,
-        local_world_size=env.local_world_size,
-        **topology_kwargs,
-    )
     planner = EmbeddingShardingPlanner(
-        topology=topology, constraints=planner_constraints(sharding, env.device, table_names)
+        topology=planner_topology(sharding, env),
+        batch_size=batch_size_per_rank,
+        constraints=planner_constraints(sharding, env.device, table_names),
     )
     sharders = [EmbeddingBagCollectionSharder()]
     pg = dist.GroupMember.WORLD

@@ -26,7 +26,9 @@ def _block_seed(seed: int, table: str, block: int) -> int:
 def fill_rows(dst: torch.Tensor, *, seed: int, table: str, row0: int, col0: int, num_rows: int, dim: int) -> None:
     """Write rows [row0, row0+len(dst)) and columns [col0, col0+dst.shape[1]) of the table.
 
-    Values ~ U(-1/sqrt(num_rows), 1/sqrt(num_rows)), torchrec's default bound.
+    Values ~ U(-1/sqrt(num_rows), 1/sqrt(num_rows)), torchrec's default bound. They are drawn on
+    the CPU whatever ``dst``'s device (CUDA's generator gives other numbers for the same seed), so
+    a GPU run starts from the weights of a CPU run.
     """
     bound = num_rows**-0.5
     row_end = row0 + dst.shape[0]
@@ -34,8 +36,8 @@ def fill_rows(dst: torch.Tensor, *, seed: int, table: str, row0: int, col0: int,
     while block * BLOCK_ROWS < row_end:
         start = block * BLOCK_ROWS
         rows = min(BLOCK_ROWS, num_rows - start)
-        gen = torch.Generator(device=dst.device).manual_seed(_block_seed(seed, table, block))
-        values = torch.empty(rows, dim, device=dst.device).uniform_(-bound, bound, generator=gen)
+        gen = torch.Generator().manual_seed(_block_seed(seed, table, block))
+        values = torch.empty(rows, dim).uniform_(-bound, bound, generator=gen)
         lo, hi = max(row0, start), min(row_end, start + rows)
         dst[lo - row0 : hi - row0].copy_(values[lo - start : hi - start, col0 : col0 + dst.shape[1]])
         block += 1
