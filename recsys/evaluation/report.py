@@ -267,10 +267,11 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
     ease_b, ease_info = None, _ease_skip_reason(inputs, options, num_items)
     if ease_info is None:
         valid = inputs.splits["valid"]
-        gram = gram_matrix(inputs.train, device=device)
+        ease_device = _ease_device(device, num_items)
+        gram = gram_matrix(inputs.train, device=ease_device)
         tuning = tune_ease(
             inputs.train, valid.exclude, valid.relevant, lambdas=options.ease_lambdas, k=options.ease_tune_k,
-            max_users=options.ease_tune_users, seed=options.seed, chunk_size=options.chunk_size, device=device, gram=gram,
+            max_users=options.ease_tune_users, seed=options.seed, chunk_size=options.chunk_size, device=ease_device, gram=gram,
         )  # fmt: skip
         ease_b = ease_from_gram(gram, tuning.best_lambda)
         del gram
@@ -279,6 +280,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
             "tuned_on": f"valid {tuning.metric}, {tuning.num_users} users",
             "grid": {str(lam): value for lam, value in tuning.scores.items()},
             "fit_on": "train interactions (binary); input row = the user's masked items",
+            "device": ease_device,
         }
 
     splits_out: dict[str, Any] = {}
@@ -345,6 +347,15 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
 
 def _pick(preferred: str, splits: dict) -> str:
     return preferred if preferred in splits else list(splits)[-1]
+
+
+def _ease_device(device: str, num_items: int) -> str:
+    """Where EASE fits: its inverse holds about four float64 I x I matrices at once (80 GB at 50k
+    items), so on a GPU without that much free memory it runs on the CPU."""
+    if device != "cuda":
+        return device
+    free_bytes, _ = torch.cuda.mem_get_info()
+    return device if 4 * 8 * num_items**2 < 0.9 * free_bytes else "cpu"
 
 
 def _ease_skip_reason(inputs: EvalInputs, options: ReportOptions, num_items: int) -> dict | None:
