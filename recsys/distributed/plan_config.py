@@ -4,7 +4,7 @@ The schema of ``conf/plan.yaml`` (registered as ``plan_schema``, so a misspelt k
 any work) and :func:`plan_dry_run`, which ``scripts/plan_sharding.py`` calls::
 
     RetrievalTask(TwoTower) built on the meta device (tables, towers, buffers: no storage)
-      -> EmbeddingShardingPlanner(Topology(world_size, "cuda", hbm_cap, ddr_cap, local_world_size),
+      -> EmbeddingShardingPlanner(make_topology(world_size, local_world_size, "cuda", hbm_cap, ddr_cap),
                                   constraints from the sharding group).plan(module, sharders)
       -> per table: sharding type, compute kernel, ranks of its shards
          per rank:  HBM / DDR of the shards placed there (the planner's own storage estimates:
@@ -36,7 +36,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from recsys.config import ModelConfig, OptimConfig, ShardingConfig
 from recsys.data.features import query_tables
-from recsys.distributed.sharding import GB, planner_constraints, sparse_optimizer_kwargs
+from recsys.distributed.sharding import GB, make_topology, planner_constraints, sparse_optimizer_kwargs
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 
@@ -142,11 +142,10 @@ class _LastPlan(Stats):
 
 
 class _DropDryRunNoise(logging.Filter):
-    """torchrec warns, on every plan, about things that are expected in a dry run: the Topology
-    is built directly (as shard_model builds it) and dense tensors are not materialised (their
-    size is still exact: numel x element size works on meta tensors)."""
+    """torchrec warns, on every plan, about what is expected in a dry run: dense tensors are not
+    materialised (their size is still exact: numel x element size works on meta tensors)."""
 
-    PREFIXES = ("The topology was constructed directly", "There is a known issue with TorchRec's dense tensor")
+    PREFIXES = ("There is a known issue with TorchRec's dense tensor",)
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.PREFIXES)
@@ -265,13 +264,8 @@ def plan_dry_run(cfg: PlanConfig) -> PlanReport:
     last = _LastPlan()
     try:
         with _quiet_dry_run_noise():
-            topology = Topology(
-                world_size=c.world_size,
-                compute_device=c.compute_device,
-                local_world_size=c.local_world_size,
-                hbm_cap=int(c.hbm_gb * GB),
-                ddr_cap=int(c.ddr_gb * GB),
-            )
+            topology = make_topology(c.world_size, c.local_world_size, c.compute_device,
+                                     hbm_cap=int(c.hbm_gb * GB), ddr_cap=int(c.ddr_gb * GB))
             planner = EmbeddingShardingPlanner(
                 topology=topology,
                 batch_size=c.batch_size_per_rank,

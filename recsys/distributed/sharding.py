@@ -18,7 +18,8 @@ from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, ParameterConstraints, TopologyFactory
+from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingPlan, ShardingType
 from torchrec.optim import LAMB, Adam, PartialRowWiseAdam, PartialRowWiseLAMB, RowWiseAdagrad
@@ -148,9 +149,15 @@ def planner_topology(cfg: ShardingConfig, env: DistEnv) -> Topology:
     else:
         hbm_cap = None  # no HBM on a CPU topology
     ddr_cap = int(cfg.ddr_cap_gb * GB) if cfg.ddr_cap_gb > 0 else host_memory_bytes() // env.local_world_size
-    return Topology(
-        world_size=env.world_size, compute_device=env.device.type, local_world_size=env.local_world_size,
-        hbm_cap=hbm_cap, ddr_cap=ddr_cap,
+    return make_topology(env.world_size, env.local_world_size, env.device.type, hbm_cap=hbm_cap, ddr_cap=ddr_cap)
+
+
+def make_topology(world_size: int, local_world_size: int, compute_device: str, *, hbm_cap: int | None, ddr_cap: int) -> Topology:
+    """A planner Topology through torchrec's factory (it validates the figures; direct construction is deprecated)."""
+    return TopologyFactory.create_topology(
+        trainer_config=PlannerTrainerConfig(world_size=world_size, local_world_size=local_world_size),
+        hardware_config=HardwareConfig(hbm_cap_bytes=hbm_cap, ddr_cap_bytes=ddr_cap),
+        kernel_config=KernelConfig(compute_device=compute_device),
     )
 
 
