@@ -7,7 +7,8 @@
 Loads the run's config (``<run_dir>/.hydra/config.yaml``) and its best-epoch weights (any number
 of processes may have saved them; they are resharded for this job), embeds every item and the
 valid / test users on all ranks, and writes ``<run_dir>/eval/``: report.json, report.md,
-recall_at_k.png, recommendations.parquet.
+recall_at_k.png, recommendations.parquet. Rank 0 reads the whole dataset (the report needs every
+user); every other rank reads only its own range of users, whose queries it embeds.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import List, Optional
 
 import hydra
 import numpy as np
+import torch.distributed as dist
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -28,6 +30,8 @@ from recsys.checkpoint import load_checkpoint
 from recsys.config import Config, SparseOptimConfig, register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import load_dataset
+from recsys.distributed.collectives import all_gather_rows
+from recsys.distributed.data_shards import rank_user_range
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import inference_sharding, shard_model
 from recsys.evaluation.ann import ANN_KINDS
@@ -77,12 +81,18 @@ def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
         destroy_distributed(env)
 
 
-def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv):
-    """Collective: (dataset, sharded model with the checkpoint's weights, checkpoint path) for this job's ranks."""
-    data = load_dataset(prepare_dataset_on_rank0(cfg.data, env))
-    # weights only: the sparse optimizer is never stepped or loaded (SGD keeps no state), and the
-    # run's GPU-only sharding choices give way on a CPU machine (DCP reshards)
-    sharded = shard_model(build_task(cfg, data), sharding=inference_sharding(cfg.sharding, env.device),
+def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, whole_data: bool = True):
+    """Collective: (dataset, sharded model with the checkpoint's weights, checkpoint path) for this job's ranks.
+
+    ``whole_data=False``: this rank reads only its own users' interactions (``rank_user_range``).
+    """
+    root = prepare_dataset_on_rank0(cfg.data, env)
+    data = load_dataset(root, None if whole_data else rank_user_range(root, env))
+    # weights only: the loss never runs (uniform item frequencies do), the sparse optimizer is never
+    # stepped or loaded (SGD keeps no state), and the run's GPU-only sharding choices give way on a
+    # CPU machine (DCP reshards)
+    task = build_task(cfg, data, item_counts=np.ones(data.num_items, dtype=np.int64))
+    sharded = shard_model(task, sharding=inference_sharding(cfg.sharding, env.device),
                           sparse=SparseOptimConfig(name="sgd"), dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
     path = Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"
     load_checkpoint(sharded, path, env=env, with_optimizer=False)
@@ -90,7 +100,12 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv):
 
 
 def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
-    data, sharded, checkpoint = load_trained(cfg, run_dir, ecfg.checkpoint, env)
+    for split in ecfg.splits:
+        if split not in PRECEDING_SPLITS:
+            raise ValueError(f"splits: {split!r} is not evaluable; choose from {sorted(PRECEDING_SPLITS)}")
+    # rank 0 builds the report from the whole dataset; the others only embed their own users
+    data, sharded, checkpoint = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=env.is_main)
+    lo, hi = rank_user_range(data.dir, env)
     two_tower = sharded.module.module.model
     two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length)
@@ -100,14 +115,22 @@ def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
     item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common)
     splits = {}
     for split in ecfg.splits:
-        if split not in PRECEDING_SPLITS:
-            raise ValueError(f"splits: {split!r} is not evaluable; choose from {sorted(PRECEDING_SPLITS)}")
+        # rank 0 draws the users (all, or the sample) from the whole split; each rank embeds those in its range
         users, relevant, exclude, timeline = evaluator.protocol(split, max_users=ecfg.max_users, seed=ecfg.seed)
-        user_emb = embed(two_tower, builder, side="query", ids=users, timeline=timeline, **common)
-        num_users = len(np.unique(data.splits[split].user_ids))
-        sample = f"a uniform sample (seed {ecfg.seed}) of {len(users)} of the split's {num_users} users" if len(users) < num_users else ""
-        splits[split] = SplitInputs(users=users, user_emb=user_emb, relevant=relevant, exclude=exclude,
-                                    masked_splits=PRECEDING_SPLITS[split], sample=sample)
+        if ecfg.max_users and env.world_size > 1:
+            holder = [users if env.is_main else None]
+            dist.broadcast_object_list(holder, src=0)
+            users = holder[0]
+        mine = users[(users >= lo) & (users < hi)]
+        user_emb = embed(two_tower, builder, side="query", ids=mine, timeline=timeline, local=True, **common)
+        user_emb = all_gather_rows(user_emb, env.world_size, device=env.device)  # rank order = ascending users
+        if env.is_main:
+            if user_emb.shape[0] != len(users):
+                raise RuntimeError(f"{split}: gathered {user_emb.shape[0]} user embeddings for {len(users)} users")
+            num_users = len(np.unique(data.splits[split].user_ids))
+            sample = f"a uniform sample (seed {ecfg.seed}) of {len(users)} of the split's {num_users} users" if len(users) < num_users else ""
+            splits[split] = SplitInputs(users=users, user_emb=user_emb, relevant=relevant, exclude=exclude,
+                                        masked_splits=PRECEDING_SPLITS[split], sample=sample)
     report = None
     if env.is_main:
         train = data.splits["train"]

@@ -74,7 +74,8 @@ def export_run(ecfg: ExportConfig) -> Path:
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     sharded = None
     try:
-        data, sharded, checkpoint = load_trained(cfg, run_dir, ecfg.checkpoint, env)
+        # the bundle needs the items and the vocabularies, no interactions: each rank reads only its users'
+        data, sharded, checkpoint = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
         two_tower = sharded.module.module.model
         two_tower.eval()
         builder = FeatureBuilder(data, cfg.data.history_length)

@@ -21,6 +21,7 @@ from pathlib import Path
 from itertools import islice
 from typing import Any, Dict, Iterator, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -45,8 +46,11 @@ from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
 log = logging.getLogger(__name__)
 
 
-def build_task(cfg: Config, data: RetrievalData) -> RetrievalTask:
-    """The model (tables on the meta device, towers seeded) wrapped in its loss."""
+def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarray] = None) -> RetrievalTask:
+    """The model (tables on the meta device, towers seeded) wrapped in its loss.
+
+    ``item_counts``: the items' training frequencies for logQ; None = ``data.item_counts()``.
+    """
     tables = cfg.model.tables
     for name in ("user", "item", "category"):
         if name not in tables:
@@ -63,7 +67,7 @@ def build_task(cfg: Config, data: RetrievalData) -> RetrievalTask:
     model = TwoTower(configs, query_tables=query_tables(cfg.data.history_length), tower_dims=cfg.model.tower_dims)
     return RetrievalTask(
         model,
-        item_counts=torch.from_numpy(data.item_counts()),
+        item_counts=torch.from_numpy(data.item_counts() if item_counts is None else item_counts),
         temperature=cfg.model.temperature,
         logq_correction=cfg.model.logq_correction,
         num_uniform_negatives=cfg.model.num_uniform_negatives,

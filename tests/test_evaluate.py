@@ -66,7 +66,8 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
 
     # max_users: a seeded sample of users, each ranked exactly as in the full evaluation
     full_recs = pd.read_parquet(eval_dir / "recommendations.parquet")
-    launch(["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[]", "ease=false", "ks=[10,20,50]", "max_users=40", "seed=3"])
+    launch(["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[]", "ease=false", "ks=[10,20,50]", "max_users=40", "seed=3"],
+           nproc=2)
     sampled = json.loads((eval_dir / "report.json").read_text())
     sampled_recs = pd.read_parquet(eval_dir / "recommendations.parquet")
     for split in ("valid", "test"):

@@ -23,12 +23,17 @@ from recsys.data.dataset import RetrievalData, load_dataset, user_boundaries
 from recsys.distributed.env import DistEnv
 
 
-def load_rank_data(dataset_dir: str | Path, env: DistEnv) -> Tuple[RetrievalData, List[int]]:
-    """(this rank's users' data with the global item counts set, every rank's number of training examples)."""
+def rank_user_range(dataset_dir: str | Path, env: DistEnv) -> Tuple[int, int]:
+    """This rank's users ``[lo, hi)``: the same cut on every rank, from the dataset dir alone."""
     root = Path(dataset_dir)
     num_users = int(json.loads((root / "meta.json").read_text())["num_users"])
     bounds = user_boundaries(root / "train.parquet", env.world_size, num_users)
-    data = load_dataset(root, (bounds[env.rank], bounds[env.rank + 1]))
+    return bounds[env.rank], bounds[env.rank + 1]
+
+
+def load_rank_data(dataset_dir: str | Path, env: DistEnv) -> Tuple[RetrievalData, List[int]]:
+    """(this rank's users' data with the global item counts set, every rank's number of training examples)."""
+    data = load_dataset(dataset_dir, rank_user_range(dataset_dir, env))
     train = data.splits["train"]
     item_counts = np.bincount(train.item_ids, minlength=data.num_items).astype(np.int64)
     examples = int((~data.is_heldout(train.user_ids)).sum())
