@@ -32,6 +32,10 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# Another fbgemm flavour installed here before (cpu <-> cuda): remove it and its torch first.
+	# Both wheels own fbgemm_gpu/, and an installed 2.13.0+cpu torch satisfies torch==2.13.0.
+	if ls $(VENV)/.installed-* >/dev/null 2>&1 && [ ! -e $(STAMP) ]; then \
+		$(PY) -m pip uninstall --quiet -y torch fbgemm-gpu fbgemm-gpu-cpu && rm -f $(VENV)/.installed-*; fi
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(FBGEMM_PACKAGE) $(TORCH_PIP_ARGS)
 	# torchrec's metadata asks for the CUDA fbgemm-gpu wheel, which would overwrite the CPU one
