@@ -181,4 +181,40 @@ def to_config(cfg: DictConfig) -> Config:
     obj: Any = OmegaConf.to_object(cfg)
     if not isinstance(obj, Config):
         raise TypeError(f"expected a config built on the 'config_schema' schema, got {type(obj).__name__}")
+    check_values(obj)
     return obj
+
+
+# metric names eval.valid_metric may use, with "@K" for a K in eval.ks (recsys/evaluation/metrics.py)
+VALID_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr", "coverage")
+
+
+def check_values(cfg: Config) -> None:
+    """Refuse values no run can use, naming the key, before any work (types are Hydra's job)."""
+    problems = []
+
+    def need(ok: bool, key: str, value: Any, rule: str) -> None:
+        if not ok:
+            problems.append(f"{key}={value!r}: {rule}")
+
+    t, m, d, e = cfg.trainer, cfg.model, cfg.data, cfg.eval
+    need(t.global_batch_size >= 1, "trainer.global_batch_size", t.global_batch_size, "must be >= 1")
+    need(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
+    for key in ("early_stopping_patience", "log_every_steps", "max_steps_per_epoch", "checkpoint_every_steps",
+                "keep_last_checkpoints", "fault_at_step"):
+        need(getattr(t, key) >= 0, f"trainer.{key}", getattr(t, key), "must be >= 0 (0 disables)")
+    need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")
+    need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
+    need(all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0, "model.tower_dims", m.tower_dims, "must be widths >= 1")
+    for name, table in m.tables.items():
+        need(table.embedding_dim >= 1, f"model.tables.{name}.embedding_dim", table.embedding_dim, "must be >= 1")
+        need(table.pooling in ("sum", "mean"), f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")
+    need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
+    need(len(e.ks) > 0 and all(k >= 1 for k in e.ks), "eval.ks", e.ks, "cut-offs must be >= 1")
+    metric, _, k = e.valid_metric.partition("@")
+    valid_names = [f"{name}@{k}" for name in VALID_METRICS for k in e.ks]
+    need(metric in VALID_METRICS and k.isdigit() and int(k) in e.ks, "eval.valid_metric", e.valid_metric,
+         f"choose one of {', '.join(valid_names)}")
+    need(e.batch_size >= 1 and e.chunk_size >= 1, "eval.batch_size / eval.chunk_size", (e.batch_size, e.chunk_size), "must be >= 1")
+    if problems:
+        raise ValueError("bad config values: " + "; ".join(problems))

@@ -64,6 +64,27 @@ def test_unknown_sharding_table_is_refused(tmp_path, data_root, process_group):
         fit(cfg, tmp_path)
 
 
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("trainer.global_batch_size=-8", "trainer.global_batch_size=-8: must be >= 1"),
+        ("trainer.epochs=-1", "trainer.epochs=-1: must be >= 1"),
+        ("model.temperature=0", "model.temperature=0.0: must be > 0"),
+        ("model.temperature=-0.05", "model.temperature=-0.05: must be > 0"),
+        ("data.history_length=-1", "data.history_length=-1: must be >= 0"),
+        ("eval.ks=[0]", r"eval.ks=\[0\]: cut-offs must be >= 1"),
+        ("eval.valid_metric=recal@20", "eval.valid_metric='recal@20': choose one of recall@10, recall@20"),
+        ("eval.valid_metric=recall@100", "eval.valid_metric='recall@100': choose one of"),
+        ("model.tables.item.pooling=max", "model.tables.item.pooling='max': must be 'sum' or 'mean'"),
+    ],
+)
+def test_values_no_run_can_use_are_refused_before_any_work(override, message):
+    """Each used to fail mid-run with an unrelated error (planner assertion, ZeroDivisionError, KeyError after an
+    epoch), or to run silently (negative temperature, negative epochs)."""
+    with pytest.raises(ValueError, match=message):
+        tiny_config([override])
+
+
 def test_appended_config_typo_is_refused_too():
     with pytest.raises(ValueError, match=r"Key 'epochz' not in 'TrainerConfig'\n    full_key: trainer.epochz"):
         tiny_config(["+trainer.epochz=3"])

@@ -175,6 +175,8 @@ def _check(cfg: PlanConfig) -> None:
         )
     if c.hbm_gb <= 0 or c.ddr_gb < 0:
         raise ValueError(f"cluster.hbm_gb={c.hbm_gb} must be > 0 and cluster.ddr_gb={c.ddr_gb} >= 0")
+    if c.batch_size_per_rank < 1:
+        raise ValueError(f"cluster.batch_size_per_rank={c.batch_size_per_rank} must be >= 1")
     if c.compute_device not in ("cuda", "cpu"):
         raise ValueError(f"cluster.compute_device={c.compute_device!r}: choose 'cuda' or 'cpu'")
     if set(cfg.model.tables) != set(TABLES):
