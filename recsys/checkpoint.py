@@ -5,6 +5,7 @@ Layout under ``<run_dir>/checkpoints/``::
     step_00001200/          one complete checkpoint (DCP: .metadata + one file per rank)
         trainer_state.json  step, epoch, next batch, early-stopping state, config fingerprint
         rng.pt              every rank's torch RNG state
+        config.yaml         the run's resolved config (what recsys.evaluate / export rebuild the model from)
     step_00001200.tmp/      a checkpoint being written: never loaded, removed by the next save
     best/                   the weights of the best validation epoch (model only)
 
@@ -56,6 +57,33 @@ def _state_dicts(sharded: ShardedModel, with_optimizer: bool) -> Dict[str, Any]:
     return state
 
 
+CONFIG_FILE = "config.yaml"  # the run's resolved config, as the weights were trained with it
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    if not is_complete_checkpoint(path):
+        raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
+    return TrainerState(**json.loads((path / STATE_FILE).read_text()))
+
+
+def check_checkpoint_files(path: Path) -> None:
+    """Every file DCP's metadata lists exists and is long enough, or an error naming the first that is not
+    (a checkpoint copied in part, or truncated on disk, would otherwise fail deep inside DCP)."""
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # missing or unreadable .metadata
+        raise FileNotFoundError(f"{path}: incomplete checkpoint, its DCP .metadata cannot be read ({e})") from None
+    needed: Dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            raise FileNotFoundError(f"{path}: incomplete checkpoint, {name} is missing")
+        if file.stat().st_size < size:
+            raise ValueError(f"{path}: incomplete checkpoint, {name} has {file.stat().st_size} bytes, its metadata needs {size}")
+
+
 def is_complete_checkpoint(path: Path) -> bool:
     """Renamed into place by rank 0 after every rank finished writing (the state file comes last)."""
     return (path / STATE_FILE).is_file()
@@ -88,6 +116,7 @@ def save_checkpoint(
     name: Optional[str] = None,
     keep_last: int = 2,
     with_optimizer: bool = True,
+    config_yaml: str = "",
 ) -> Path:
     """Collective: every rank calls it. Returns the final path (``root/step_<step>`` or ``root/<name>``)."""
     final = root / (name or f"step_{state.step:08d}")
@@ -105,6 +134,8 @@ def save_checkpoint(
         rng = [torch.get_rng_state()]
     if env.is_main:
         torch.save(rng, tmp / "rng.pt")
+        if config_yaml:
+            (tmp / CONFIG_FILE).write_text(config_yaml)
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
         old = final.with_name(final.name + ".old")
         if final.exists():  # only for named checkpoints ("best"): swap, then drop the old one
@@ -121,8 +152,8 @@ def save_checkpoint(
 
 def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_optimizer: bool = True) -> TrainerState:
     """Collective: load weights (and optimizer state) in place, resharding as needed."""
-    if not is_complete_checkpoint(path):
-        raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
+    trainer_state = read_trainer_state(path)
+    check_checkpoint_files(path)
     if with_optimizer and not sharded.dense_optimizer.state:
         saved_keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
         if any(key.startswith(f"optim.state.{name}.") for name in sharded.dense_optimizer.params for key in saved_keys):
@@ -134,4 +165,4 @@ def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_opt
         sharded.optimizer.load_state_dict(state["optim"])
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng[env.rank] if len(rng) == env.world_size else rng[0])
-    return TrainerState(**json.loads((path / STATE_FILE).read_text()))
+    return trainer_state

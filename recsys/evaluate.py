@@ -26,7 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from recsys.checkpoint import load_checkpoint
+from recsys.checkpoint import CONFIG_FILE, load_checkpoint
 from recsys.config import Config, SparseOptimConfig, register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import load_dataset
@@ -59,8 +59,17 @@ class EvaluateConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda"
 
 
-def load_run_config(run_dir: Path) -> Config:
-    path = run_dir / ".hydra" / "config.yaml"
+def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:
+    return Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"
+
+
+def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
+    """The config the checkpoint's weights were trained with: its own copy (``config.yaml``) when it has
+    one, else the run's ``.hydra/config.yaml`` (which a later, refused ``recsys.train`` in the same run
+    dir rewrites at start-up)."""
+    path = checkpoint_dir(run_dir, checkpoint) / CONFIG_FILE
+    if not path.is_file():
+        path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
     schema = OmegaConf.structured(Config)
@@ -70,7 +79,7 @@ def load_run_config(run_dir: Path) -> Config:
 def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
     """Collective over all ranks; returns the report on rank 0 (None elsewhere)."""
     run_dir = Path(ecfg.run_dir)
-    cfg = load_run_config(run_dir)
+    cfg = load_run_config(run_dir, ecfg.checkpoint)
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     sharded = None
     try:
@@ -94,7 +103,7 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, w
     task = build_task(cfg, data, item_counts=np.ones(data.num_items, dtype=np.int64))
     sharded = shard_model(task, sharding=inference_sharding(cfg.sharding, env.device),
                           sparse=SparseOptimConfig(name="sgd"), dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
-    path = Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"
+    path = checkpoint_dir(run_dir, checkpoint)
     load_checkpoint(sharded, path, env=env, with_optimizer=False)
     return data, sharded, path
 

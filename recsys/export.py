@@ -70,7 +70,7 @@ def full_tables(module: torch.nn.Module, rank: int, device: torch.device = torch
 
 def export_run(ecfg: ExportConfig) -> Path:
     run_dir = Path(ecfg.run_dir)
-    cfg = load_run_config(run_dir)
+    cfg = load_run_config(run_dir, ecfg.checkpoint)
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     sharded = None
     try:

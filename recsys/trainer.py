@@ -25,10 +25,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.checkpoint import TrainerState, is_complete_checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from recsys.checkpoint import (
+    STATE_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint,
+)
 from recsys.config import Config, DataConfig
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
@@ -114,12 +117,18 @@ def config_fingerprint(cfg: Config) -> str:
 def _resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     resume = cfg.trainer.resume
     if resume == "none":
-        if env.is_main and ckpt_root.exists():  # checkpoints of an earlier run in this dir: set aside
-            replaced = ckpt_root.with_name("checkpoints.replaced")
-            shutil.rmtree(replaced, ignore_errors=True)
+        if env.is_main and ckpt_root.exists():  # checkpoints of an earlier run in this dir: set aside, never deleted
+            n = 1
+            while ckpt_root.with_name(f"checkpoints.replaced.{n}").exists():
+                n += 1
+            replaced = ckpt_root.with_name(f"checkpoints.replaced.{n}")
             ckpt_root.rename(replaced)
+            log.warning("trainer.resume=none: the earlier checkpoints in this run dir moved to %s", replaced)
         return None
     if resume == "auto":
+        partial = [p for p in ckpt_root.glob("step_*") if not is_complete_checkpoint(p)] if ckpt_root.is_dir() else []
+        if partial and env.is_main:
+            log.warning("ignoring incomplete checkpoints (no %s): %s", STATE_FILE, ", ".join(sorted(p.name for p in partial)))
         return latest_checkpoint(ckpt_root)
     path = Path(resume)
     if not path.is_dir():
@@ -187,12 +196,13 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     state = TrainerState(fingerprint=fingerprint, world_size=env.world_size)
     resume_from = _resume_path(cfg, ckpt_root, env)
     if resume_from is not None:
-        state = load_checkpoint(sharded, resume_from, env=env)
-        if state.fingerprint != fingerprint:
+        saved = read_trainer_state(resume_from).fingerprint  # before loading: other shapes would fail inside DCP
+        if saved != fingerprint:
             raise ValueError(
-                f"{resume_from}: saved for another data/model config (fingerprint {state.fingerprint}, "
+                f"{resume_from}: saved for another data/model config (fingerprint {saved}, "
                 f"now {fingerprint}); use trainer.resume=none or another run_name"
             )
+        state = load_checkpoint(sharded, resume_from, env=env)
         if env.is_main:
             log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
         if cfg.data.shard_by_user and state.next_batch > 0 and state.world_size != env.world_size and env.is_main:
@@ -201,9 +211,11 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                         env.world_size, state.world_size, state.epoch)
         state.world_size = env.world_size
 
+    config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
     def checkpoint(name: Optional[str] = None, with_optimizer: bool = True) -> None:
-        save_checkpoint(sharded, state, root=ckpt_root, env=env, name=name,
-                        keep_last=tcfg.keep_last_checkpoints, with_optimizer=with_optimizer)
+        save_checkpoint(sharded, state, root=ckpt_root, env=env, name=name, keep_last=tcfg.keep_last_checkpoints,
+                        with_optimizer=with_optimizer, config_yaml=config_yaml)
 
     batches = TrainBatches(
         data,

@@ -1,9 +1,11 @@
 """Checkpoints in one process: resume equals an uninterrupted run, a broken write never wins."""
 
 import json
+import shutil
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import recsys.checkpoint as checkpoint_module
@@ -49,11 +51,33 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, data_r
 
 def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_group):
     fit(tiny_config([f"data.root={data_root}", "trainer.epochs=1", *SHORT]), tmp_path)
+    # other tower widths: refused by the fingerprint before DCP meets tensors of other shapes
     with pytest.raises(ValueError, match="saved for another data/model config"):
-        fit(tiny_config([f"data.root={data_root}", "trainer.epochs=2", "model.temperature=0.5", *SHORT]), tmp_path)
-    # resume=none sets the old checkpoints aside and starts over
-    fit(tiny_config([f"data.root={data_root}", "trainer.epochs=1", "model.temperature=0.5", "trainer.resume=none", *SHORT]), tmp_path)
-    assert (tmp_path / "checkpoints.replaced").is_dir()
+        fit(tiny_config([f"data.root={data_root}", "trainer.epochs=2", "model.tower_dims=[24,8]", *SHORT]), tmp_path)
+    # resume=none sets the old checkpoints aside (never deleting an earlier set) and starts over
+    for n in (1, 2):
+        fit(tiny_config([f"data.root={data_root}", "trainer.epochs=1", "model.temperature=0.5", "trainer.resume=none", *SHORT]), tmp_path)
+        assert (tmp_path / f"checkpoints.replaced.{n}" / "best" / "trainer_state.json").is_file()
+    # each checkpoint carries the config its weights were trained with
+    saved = OmegaConf.load(tmp_path / "checkpoints" / "best" / "config.yaml")
+    assert saved.model.temperature == 0.5
+
+    # a checkpoint missing a DCP file, or holding a truncated one, is named as such before DCP reads it
+    from recsys.checkpoint import check_checkpoint_files
+
+    check_checkpoint_files(tmp_path / "checkpoints" / "best")
+    for damage in ("delete", "truncate"):
+        broken = tmp_path / f"broken_{damage}"
+        shutil.copytree(tmp_path / "checkpoints" / "best", broken)
+        data_file = next(broken.glob("*.distcp"))
+        if damage == "delete":
+            data_file.unlink()
+            with pytest.raises(FileNotFoundError, match=f"incomplete checkpoint, {data_file.name} is missing"):
+                check_checkpoint_files(broken)
+        else:
+            data_file.write_bytes(data_file.read_bytes()[:100])
+            with pytest.raises(ValueError, match=f"incomplete checkpoint, {data_file.name} has 100 bytes"):
+                check_checkpoint_files(broken)
 
 
 def test_interrupted_write_leaves_the_previous_checkpoint_loadable(tmp_path, data_root, process_group, monkeypatch):

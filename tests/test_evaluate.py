@@ -26,8 +26,16 @@ def launch(args, nproc=1):
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, data_root, tiny_data):
     run_dir = tmp_path_factory.mktemp("trained")
-    launch(["-m", "recsys.train", "+experiment=tiny", "trainer.epochs=2", "trainer.max_steps_per_epoch=15",
-            f"hydra.run.dir={run_dir}", f"data.root={data_root}"])
+    common = ["-m", "recsys.train", "+experiment=tiny", "trainer.epochs=2", "trainer.max_steps_per_epoch=15",
+              f"hydra.run.dir={run_dir}", f"data.root={data_root}"]
+    launch(common)
+    # a second run in the same dir with other tower widths is refused, but Hydra has already rewritten
+    # .hydra/config.yaml by then: evaluation must still rebuild the model the checkpoint holds
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    refused = subprocess.run([sys.executable, *common, "model.tower_dims=[24,8]"], env=env, capture_output=True, text=True,
+                             timeout=600, cwd=ROOT)
+    assert refused.returncode != 0 and "saved for another data/model config" in refused.stdout + refused.stderr
+    assert list(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model.tower_dims) == [24, 8]
     return run_dir
 
 
@@ -44,7 +52,7 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     (eval_dir / "report.json").rename(tmp_path / "one.json")
 
     # as if trained on GPUs (fused Adam, row-wise UVM-cached tables, NCCL): still loads on this CPU machine
-    config_path = trained_run / ".hydra" / "config.yaml"
+    config_path = trained_run / "checkpoints" / "best" / "config.yaml"
     trained_config = config_path.read_text()
     gpu_config = OmegaConf.load(config_path)
     gpu_config.optim.sparse.name = "adam"
