@@ -159,3 +159,43 @@ def test_is_complete_needs_every_file(tmp_path):
         assert not is_complete(out), name
         (out / (name + ".bak")).rename(out / name)
     assert not is_complete(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    "damage,error,pattern",
+    [
+        ("truncate train.parquet", ValueError, r"train\.parquet: not a readable parquet file"),
+        ("drop items.categories", ValueError, r"items\.parquet: no column 'categories'"),
+        ("meta num_categories 'eight'", ValueError, r"meta\.json: 'num_categories' is 'eight', expected a non-negative integer"),
+        ("test item_id out of range", ValueError, r"test\.parquet: column 'item_id' has id 300 outside \[0, 300\)"),
+        ("delete valid.parquet", FileNotFoundError, r"valid\.parquet: missing; prepare the dataset again"),
+    ],
+)
+def test_reading_a_damaged_dataset_dir_names_the_file_and_the_fault(tmp_path, tiny_data, damage, error, pattern):
+    import json
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recsys.data.dataset import load_dataset
+
+    root = tmp_path / "ds"
+    shutil.copytree(tiny_data.dir, root)
+    if damage == "truncate train.parquet":
+        path = root / "train.parquet"
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "drop items.categories":
+        pq.write_table(pq.read_table(root / "items.parquet").drop(["categories"]), root / "items.parquet")
+    elif damage == "meta num_categories 'eight'":
+        meta = json.loads((root / "meta.json").read_text())
+        (root / "meta.json").write_text(json.dumps({**meta, "num_categories": "eight"}))
+    elif damage == "test item_id out of range":
+        table = pq.read_table(root / "test.parquet")
+        items = table.column("item_id").to_numpy().copy()
+        items[0] = 300
+        pq.write_table(table.set_column(table.schema.get_field_index("item_id"), "item_id", pa.array(items)), root / "test.parquet")
+    else:
+        (root / "valid.parquet").unlink()
+    with pytest.raises(error, match=pattern):
+        load_dataset(root)

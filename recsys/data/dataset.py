@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 SPLITS = ("train", "valid", "test")
@@ -85,17 +86,25 @@ def _check_range(path: Path, column: str, values: np.ndarray, size: int) -> None
         raise ValueError(f"{path}: column '{column}' has id {int(bad[0])} outside [0, {size}) (from meta.json)")
 
 
-def _read_split(path: Path, num_users: int, num_items: int, user_range: Optional[Tuple[int, int]] = None) -> Interactions:
+def _read_parquet(path: Path, columns: List[str], filters=None) -> pa.Table:
+    """``columns`` of a dataset dir's parquet file, or an error naming the file and what is wrong with it."""
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing; prepare the dataset again (python -m data_pipelines.prepare)")
-    names = pq.ParquetFile(path).schema_arrow.names
-    for column in ("user_id", "item_id", "timestamp"):
-        if column not in names:
-            raise ValueError(f"{path}: no column '{column}' (columns: {names})")
+    try:
+        names = pq.ParquetFile(path).schema_arrow.names
+        for column in columns:
+            if column not in names:
+                raise ValueError(f"{path}: no column '{column}' (columns: {names})")
+        return pq.read_table(path, columns=columns, filters=filters)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: not a readable parquet file ({e}); prepare the dataset again") from None
+
+
+def _read_split(path: Path, num_users: int, num_items: int, user_range: Optional[Tuple[int, int]] = None) -> Interactions:
     filters = None
     if user_range is not None:  # row groups whose user_id statistics miss the range are never read
         filters = [("user_id", ">=", int(user_range[0])), ("user_id", "<", int(user_range[1]))]
-    table = pq.read_table(path, columns=["user_id", "item_id", "timestamp"], filters=filters)
+    table = _read_parquet(path, ["user_id", "item_id", "timestamp"], filters)
     users = table.column("user_id").to_numpy().astype(np.int64, copy=False)
     items = table.column("item_id").to_numpy().astype(np.int64, copy=False)
     times = table.column("timestamp").to_numpy().astype(np.int64, copy=False)
@@ -125,6 +134,13 @@ def user_boundaries(train_path: str | Path, world_size: int, num_users: int) -> 
     return bounds
 
 
+def _meta_count(meta_path: Path, meta: dict, key: str) -> int:
+    value = meta.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{meta_path}: '{key}' is {value!r}, expected a non-negative integer")
+    return value
+
+
 def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None) -> RetrievalData:
     """The dataset dir at ``path``; with ``user_range=(lo, hi)`` only the rows of users lo..hi-1 of
     every split (items, heldout users and counts in meta.json are always whole)."""
@@ -136,11 +152,11 @@ def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None)
         raise FileNotFoundError(f"{meta_path}: missing; is {root} a prepared dataset dir?") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{meta_path}: not valid JSON ({e})") from None
-    num_users, num_items, num_categories = (int(meta[k]) for k in ("num_users", "num_items", "num_categories"))
+    num_users, num_items, num_categories = (_meta_count(meta_path, meta, k) for k in ("num_users", "num_items", "num_categories"))
     splits = {s: _read_split(root / f"{s}.parquet", num_users, num_items, user_range) for s in SPLITS}
 
     items_path = root / "items.parquet"
-    items = pq.read_table(items_path)
+    items = _read_parquet(items_path, ["item_id", "categories"])
     item_ids = items.column("item_id").to_numpy()
     if not np.array_equal(item_ids, np.arange(num_items)):
         raise ValueError(f"{items_path}: column 'item_id' must list 0..{num_items - 1} in order")
@@ -152,7 +168,7 @@ def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None)
     heldout_path = root / "heldout_users.parquet"
     heldout = np.zeros(0, dtype=np.int64)
     if heldout_path.exists():
-        heldout = pq.read_table(heldout_path, columns=["user_id"]).column("user_id").to_numpy().astype(np.int64)
+        heldout = _read_parquet(heldout_path, ["user_id"]).column("user_id").to_numpy().astype(np.int64)
         _check_range(heldout_path, "user_id", heldout, num_users)
     return RetrievalData(root, meta, num_users, num_items, num_categories, splits, indptr, category_ids, heldout,
                          user_range=None if user_range is None else (int(user_range[0]), int(user_range[1])))
