@@ -200,7 +200,8 @@ def check_values(cfg: Config) -> None:
     t, m, d, e = cfg.trainer, cfg.model, cfg.data, cfg.eval
     need(t.global_batch_size >= 1, "trainer.global_batch_size", t.global_batch_size, "must be >= 1")
     need(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
-    for key in ("early_stopping_patience", "log_every_steps", "max_steps_per_epoch", "checkpoint_every_steps",
+    need(t.log_every_steps >= 1, "trainer.log_every_steps", t.log_every_steps, "must be >= 1")
+    for key in ("early_stopping_patience", "max_steps_per_epoch", "checkpoint_every_steps",
                 "keep_last_checkpoints", "fault_at_step"):
         need(getattr(t, key) >= 0, f"trainer.{key}", getattr(t, key), "must be >= 0 (0 disables)")
     need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")

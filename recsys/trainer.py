@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -256,6 +257,9 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                 window_losses.append(loss)
                 if state.step % tcfg.log_every_steps == 0 or i == steps_per_epoch - 1:
                     mean_loss = _global_mean(torch.stack(window_losses).mean(), env)
+                    if not math.isfinite(mean_loss):  # the same on every rank: they stop together
+                        raise FloatingPointError(f"training loss is {mean_loss} at step {state.step} (epoch {epoch}); "
+                                                 "check pretrained tables and learning rates")
                     elapsed = time.perf_counter() - window_start
                     samples_per_s = (state.samples - window_samples) / max(elapsed, 1e-9)
                     metrics_log.write({"step": state.step, "epoch": epoch, "loss": mean_loss, "samples_per_s": samples_per_s})

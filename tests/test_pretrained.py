@@ -62,3 +62,18 @@ def test_parquet_id_set_is_checked(tmp_path):
         open_pretrained(_parquet(tmp_path / "range.parquet", [0, 1, 2, 7]), table="category", num_rows=3, dim=4)
     with pytest.raises(ValueError, match=r"vector of length 4, expected 8"):
         open_pretrained(_parquet(tmp_path / "ok.parquet", [2, 0, 1]), table="category", num_rows=3, dim=8)
+
+
+def test_non_finite_vectors_are_refused_with_their_row(tmp_path):
+    """A NaN row used to train silently to a NaN loss and a recall of 0."""
+    values = np.zeros((300, 16), dtype=np.float32)
+    values[7, 3] = np.nan
+    np.save(tmp_path / "nan.npy", values)
+    read = open_pretrained(tmp_path / "nan.npy", table="item", num_rows=300, dim=16)
+    assert read(0, 7).shape == (7, 16)  # each rank checks the rows it reads (memory-mapped)
+    with pytest.raises(ValueError, match=r"nan\.npy.*row 7, column 3 is nan; vectors must be finite"):
+        read(0, 300)
+    path = tmp_path / "inf.parquet"
+    pq.write_table(pa.table({"id": [0, 1, 2], "vector": [[0.0] * 4, [0.0, float("inf"), 0.0, 0.0], [0.0] * 4]}), path)
+    with pytest.raises(ValueError, match=r"row 1, column 1 is inf"):
+        open_pretrained(path, table="category", num_rows=3, dim=4)

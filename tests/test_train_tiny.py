@@ -104,3 +104,14 @@ def test_every_experiment_composes(experiment):
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=[f"+experiment={experiment}"]))
     assert cfg.run_name == experiment and cfg.eval.valid_metric.split("@")[0] in ("recall", "recall_liang")
+
+
+def test_a_non_finite_loss_stops_training(tmp_path, data_root, process_group, monkeypatch):
+    import recsys.model.task as task_module
+
+    real = task_module.sampled_softmax_loss
+    monkeypatch.setattr(task_module, "sampled_softmax_loss", lambda *a, **kw: real(*a, **kw) * float("nan"))
+    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.log_every_steps=2"])
+    with pytest.raises(FloatingPointError, match=r"training loss is nan at step 2 \(epoch 0\)"):
+        fit(cfg, tmp_path)
+    assert not (tmp_path / "results.json").exists()

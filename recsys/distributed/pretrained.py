@@ -36,7 +36,7 @@ def open_pretrained(path: str | Path, *, table: str, num_rows: int, dim: int) ->
             raise ValueError(f"{where}: shape {array.shape}, expected ({num_rows}, {dim}) for table '{table}'")
         if not np.issubdtype(array.dtype, np.floating):
             raise ValueError(f"{where}: dtype {array.dtype}, expected a float type")
-        return lambda lo, hi: np.asarray(array[lo:hi], dtype=np.float32)
+        return _finite(lambda lo, hi: np.asarray(array[lo:hi], dtype=np.float32), where)  # each rank checks its rows
     if path.suffix == ".parquet":
         frame = pq.read_table(path)
         for column in ("id", "vector"):
@@ -59,8 +59,22 @@ def open_pretrained(path: str | Path, *, table: str, num_rows: int, dim: int) ->
             raise ValueError(f"{where}: {missing.size} of {num_rows} ids missing, e.g. id {int(missing[0])}")
         matrix = np.empty((num_rows, dim), dtype=np.float32)
         matrix[ids] = vectors.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+        _finite(lambda lo, hi: matrix[lo:hi], where)(0, num_rows)
         return lambda lo, hi: matrix[lo:hi]
     raise ValueError(f"{where}: unknown format; use .npy or .parquet")
+
+
+def _finite(read_rows: RowReader, where: str) -> RowReader:
+    """``read_rows`` that refuses a NaN or infinite value (it would train to a NaN loss), naming its row and column."""
+    def checked(lo: int, hi: int) -> np.ndarray:
+        rows = read_rows(lo, hi)
+        bad = np.argwhere(~np.isfinite(rows))
+        if bad.size:
+            r, c = (int(x) for x in bad[0])
+            raise ValueError(f"{where}: row {lo + r}, column {c} is {rows[r, c]}; vectors must be finite")
+        return rows
+
+    return checked
 
 
 @torch.no_grad()
