@@ -274,6 +274,9 @@ def _as_int(label: str, line_no: int, field: str, value: str) -> int:
         raise MovieLensError(f"{label} line {line_no}, field {field!r}: {value!r} is not an integer") from None
 
 
+RATING_MIN, RATING_MAX = 0.5, 5.0  # GroupLens' star scale: whole stars in 100k / 1m, half stars from 10m on
+
+
 def _as_rating(label: str, line_no: int, field: str, value: str) -> float:
     try:
         x = float(value)
@@ -281,6 +284,8 @@ def _as_rating(label: str, line_no: int, field: str, value: str) -> float:
         raise MovieLensError(f"{label} line {line_no}, field {field!r}: {value!r} is not a number") from None
     if not math.isfinite(x):
         raise MovieLensError(f"{label} line {line_no}, field {field!r}: {value!r} is not a finite number")
+    if not RATING_MIN <= x <= RATING_MAX:
+        raise MovieLensError(f"{label} line {line_no}, field {field!r}: {value!r} is outside [{RATING_MIN}, {RATING_MAX}]")
     return x
 
 
@@ -383,10 +388,10 @@ def _ratings_table(src: _Source, release: Release) -> pa.Table:
     if table.num_rows == 0:
         raise MovieLensError(f"{label}: empty file (no ratings)")
     if any(table.column(i).null_count for i in range(table.num_columns)) or not all(
-        np.isfinite(chunk.to_numpy()).all() for chunk in table.column("rating").chunks
+        (np.isfinite(r) & (r >= RATING_MIN) & (r <= RATING_MAX)).all() for r in (c.to_numpy() for c in table.column("rating").chunks)
     ):
         locate()
-        raise MovieLensError(f"{label}: empty or non-finite values")
+        raise MovieLensError(f"{label}: empty, non-finite or out-of-range values")
     return table.select(list(names)).rename_columns(["user_id", "item_id", "rating", "timestamp"])
 
 
