@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,8 +24,8 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 import torch
 import torch.distributed as dist
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from omegaconf import OmegaConf
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
 from data_pipelines.prepare import prepare_dataset
