@@ -4,8 +4,9 @@
     $ torchrun --standalone --nproc_per_node=2 -m recsys.evaluate run_dir=runs/default   # users split over ranks
     $ python scripts/evaluate_recall.py run_dir=runs/tiny ks=[10,20,50,100] ann_kinds=[]
 
-Loads the run's config (``<run_dir>/.hydra/config.yaml``) and its best-epoch weights (any number
-of processes may have saved them; they are resharded for this job), embeds every item and the
+Loads the checkpoint's config (its ``config.yaml``; older runs: ``<run_dir>/.hydra/config.yaml``)
+and its best-epoch weights (any number of processes may have saved them; they are resharded for
+this job), embeds every item and the
 valid / test users on all ranks, and writes ``<run_dir>/eval/``: report.json, report.md,
 recall_at_k.png, recommendations.parquet. Rank 0 reads the whole dataset (the report needs every
 user); every other rank reads only its own range of users, whose queries it embeds.
@@ -114,7 +115,7 @@ def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
             raise ValueError(f"splits: {split!r} is not evaluable; choose from {sorted(PRECEDING_SPLITS)}")
     # rank 0 builds the report from the whole dataset; the others only embed their own users
     data, sharded, checkpoint = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=env.is_main)
-    lo, hi = rank_user_range(data.dir, env)
+    lo, hi = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
     two_tower = sharded.module.module.model
     two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length)
