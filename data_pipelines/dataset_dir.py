@@ -9,7 +9,8 @@ Layout (every id a contiguous 0-based int64 index)::
     <dir>/valid.parquet     sorted by (user_id, timestamp, item_id)
     <dir>/test.parquet
     <dir>/items.parquet   item_id int64 (0..num_items-1, sorted), categories list<int64>
-                          (>= 1 ids in [0, num_categories), sorted, no duplicates), + side columns
+                          (>= 1 ids in [0, num_categories), sorted, no duplicates; all empty
+                          when num_categories is 0: the data has no categories), + side columns
     <dir>/users.parquet   user_id int64 (0..num_users-1, sorted), + side columns
 
 ``write_dataset_dir`` validates, writes into ``<dir>.tmp-<pid>-<random>`` and renames it into
@@ -134,13 +135,17 @@ def _items_table(items: pd.DataFrame, num_items: int, num_categories: int) -> pa
         raise ValueError(f"items: missing column 'categories'; have {list(items.columns)}")
     lists = [np.asarray(c, dtype=np.int64).reshape(-1) for c in items["categories"]]
     lengths = np.array([len(c) for c in lists], dtype=np.int64)
-    if (lengths == 0).any():
+    if num_categories == 0:  # a dataset without categories (Gowalla): every list is empty, no table is built
+        if lengths.any():
+            raise ValueError(f"items.categories: item {int(np.argmax(lengths > 0))} has categories but meta.num_categories is 0")
+    elif (lengths == 0).any():
         raise ValueError(f"items.categories: item {int(np.argmax(lengths == 0))} has no categories")
-    values = np.concatenate(lists)
+    values = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
     _check_range(values, "items", "categories", num_categories)
     offsets = np.r_[0, np.cumsum(lengths)]
-    within_list = np.ones(len(values) - 1, dtype=bool)
-    within_list[offsets[1:-1] - 1] = False  # pairs that straddle two items
+    within_list = np.ones(max(len(values) - 1, 0), dtype=bool)
+    straddle = offsets[1:-1] - 1  # pairs that straddle two items
+    within_list[straddle[(straddle >= 0) & (straddle < len(within_list))]] = False
     bad = within_list & (np.diff(values) <= 0)
     if bad.any():
         item_id = int(np.searchsorted(offsets, np.argmax(bad), side="right") - 1)
@@ -221,9 +226,11 @@ def write_dataset_dir(
     if missing:
         raise ValueError(f"meta: missing key(s) {missing}")
     num_users, num_items, num_categories = (int(meta[k]) for k in ("num_users", "num_items", "num_categories"))
-    for key, n in (("num_users", num_users), ("num_items", num_items), ("num_categories", num_categories)):
+    for key, n in (("num_users", num_users), ("num_items", num_items)):
         if n <= 0:
             raise ValueError(f"meta.{key}: must be positive, got {n}")
+    if num_categories < 0:
+        raise ValueError(f"meta.num_categories: must be >= 0 (0: items have no categories), got {num_categories}")
 
     frames = {"train": train, "valid": valid, "test": test}
     tables = {f"{s}.parquet": _interactions_table(df, s, num_users, num_items) for s, df in frames.items()}

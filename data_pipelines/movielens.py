@@ -65,6 +65,7 @@ import pyarrow.csv as pacsv
 
 from data_pipelines.dataset_dir import CODE_VERSION, is_complete, is_prepared, write_dataset_dir
 from data_pipelines.download import DownloadError, download, sha256_file
+from data_pipelines.errors import DatasetError
 from data_pipelines.splits import PROTOCOLS, filter_interactions, split
 
 __all__ = [
@@ -100,7 +101,7 @@ _RELEASE_EVERY_BATCHES = 4  # hand freed Arrow memory back to the OS this often 
 _RAW_ID_LOOKUP_LIMIT = 1 << 27  # raw ids below this map through a dense lookup array (<= 1 GiB)
 
 
-class MovieLensError(ValueError):
+class MovieLensError(DatasetError):
     """Bad or missing MovieLens input; the message names the file (and line and field)."""
 
 

@@ -4,6 +4,8 @@
     $ python -m data_pipelines.prepare +experiment=tiny
     $ python -m data_pipelines.prepare data=movielens_1m    # <data.root>/ml-1m.zip or ml-1m/, else downloaded
     $ python -m data_pipelines.prepare data=movielens_20m data/protocol=strong_generalization
+    $ python -m data_pipelines.prepare data=gowalla          # ../shared/data/gowalla, LightGCN's split
+    $ python -m data_pipelines.prepare data=interactions data.interactions.path=clicks.csv
 
 The trainer calls :func:`prepare_dataset` itself, on rank 0, so this is only needed to prepare
 ahead of a job. Prints the prepared dir's absolute path on its last line.
@@ -19,7 +21,7 @@ from omegaconf import DictConfig
 
 from recsys.config import DataConfig, register_configs, to_config
 
-PIPELINES = ("synthetic", "movielens")
+PIPELINES = ("synthetic", "movielens", "interactions")
 
 
 def prepare_dataset(cfg: DataConfig) -> Path:
@@ -64,6 +66,20 @@ def prepare_dataset(cfg: DataConfig) -> Path:
             md5=m.md5,
             allow_download=m.download,
         ).resolve()
+    if cfg.source == "interactions":
+        from data_pipelines.interactions import prepare_interactions
+
+        return prepare_interactions(
+            cfg.interactions,
+            root=Path(cfg.root),
+            name=cfg.name,
+            protocol=cfg.protocol,
+            seed=cfg.split_seed,
+            min_rating=cfg.min_rating,
+            min_user_interactions=cfg.min_user_interactions,
+            min_item_interactions=cfg.min_item_interactions,
+            num_heldout_users=cfg.num_heldout_users,
+        ).resolve()
     raise ValueError(f"data.source={cfg.source!r}: unknown pipeline; known: {', '.join(PIPELINES)}")
 
 
@@ -72,11 +88,11 @@ register_configs()
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from data_pipelines.movielens import MovieLensError
+    from data_pipelines.errors import DatasetError
 
     try:
         path = prepare_dataset(to_config(cfg).data)
-    except MovieLensError as e:  # bad or missing input: one message, no traceback
+    except DatasetError as e:  # bad or missing input: one message, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     print(path)

@@ -66,6 +66,7 @@ __all__ = [
     "split_recbole",
     "split_strong_generalization",
     "strong_generalization_users",
+    "carve_valid",
 ]
 
 COLUMNS = ("user_id", "item_id", "timestamp", "rating")
@@ -344,6 +345,33 @@ def split_loo(df: pd.DataFrame) -> Splits:
         label[ends - 1] = 2  # the user's latest interaction
         label[ends - 2] = 1
     return _split_by_label(df, order, label)
+
+
+def carve_valid(df: pd.DataFrame, *, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, valid): per user, ``round(fraction * n)`` random rows of their ``n`` become valid.
+
+    For given splits without a validation file: only the training file is cut, so the test file is
+    never used for any choice. ``round`` is half up and each user keeps at least one training row
+    (n = 1 gives nothing to valid). Rows are chosen by one uniform draw per row from
+    ``default_rng(seed)`` in canonical (user_id, timestamp, item_id) order, as in ``split_recbole``.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"valid fraction must be in (0, 1), got {fraction}")
+    order = _canonical_order(df)
+    user_ids = df["user_id"].to_numpy()
+    if order is not None:
+        user_ids = user_ids[order]
+    n = len(user_ids)
+    label = np.zeros(n, dtype=np.int8)
+    if n:
+        keys = _random_as_ints(np.random.default_rng(seed), n)
+        shuffled = lexsort_fast((keys, user_ids), truncate_last=True)
+        starts, lengths = _run_starts(user_ids)
+        n_valid = np.minimum(_round_half_up(lengths * fraction), lengths - 1)
+        rank = np.arange(n) - np.repeat(starts, lengths)
+        label[shuffled] = (rank < np.repeat(n_valid, lengths)).astype(np.int8)
+    train, valid, _ = _split_by_label(df, order, label)
+    return train, valid
 
 
 def _num_heldout(num_users: int, num_heldout_users: int) -> int:

@@ -17,6 +17,8 @@ from typing import Any, Dict, List
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from data_pipelines.config import InteractionsDataConfig
+
 
 @dataclass
 class SyntheticDataConfig:
@@ -40,11 +42,16 @@ class MovieLensDataConfig:
 @dataclass
 class DataConfig:
     name: str = MISSING  # dataset name, also names the prepared dir ("synthetic", "movielens_1m")
-    source: str = "synthetic"  # which pipeline prepares it: "synthetic" | "movielens"
+    source: str = "synthetic"  # which pipeline prepares it: "synthetic" | "movielens" | "interactions" (any log, data_pipelines/interactions.py)
     root: str = "data"  # folder for prepared dataset dirs and MovieLens zips / extracted folders (relative to the launch dir)
-    protocol: str = "recbole"  # split protocol: "recbole" (random 8:1:1 per user) | "loo" | "strong_generalization"
+    protocol: str = "recbole"  # split protocol: "recbole" (random 8:1:1 per user) | "loo" | "strong_generalization" | "given" (interactions only)
     split_seed: int = 0  # seed of the split protocol
-    history_length: int = 20  # most recent items a query sees (history_item_ids); 0 disables history features
+    history_length: int = 20  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
+    # which items a training query sees (the protocol's config sets it; README "Query features"):
+    # "recent": the history_length items just before the target in time (sequential protocols, loo);
+    # "profile": up to history_length of the user's OTHER training items, resampled every epoch, the
+    # target never among them (random splits: recbole, given, strong_generalization)
+    query_history: str = "recent"
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
     min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
@@ -55,6 +62,7 @@ class DataConfig:
     num_heldout_users: int = 0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)
+    interactions: InteractionsDataConfig = field(default_factory=InteractionsDataConfig)
 
 
 @dataclass
@@ -211,6 +219,7 @@ def check_values(cfg: Config) -> None:
         need(table.embedding_dim >= 1, f"model.tables.{name}.embedding_dim", table.embedding_dim, "must be >= 1")
         need(table.pooling in ("sum", "mean"), f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")
     need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
+    need(d.query_history in ("recent", "profile"), "data.query_history", d.query_history, "must be 'recent' or 'profile'")
     need(len(e.ks) > 0 and all(k >= 1 for k in e.ks), "eval.ks", e.ks, "cut-offs must be >= 1")
     metric, _, k = e.valid_metric.partition("@")
     valid_names = [f"{name}@{k}" for name in VALID_METRICS for k in e.ks]

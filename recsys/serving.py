@@ -44,9 +44,11 @@ class QueryEncoder(nn.Module):
     def __init__(self, tables: Dict[str, torch.Tensor], poolings: Dict[str, str], tower: nn.Sequential, *, with_history: bool) -> None:
         super().__init__()
         self.with_history = with_history
+        self.with_categories = with_history and "category" in tables  # none for data without categories
         self.user = nn.EmbeddingBag.from_pretrained(tables["user"], mode=poolings["user"], freeze=True)
         if with_history:
             self.item = nn.EmbeddingBag.from_pretrained(tables["item"], mode=poolings["item"], freeze=True)
+        if self.with_categories:
             self.category = nn.EmbeddingBag.from_pretrained(tables["category"], mode=poolings["category"], freeze=True)
         self.tower = tower
 
@@ -61,6 +63,7 @@ class QueryEncoder(nn.Module):
         pooled = [self.user(user_ids, torch.arange(user_ids.shape[0], device=user_ids.device))]
         if self.with_history:
             pooled.append(self.item(history_item_ids, history_offsets))
+        if self.with_categories:
             pooled.append(self.category(history_categories, history_category_offsets))
         return F.normalize(self.tower(torch.cat(pooled, dim=1)), dim=-1)
 

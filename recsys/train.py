@@ -29,11 +29,11 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
         logging.getLogger().setLevel(logging.WARNING)
-    from data_pipelines.movielens import MovieLensError
+    from data_pipelines.errors import DatasetError
 
     try:
         fit(to_config(cfg), HydraConfig.get().runtime.output_dir)
-    except MovieLensError as e:  # missing or bad input files: one message, no traceback
+    except DatasetError as e:  # missing or bad input files: one message, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
 

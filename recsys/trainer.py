@@ -36,7 +36,7 @@ from recsys.config import Config, DataConfig
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset
-from recsys.data.features import query_tables
+from recsys.data.features import candidate_tables, query_tables
 from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.data_shards import load_rank_data
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
@@ -55,7 +55,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarra
     ``item_counts``: the items' training frequencies for logQ; None = ``data.item_counts()``.
     """
     tables = cfg.model.tables
-    for name in ("user", "item", "category"):
+    for name in data.table_num_rows:  # no category table for data without categories: none is faked
         if name not in tables:
             raise ValueError(f"model.tables.{name}: missing (tables given: {sorted(tables)})")
     unknown = set(tables) - {"user", "item", "category"}
@@ -67,7 +67,12 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarra
         dims={t: c.embedding_dim for t, c in tables.items()},
         poolings={t: c.pooling for t, c in tables.items()},
     )
-    model = TwoTower(configs, query_tables=query_tables(cfg.data.history_length), tower_dims=cfg.model.tower_dims)
+    model = TwoTower(
+        configs,
+        query_tables=query_tables(cfg.data.history_length, data.has_categories),
+        candidate_tables=candidate_tables(data.has_categories),
+        tower_dims=cfg.model.tower_dims,
+    )
     return RetrievalTask(
         model,
         item_counts=torch.from_numpy(data.item_counts() if item_counts is None else item_counts),
@@ -223,6 +228,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         global_batch_size=tcfg.global_batch_size,
         num_uniform_negatives=cfg.model.num_uniform_negatives,
         seed=tcfg.seed,
+        query_history=cfg.data.query_history,
         rank=env.rank,
         world_size=env.world_size,
         pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step

@@ -1,9 +1,15 @@
 """Turn interactions into Batches: training batches per rank, and eval batches of users / items.
 
-Training example = one training interaction (u, i, t). Its query is the user plus the
-``history_length`` items u interacted with just before t (in the training split); its positive
-candidate is i. At evaluation, a user's query history is their latest items in the splits that
-precede the evaluated one (train for valid; train + valid for test).
+Training example = one training interaction (u, i, t); its positive candidate is i. Its query is
+the user plus a bag of at most ``history_length`` of u's training items, chosen by ``query_history``:
+
+- ``recent``: the items u interacted with just before t (a sequential signal: temporal protocols);
+- ``profile``: items of u's OTHER training interactions, a fresh random subset every epoch (so it
+  acts as dropout); i itself is never in the bag. For random splits, where held-out items do not
+  follow the training ones in time.
+
+At evaluation, a user's bag is their latest ``history_length`` items in the splits that precede
+the evaluated one (train for valid; train + valid for test), for both choices.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import torch
 
 from recsys.data.batch import Batch
 from recsys.data.dataset import Interactions, RetrievalData
-from recsys.data.features import TABLES, build_kjt, validate_ids
+from recsys.data.features import build_kjt, tables, validate_ids
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
 from recsys.data.shares import batch_bounds, rank_shares
 
@@ -29,7 +35,7 @@ class FeatureBuilder:
     def __init__(self, data: RetrievalData, history_length: int) -> None:
         self.data = data
         self.history_length = history_length
-        self.keys = TABLES
+        self.keys = tables(data.has_categories)
 
     def build(
         self,
@@ -56,20 +62,21 @@ class FeatureBuilder:
         if self.history_length <= 0:  # no history feature: empty item / category bags on query rows
             hist_lengths, hist_items = np.zeros(num_queries, dtype=np.int64), hist_items[:0]
             hist_categories = None
-        indptr, category_ids = self.data.item_category_indptr, self.data.item_category_ids
-        if hist_categories is None:
-            per_item, hist_cats = gather_rows(indptr, category_ids, hist_items)
-            hist_categories = (segment_sum(per_item, hist_lengths), hist_cats)
-        candidate_cat_lengths, candidate_cats = gather_rows(indptr, category_ids, candidate_item_ids)
         # each key's values in row order: the queries' (histories), then the candidates'
-        category_values = np.concatenate([hist_categories[1], candidate_cats])
-        validate_ids("categories", category_values, sizes["category"])
         lengths = {
             "user": np.concatenate([np.ones(num_queries, dtype=np.int64), zeros]),
             "item": np.concatenate([hist_lengths, ones]),
-            "category": np.concatenate([hist_categories[0], candidate_cat_lengths]),
         }
-        values = {"user": user_ids, "item": np.concatenate([hist_items, candidate_item_ids]), "category": category_values}
+        values = {"user": user_ids, "item": np.concatenate([hist_items, candidate_item_ids])}
+        if self.data.has_categories:
+            indptr, category_ids = self.data.item_category_indptr, self.data.item_category_ids
+            if hist_categories is None:
+                per_item, hist_cats = gather_rows(indptr, category_ids, hist_items)
+                hist_categories = (segment_sum(per_item, hist_lengths), hist_cats)
+            candidate_cat_lengths, candidate_cats = gather_rows(indptr, category_ids, candidate_item_ids)
+            values["category"] = np.concatenate([hist_categories[1], candidate_cats])
+            validate_ids("categories", values["category"], sizes["category"])
+            lengths["category"] = np.concatenate([hist_categories[0], candidate_cat_lengths])
         return Batch(
             features=build_kjt(self.keys, lengths, values),
             candidate_item_ids=torch.from_numpy(np.ascontiguousarray(candidate_item_ids, dtype=np.int64)),
@@ -106,6 +113,7 @@ class TrainBatches:
         global_batch_size: int,
         num_uniform_negatives: int,
         seed: int,
+        query_history: str = "recent",
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
@@ -140,14 +148,20 @@ class TrainBatches:
         self.num_uniform_negatives = num_uniform_negatives
         self.seed, self.rank = seed, rank
         self.history_length = history_length
-        # first row of each row's user (rows are sorted by user); O(rows), never O(num_users)
+        if query_history not in ("recent", "profile"):
+            raise ValueError(f"data.query_history={query_history!r}: expected 'recent' or 'profile'")
+        self.query_history = query_history
+        # first row of each row's user and one past its last (rows are sorted by user); O(rows), never O(num_users)
         users = self.train.user_ids
         new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
-        self.user_start = np.nonzero(new_user)[0][np.cumsum(new_user) - 1]
+        starts = np.nonzero(new_user)[0]
+        self.user_start = starts[np.cumsum(new_user) - 1]
+        self.user_end = np.append(starts[1:], len(users))[np.cumsum(new_user) - 1]
         # the categories of every training row's item, in row order: a history (rows [s, e)) then
         # has its categories in one contiguous range, and a batch needs no per-item gather (the
         # item -> categories gather was ~5 ms of a 7 ms batch at 2048 x 100 history items)
-        rows_with_history = self.train.item_ids if history_length > 0 else self.train.item_ids[:0]
+        contiguous = history_length > 0 and query_history == "recent" and data.has_categories
+        rows_with_history = self.train.item_ids if contiguous else self.train.item_ids[:0]
         per_row, self.row_category_ids = gather_rows(data.item_category_indptr, data.item_category_ids, rows_with_history)
         self.row_category_indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
         self.prefetch = prefetch
@@ -156,20 +170,53 @@ class TrainBatches:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
+    def profile_order(self, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(shuffled, position): the training rows with each user's rows in a random order drawn from
+        (seed, epoch) (users stay in their contiguous blocks), and each row's position in it."""
+        n = len(self.train)
+        keys = np.random.default_rng([self.seed, epoch, 0x9E37]).random(n)
+        shuffled = np.lexsort((keys, self.train.user_ids))
+        position = np.empty(n, dtype=np.int64)
+        position[shuffled] = np.arange(n, dtype=np.int64)
+        return shuffled, position
+
+    def profile_bags(self, rows: np.ndarray, order: Tuple[np.ndarray, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+        """Each row's profile: up to ``history_length`` of its user's other rows' items, (lengths, items).
+
+        The items that follow the row in its user's shuffled block, wrapping around: distinct rows,
+        never the row itself, a different subset each epoch when the user has more than the cap.
+        """
+        shuffled, position = order
+        start, end = self.user_start[rows], self.user_end[rows]
+        lengths = np.minimum(self.history_length, end - start - 1)
+        step = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
+        start_r, size_r = np.repeat(start, lengths), np.repeat(end - start, lengths)
+        index = start_r + (np.repeat(position[rows], lengths) - start_r + step) % size_r
+        return lengths, self.train.item_ids[shuffled[index]]
+
     def batch(
-        self, rows: np.ndarray, negatives: np.ndarray, global_num_queries: int = 0, rank_sizes: Optional[Tuple[int, ...]] = None
+        self, rows: np.ndarray, negatives: np.ndarray, global_num_queries: int = 0, rank_sizes: Optional[Tuple[int, ...]] = None,
+        profile_order: Optional[Tuple[np.ndarray, np.ndarray]] = None,
     ) -> Batch:
         t = self.train
-        ends = rows
-        starts = np.maximum(self.user_start[rows], rows - self.history_length)
-        hist_lengths, hist_items = gather_ranges(starts, ends, t.item_ids)
-        indptr = self.row_category_indptr
+        hist_categories = None
+        if self.query_history == "profile" and self.history_length > 0:
+            if profile_order is None:
+                raise ValueError("TrainBatches.batch: query_history='profile' needs the epoch's profile_order")
+            hist_lengths, hist_items = self.profile_bags(rows, profile_order)
+        else:
+            ends = rows
+            starts = np.maximum(self.user_start[rows], rows - self.history_length)
+            hist_lengths, hist_items = gather_ranges(starts, ends, t.item_ids)
+            if self.history_length > 0 and self.builder.data.has_categories:
+                indptr = self.row_category_indptr
+                hist_categories = gather_ranges(indptr[starts], indptr[ends], self.row_category_ids)
         batch = self.builder.build(
             user_ids=t.user_ids[rows],
             hist_lengths=hist_lengths,
             hist_items=hist_items,
             candidate_item_ids=np.concatenate([t.item_ids[rows], negatives]),
-            hist_categories=gather_ranges(indptr[starts], indptr[ends], self.row_category_ids) if self.history_length > 0 else None,
+            hist_categories=hist_categories,
         )
         batch.global_num_queries = global_num_queries or len(rows)
         batch.rank_sizes = rank_sizes
@@ -190,6 +237,7 @@ class TrainBatches:
         per_rank = self.rank_example_counts is not None
         seed = [self.seed, epoch, self.rank] if per_rank else [self.seed, epoch]
         order = self.example_rows[np.random.default_rng(seed).permutation(len(self.example_rows))]
+        profile = self.profile_order(epoch) if self.query_history == "profile" and self.history_length > 0 else None
         num_batches = len(self)
         for b in range(start_batch, num_batches):
             rank_sizes = None
@@ -205,7 +253,7 @@ class TrainBatches:
             negatives = np.random.default_rng([self.seed, epoch, b]).integers(
                 0, self.num_items, self.num_uniform_negatives, dtype=np.int64
             )
-            batch = self.batch(rows, negatives, global_num_queries=global_size, rank_sizes=rank_sizes)
+            batch = self.batch(rows, negatives, global_num_queries=global_size, rank_sizes=rank_sizes, profile_order=profile)
             yield batch.pin_memory() if self.pin_memory else batch
 
 

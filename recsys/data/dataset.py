@@ -63,8 +63,16 @@ class RetrievalData:
         return np.isin(user_ids, self.heldout_users)  # O(rows + held-out users), not O(num_users)
 
     @property
+    def has_categories(self) -> bool:
+        return self.num_categories > 0
+
+    @property
     def table_num_rows(self) -> Dict[str, int]:
-        return {"user": self.num_users, "item": self.num_items, "category": self.num_categories}
+        """Rows of each table the data feeds (no category table when items have no categories)."""
+        rows = {"user": self.num_users, "item": self.num_items}
+        if self.has_categories:
+            rows["category"] = self.num_categories
+        return rows
 
     def item_counts(self) -> np.ndarray:
         """Training frequency of every item (the logQ estimate and the popularity baseline).

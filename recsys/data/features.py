@@ -27,9 +27,18 @@ TABLES: List[str] = ["user", "item", "category"]
 CANDIDATE_TABLES: List[str] = ["item", "category"]
 
 
-def query_tables(history_length: int) -> List[str]:
+def tables(has_categories: bool = True) -> List[str]:
+    """The tables (= KJT keys) of a dataset: no category table when its items have no categories."""
+    return TABLES if has_categories else ["user", "item"]
+
+
+def query_tables(history_length: int, has_categories: bool = True) -> List[str]:
     """Tables whose query-row lookups feed the query tower; history ones only when ``history_length > 0``."""
-    return ["user", "item", "category"] if history_length > 0 else ["user"]
+    return tables(has_categories) if history_length > 0 else ["user"]
+
+
+def candidate_tables(has_categories: bool = True) -> List[str]:
+    return CANDIDATE_TABLES if has_categories else ["item"]
 
 
 # the named arrays the batch builder validates, and the table each indexes (for error messages)

@@ -30,6 +30,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig
 from recsys.distributed.env import DistEnv
 from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
+from recsys.data.features import TABLES
 from recsys.distributed.table_init import init_tables
 
 # name -> (optimizer class, devices whose fbgemm kernels implement it). torchrec maps the class to
@@ -94,6 +95,8 @@ def sparse_optimizer_kwargs(cfg: SparseOptimConfig, device: torch.device) -> Tup
 def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) -> Dict[str, ParameterConstraints]:
     constraints = {}
     for table, tcfg in cfg.tables.items():
+        if table not in table_names and table in TABLES:
+            continue  # a table this dataset does not feed (category, for items without categories)
         if table not in table_names:
             raise ValueError(f"sharding.tables.{table}: no such table (tables: {sorted(table_names)})")
         for st in tcfg.sharding_types:

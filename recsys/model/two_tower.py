@@ -39,7 +39,8 @@ def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
 
 
 def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> List[EmbeddingBagConfig]:
-    """One EmbeddingBagConfig per table, looked up by the one KJT key of the same name."""
+    """One EmbeddingBagConfig per table of ``num_rows`` (in ``TABLES`` order), looked up by the one
+    KJT key of the same name."""
     return [
         EmbeddingBagConfig(
             name=table,
@@ -49,6 +50,7 @@ def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> List[Embeddi
             pooling=PoolingType[poolings[table].upper()],
         )
         for table in TABLES
+        if table in num_rows
     ]
 
 

@@ -1,0 +1,485 @@
+"""Any interaction log -> a dataset dir, by configuration alone (``data=interactions``, ``data=gowalla``).
+
+    $ python -m data_pipelines.prepare data=interactions data.interactions.path=logs/clicks.csv.gz \\
+          data.interactions.user_column=visitor data.interactions.item_column=sku \\
+          data.interactions.timestamp_column=ts
+    $ python -m data_pipelines.prepare data=gowalla        # LightGCN's given split, valid carved from train
+
+Pipeline: read (``readers``: CSV / TSV / parquet / adjacency lists) -> raw ids (strings or integers
+of any range) mapped to contiguous indices in ascending raw-id order -> ``filter_interactions``
+(min rating, one row per (user, item): the latest, k-core) -> the protocol -> ids compacted again
+if the protocol dropped any -> side files -> ``write_dataset_dir`` (atomic), cached in
+``<root>/<name>-<protocol>-<key>`` by the sources' sha256 and every option.
+
+Rules a user can rely on:
+
+- **No timestamps**: ``timestamp`` holds the row's position in the file, so "a user's latest
+  items" means the last ones in the file (meta.json: ``"timestamps": "file_order"``).
+- **No categories** (no items file, or no ``categories_column``): ``num_categories`` is 0 and the
+  model has no category table (nothing zero-filled stands in for it).
+- **protocol=given**: the vocabulary is the training file's (after its filters). Valid / test rows
+  whose user or item never occurs in train, or whose (user, item) pair is in train, are dropped and
+  counted in meta.json ``given_split.dropped``; a split left empty is an error. Without a valid
+  file, ``valid_fraction`` of each user's train rows is carved out (``splits.carve_valid``): the
+  test file is never used for any choice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data_pipelines.config import InteractionsDataConfig
+from data_pipelines.dataset_dir import CODE_VERSION, is_prepared, write_dataset_dir
+from data_pipelines.download import sha256_file
+from data_pipelines.errors import DatasetError
+from data_pipelines.readers import detect_format, read_adjacency, read_columns
+from data_pipelines.splits import PROTOCOLS, carve_valid, filter_interactions, split, strong_generalization_users
+
+__all__ = ["PIPELINE_VERSION", "prepare_interactions"]
+
+PIPELINE_VERSION = "interactions/1"  # bump when this module's output for the same input changes
+NO_CATEGORY = "(none)"  # the category of an item the items file lists without one
+_MD5_BLOCK = 1 << 24
+
+
+# ---------------------------------------------------------------- reading one log
+
+
+def _timestamps(column: pa.ChunkedArray | None, n: int, label: str, field: str) -> np.ndarray:
+    """Epoch seconds (int64) from integers, floats, Arrow timestamps or ISO-8601 strings; the row
+    position when there is no column."""
+    if column is None:
+        return np.arange(n, dtype=np.int64)
+    if column.null_count:
+        row = int(pc.index(pc.is_null(column), True).as_py())
+        raise DatasetError(f"{label}: row {row + 1}: field {field!r} is empty")
+    kind = column.type
+    if pa.types.is_integer(kind):
+        return column.to_numpy().astype(np.int64)
+    if pa.types.is_floating(kind):
+        values = column.to_numpy()
+        if not np.isfinite(values).all():
+            row = int(np.argmax(~np.isfinite(values)))
+            raise DatasetError(f"{label}: row {row + 1}: field {field!r} is {values[row]}, not a time")
+        return np.floor(values).astype(np.int64)
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        return pc.cast(pc.cast(column, pa.timestamp("s")), pa.int64()).to_numpy()
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        text = column.to_pandas()
+        parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
+        if parsed.isna().any():
+            row = int(np.argmax(parsed.isna().to_numpy()))
+            raise DatasetError(f"{label}: row {row + 1}: field {field!r} = {text.iloc[row]!r} is neither epoch "
+                               "seconds nor an ISO-8601 time")
+        return (parsed.astype("int64") // 1_000_000_000).to_numpy(np.int64)  # ns -> s
+    raise DatasetError(f"{label}: field {field!r} has type {kind}, not a time")
+
+
+def _ratings(column: pa.ChunkedArray | None, n: int, label: str, field: str) -> np.ndarray:
+    if column is None:
+        return np.ones(n, dtype=np.float32)
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        raise DatasetError(f"{label}: field {field!r} has type {column.type}, expected numbers")
+    values = column.to_numpy(zero_copy_only=False).astype(np.float32)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise DatasetError(f"{label}: row {row + 1}: field {field!r} is empty or not finite")
+    return values
+
+
+def _ids(column: pa.ChunkedArray, label: str, field: str) -> pa.ChunkedArray:
+    if column.null_count:
+        row = int(pc.index(pc.is_null(column), True).as_py())
+        raise DatasetError(f"{label}: row {row + 1}: field {field!r} is empty")
+    if pa.types.is_floating(column.type):
+        raise DatasetError(f"{label}: field {field!r} holds decimals; ids must be integers or strings")
+    if pa.types.is_integer(column.type):
+        return pc.cast(column, pa.int64())
+    return pc.cast(column, pa.string())
+
+
+def read_log(cfg: InteractionsDataConfig, path: str, *, time_offset: int = 0) -> pa.Table:
+    """One log as columns user, item (raw ids), timestamp (int64), rating (float32).
+
+    ``time_offset`` is added to file positions when there is no timestamp column, so rows of
+    several files (a given split) keep one order.
+    """
+    p = Path(path)
+    fmt = detect_format(p) if cfg.format == "auto" else cfg.format
+    if fmt == "adjacency":
+        if cfg.timestamp_column or cfg.rating_column:
+            raise DatasetError(f"{p}: adjacency lists hold neither timestamps nor ratings; "
+                               "unset data.interactions.timestamp_column / rating_column")
+        t = read_adjacency(p)
+        return pa.table({"user": t["user"], "item": t["item"],
+                         "timestamp": pc.add(t["position"], time_offset),
+                         "rating": pa.array(np.ones(t.num_rows, dtype=np.float32))})
+    fields = {"user": cfg.user_column, "item": cfg.item_column}
+    if cfg.timestamp_column:
+        fields["timestamp"] = cfg.timestamp_column
+    if cfg.rating_column:
+        fields["rating"] = cfg.rating_column
+    table = read_columns(p, list(dict.fromkeys(fields.values())), fmt=fmt, delimiter=cfg.delimiter, header=cfg.header)
+    n = table.num_rows
+    label = str(p)
+    timestamps = _timestamps(table[fields["timestamp"]] if "timestamp" in fields else None, n, label,
+                             fields.get("timestamp", ""))
+    if "timestamp" not in fields:
+        timestamps = timestamps + time_offset
+    return pa.table({
+        "user": _ids(table[fields["user"]], label, fields["user"]),
+        "item": _ids(table[fields["item"]], label, fields["item"]),
+        "timestamp": pa.array(timestamps),
+        "rating": pa.array(_ratings(table[fields["rating"]] if "rating" in fields else None, n, label, fields.get("rating", ""))),
+    })
+
+
+# ---------------------------------------------------------------- ids
+
+
+def _same_type(*columns: pa.ChunkedArray) -> list[pa.ChunkedArray]:
+    """Integer ids everywhere stay integers; otherwise every file's ids are compared as strings."""
+    if all(pa.types.is_integer(c.type) for c in columns):
+        return list(columns)
+    return [pc.cast(c, pa.string()) for c in columns]
+
+
+def _vocabulary(column: pa.ChunkedArray) -> pa.Array:
+    """Distinct raw ids, ascending: index i is the id's contiguous index."""
+    distinct = pc.unique(column)
+    return distinct.take(pc.array_sort_indices(distinct))
+
+
+def _index(column: pa.ChunkedArray, vocab: pa.Array) -> np.ndarray:
+    """Contiguous index of each raw id in ``vocab``; -1 where it is not there."""
+    return pc.fill_null(pc.index_in(column, value_set=vocab), -1).to_numpy().astype(np.int64)
+
+
+def _frame(log: pa.Table, users: pa.Array, items: pa.Array) -> pd.DataFrame:
+    return pd.DataFrame({
+        "user_id": _index(log["user"], users),
+        "item_id": _index(log["item"], items),
+        "timestamp": log["timestamp"].to_numpy(),
+        "rating": log["rating"].to_numpy(),
+    })
+
+
+def _compact(parts: list[pd.DataFrame], users: pa.Array, items: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Renumber ids so that every user and item left in ``parts`` is used (in place); the kept raw ids."""
+    for column, vocab in (("user_id", users), ("item_id", items)):
+        used = np.unique(np.concatenate([p[column].to_numpy() for p in parts]))
+        if len(used) < len(vocab):
+            for p in parts:
+                p[column] = np.searchsorted(used, p[column].to_numpy()).astype(np.int64)
+            vocab = vocab.take(pa.array(used))
+        if column == "user_id":
+            users = vocab
+        else:
+            items = vocab
+    return users, items
+
+
+# ---------------------------------------------------------------- side files
+
+
+def _items_table(cfg: InteractionsDataConfig, raw_items: pa.Array) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """(items.parquet, vocab/items.parquet, vocab/categories.parquet or None)."""
+    n = len(raw_items)
+    vocab = pd.DataFrame({"raw_id": raw_items.to_pandas(), "item_id": np.arange(n, dtype=np.int64)})
+    empty = [np.zeros(0, dtype=np.int64)] * n
+    if not cfg.items_path:
+        if cfg.categories_column:
+            raise DatasetError("data.interactions.categories_column is set but data.interactions.items_path is not")
+        return pd.DataFrame({"item_id": np.arange(n, dtype=np.int64), "categories": empty}), vocab, None
+    side = _side_file(cfg.items_path, cfg, cfg.items_id_column, raw_items, "items")
+    items = pd.DataFrame({"item_id": np.arange(n, dtype=np.int64)})
+    category_vocab = None
+    if cfg.categories_column:
+        if cfg.categories_column not in side.columns:
+            raise DatasetError(f"{cfg.items_path}: no column {cfg.categories_column!r} (data.interactions.categories_column); "
+                               f"columns are {list(side.columns)}")
+        names_per_item = [
+            sorted({g.strip() for g in str(v).split(cfg.categories_separator) if g.strip()}) if isinstance(v, str) else []
+            for v in side[cfg.categories_column]
+        ]
+        names = sorted({g for gs in names_per_item for g in gs} | ({NO_CATEGORY} if any(not gs for gs in names_per_item) else set()))
+        index = {g: c for c, g in enumerate(names)}
+        items["categories"] = [np.array(sorted(index[g] for g in gs) or [index[NO_CATEGORY]], dtype=np.int64) for gs in names_per_item]
+        category_vocab = pd.DataFrame({"category_id": np.arange(len(names), dtype=np.int64), "name": names})
+        side = side.drop(columns=[cfg.categories_column])
+    else:
+        items["categories"] = empty
+    for column in side.columns:
+        items[column] = side[column].to_numpy()
+    return items, vocab, category_vocab
+
+
+def _side_file(path: str, cfg: InteractionsDataConfig, id_column: str, raw_ids: pa.Array, what: str) -> pd.DataFrame:
+    """The side file's rows for ``raw_ids`` (in that order; absent ids give empty values), id column dropped."""
+    p = Path(path)
+    fmt = "auto" if cfg.format == "adjacency" else cfg.format  # the log's format says nothing of a side file's
+    table = read_columns(p, None, fmt=fmt, delimiter=cfg.delimiter, header=True)
+    if id_column not in table.column_names:
+        raise DatasetError(f"{p}: no column {id_column!r} (data.interactions.{what}_id_column); columns are {table.column_names}")
+    ids = _ids(table[id_column], str(p), id_column)
+    ids, keys = _same_type(ids, pa.chunked_array([raw_ids]))
+    frame = table.drop_columns([id_column]).to_pandas()
+    duplicated = pd.Series(ids.to_numpy(zero_copy_only=False)).duplicated()
+    if duplicated.any():
+        raise DatasetError(f"{p}: {what} id {ids[int(np.argmax(duplicated.to_numpy()))].as_py()!r} appears twice")
+    position = _index(keys, pa.concat_arrays(ids.chunks) if ids.num_chunks else pa.array([], ids.type))
+    found = position >= 0
+    out = frame.iloc[np.where(found, position, 0)].reset_index(drop=True)
+    if not found.all():
+        out = out.astype(object)
+        out.loc[~found, :] = None
+    return out
+
+
+def _users_table(cfg: InteractionsDataConfig, raw_users: pa.Array) -> tuple[pd.DataFrame, pd.DataFrame]:
+    n = len(raw_users)
+    vocab = pd.DataFrame({"raw_id": raw_users.to_pandas(), "user_id": np.arange(n, dtype=np.int64)})
+    users = pd.DataFrame({"user_id": np.arange(n, dtype=np.int64)})
+    if cfg.users_path:
+        side = _side_file(cfg.users_path, cfg, cfg.users_id_column, raw_users, "users")
+        for column in side.columns:
+            users[column] = side[column].to_numpy()
+    return users, vocab
+
+
+# ---------------------------------------------------------------- sources and cache
+
+
+def _source_paths(cfg: InteractionsDataConfig, protocol: str) -> dict[str, Path]:
+    if protocol == "given":
+        if cfg.path:
+            raise DatasetError("data.protocol=given reads data.interactions.train_path / valid_path / test_path; "
+                               f"data.interactions.path={cfg.path!r} is for the other protocols")
+        if not cfg.train_path or not cfg.test_path:
+            raise DatasetError("data.protocol=given needs data.interactions.train_path and test_path (valid_path is optional)")
+        named = {"train": cfg.train_path, "valid": cfg.valid_path, "test": cfg.test_path}
+    else:
+        if not cfg.path:
+            raise DatasetError(f"data.interactions.path is not set (the log to split by protocol {protocol!r}); "
+                               "for a split of your own use data.protocol=given with train_path / test_path")
+        named = {"log": cfg.path}
+    named.update(items=cfg.items_path, users=cfg.users_path)
+    paths = {k: Path(v) for k, v in named.items() if v}
+    for key, p in paths.items():
+        if not p.exists():
+            raise DatasetError(f"{p}: no such file or folder (data.interactions.{key if key != 'log' else ''}{'_path' if key != 'log' else 'path'})")
+    return paths
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(_MD5_BLOCK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_md5(paths: dict[str, Path], expected: dict[str, str]) -> None:
+    by_name = {f.name: f for p in paths.values() for f in _files(p)}
+    for name, want in expected.items():
+        if name not in by_name:
+            raise DatasetError(f"data.interactions.md5 names {name!r}, which is none of the source files {sorted(by_name)}")
+        got = _md5(by_name[name])
+        if got != want.lower():
+            raise DatasetError(f"{by_name[name]}: md5 {got}, expected {want} (data.interactions.md5): "
+                               "the file is damaged or another version; nothing was written")
+
+
+def _sources(paths: dict[str, Path]) -> list[dict[str, str]]:
+    return [{"role": role, "file": str(f), "sha256": sha256_file(f)} for role, p in paths.items() for f in _files(p)]
+
+
+def cache_key(sources: list[dict[str, str]], options: dict[str, Any]) -> str:
+    """16 hex of sha256 over the sources' roles and sha256s, every option and the code versions."""
+    payload = {
+        "sources": sorted((s["role"], s["sha256"]) for s in sources),
+        "options": options,
+        "code_version": CODE_VERSION,
+        "pipeline_version": PIPELINE_VERSION,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- protocols
+
+
+def _split_log(cfg: InteractionsDataConfig, path: Path, protocol: str, seed: int, filters: dict[str, Any],
+               num_heldout_users: int):
+    log = read_log(cfg, str(path))
+    log = log.set_column(0, "user", _same_type(log["user"])[0]).set_column(1, "item", _same_type(log["item"])[0])
+    users, items = _vocabulary(log["user"]), _vocabulary(log["item"])
+    kept = filter_interactions(_frame(log, users, items), **filters)
+    if len(kept) == 0:
+        raise DatasetError(f"{path}: no interactions left after the filters {filters} (of {log.num_rows})")
+    options: dict[str, Any] = {}
+    heldout = None
+    if protocol == "strong_generalization":
+        options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
+        heldout = strong_generalization_users(kept, seed=seed, num_heldout_users=num_heldout_users)
+    parts = list(split(kept, protocol, seed=seed, **options))
+    for name, part in zip(("train", "valid", "test"), parts):
+        if len(part) == 0:
+            raise DatasetError(f"{path}: protocol {protocol} (seed {seed}, filters {filters}) leaves the {name} split "
+                               f"empty ({[len(p) for p in parts]} train/valid/test rows); nothing was written")
+    old_users = users
+    users, items = _compact(parts, users, items)
+    extra_meta: dict[str, Any] = {"protocol_options": options, "num_raw_interactions": log.num_rows}
+    extra_tables: dict[str, pd.DataFrame] = {}
+    if heldout is not None:
+        # held-out users by raw id, then renumbered as the compacted vocabulary numbers them
+        valid_u, test_u = (_index(pa.chunked_array([old_users.take(pa.array(h))]), users) for h in heldout)
+        valid_u, test_u = valid_u[valid_u >= 0], test_u[test_u >= 0]
+        extra_tables["heldout_users.parquet"] = pd.DataFrame({
+            "user_id": np.concatenate([valid_u, test_u]).astype(np.int64),
+            "split": ["valid"] * len(valid_u) + ["test"] * len(test_u),
+        })
+        extra_meta["strong_generalization"] = {"num_valid_users": len(valid_u), "num_test_users": len(test_u),
+                                               "recall": "hits / min(K, |relevant|)", "ndcg_k": 100}
+    return parts, users, items, extra_meta, extra_tables
+
+
+def _given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int, filters: dict[str, Any]):
+    logs: dict[str, pa.Table] = {}
+    offset = 0
+    for name in ("train", "valid", "test"):
+        if name in paths:
+            logs[name] = read_log(cfg, str(paths[name]), time_offset=offset)
+            offset += logs[name].num_rows
+    names = list(logs)
+    user_cols = _same_type(*(logs[s]["user"] for s in names))
+    item_cols = _same_type(*(logs[s]["item"] for s in names))
+    for s, u, i in zip(names, user_cols, item_cols):
+        logs[s] = logs[s].set_column(0, "user", u).set_column(1, "item", i)
+    users, items = _vocabulary(logs["train"]["user"]), _vocabulary(logs["train"]["item"])
+    train = filter_interactions(_frame(logs["train"], users, items), **filters)
+    if len(train) == 0:
+        raise DatasetError(f"{paths['train']}: no interactions left after the filters {filters}")
+    dropped: dict[str, dict[str, int]] = {}
+    parts: dict[str, pd.DataFrame] = {"train": train}
+    train_pairs = set(zip(train["user_id"].to_numpy().tolist(), train["item_id"].to_numpy().tolist()))
+    train_users = np.zeros(len(users), dtype=bool)
+    train_users[train["user_id"].to_numpy()] = True
+    train_items = np.zeros(len(items), dtype=bool)
+    train_items[train["item_id"].to_numpy()] = True
+    for name in ("valid", "test"):
+        if name not in logs:
+            continue
+        frame = filter_interactions(_frame(logs[name], users, items), min_rating=filters["min_rating"])
+        u, i = frame["user_id"].to_numpy(), frame["item_id"].to_numpy()
+        unknown_user = (u < 0) | ~train_users[np.maximum(u, 0)]
+        unknown_item = ~unknown_user & ((i < 0) | ~train_items[np.maximum(i, 0)])
+        known = ~unknown_user & ~unknown_item
+        in_train = np.zeros(len(frame), dtype=bool)
+        in_train[known] = [(a, b) in train_pairs for a, b in zip(u[known].tolist(), i[known].tolist())]
+        keep = known & ~in_train
+        dropped[name] = {"rows": int(logs[name].num_rows), "user_not_in_train": int(unknown_user.sum()),
+                         "item_not_in_train": int(unknown_item.sum()), "pair_in_train": int(in_train.sum()),
+                         "duplicates_or_rating": int(logs[name].num_rows - len(frame))}
+        parts[name] = frame[keep].reset_index(drop=True)
+        if len(parts[name]) == 0:
+            raise DatasetError(
+                f"{paths[name]}: no {name} interaction is usable: of {logs[name].num_rows} rows, "
+                f"{dropped[name]['user_not_in_train']} have a user with no train rows, {dropped[name]['item_not_in_train']} "
+                f"an item never in train, {dropped[name]['pair_in_train']} a (user, item) pair already in train")
+    carved = "valid" not in parts
+    if carved:
+        parts["train"], parts["valid"] = carve_valid(parts["train"], fraction=cfg.valid_fraction, seed=seed)
+        if len(parts["valid"]) == 0:
+            raise DatasetError(f"{paths['train']}: data.interactions.valid_fraction={cfg.valid_fraction} carves no "
+                               "validation rows (every user has too few train rows); give a valid_path or a larger fraction")
+    ordered = [parts["train"], parts["valid"], parts["test"]]
+    users, items = _compact(ordered, users, items)
+    meta = {"given_split": {"valid": "carved from train" if carved else "given", "valid_fraction": cfg.valid_fraction if carved else None,
+                            "dropped": dropped},
+            "num_raw_interactions": int(sum(t.num_rows for t in logs.values()))}
+    return ordered, users, items, meta, {}
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def prepare_interactions(
+    cfg: InteractionsDataConfig,
+    *,
+    root: str | os.PathLike,
+    name: str,
+    protocol: str,
+    seed: int = 0,
+    min_rating: float = 0.0,
+    min_user_interactions: int = 0,
+    min_item_interactions: int = 0,
+    num_heldout_users: int = 0,
+) -> Path:
+    """Prepare ``<root>/<name>-<protocol>-<key>`` from the configured files and return its absolute path.
+
+    Idempotent: a complete dir whose meta.json carries the same key is returned untouched.
+    """
+    if protocol not in (*PROTOCOLS, "given"):
+        raise DatasetError(f"data.protocol={protocol!r}: unknown; known: {sorted((*PROTOCOLS, 'given'))}")
+    fmt_ok = ("auto", "csv", "tsv", "parquet", "adjacency")
+    if cfg.format not in fmt_ok:
+        raise DatasetError(f"data.interactions.format={cfg.format!r}: expected one of {fmt_ok}")
+    if min_rating > 0 and not cfg.rating_column:
+        raise DatasetError(f"data.min_rating={min_rating} needs ratings: set data.interactions.rating_column (or min_rating=0)")
+    paths = _source_paths(cfg, protocol)
+    _check_md5(paths, cfg.md5)
+    sources = _sources(paths)
+    filters = {"min_rating": float(min_rating), "min_user_interactions": int(min_user_interactions),
+               "min_item_interactions": int(min_item_interactions)}
+    options = {"protocol": protocol, "seed": seed, "filters": filters, "num_heldout_users": num_heldout_users,
+               "reader": {k: v for k, v in asdict(cfg).items() if not k.endswith("_path") and k not in ("path", "md5")}}
+    key = cache_key(sources, options)
+    out_dir = Path(root).absolute() / f"{name}-{protocol}-{key}"
+    if is_prepared(out_dir, key):
+        return out_dir
+
+    if protocol == "given":
+        parts, users, items, extra_meta, extra_tables = _given_split(cfg, paths, seed, filters)
+    else:
+        parts, users, items, extra_meta, extra_tables = _split_log(cfg, paths["log"], protocol, seed, filters, num_heldout_users)
+    items_table, item_vocab, category_vocab = _items_table(cfg, items)
+    users_table, user_vocab = _users_table(cfg, users)
+    extra_tables.update({"vocab/users.parquet": user_vocab, "vocab/items.parquet": item_vocab})
+    if category_vocab is not None:
+        extra_tables["vocab/categories.parquet"] = category_vocab
+    meta: dict[str, Any] = {
+        "name": name,
+        "protocol": protocol,
+        "seed": seed,
+        "filters": filters,
+        "num_users": len(users),
+        "num_items": len(items),
+        "num_categories": 0 if category_vocab is None else len(category_vocab),
+        "timestamps": "seconds" if cfg.timestamp_column else "file_order",
+        "sources": sources,
+        "code_version": CODE_VERSION,
+        "pipeline_version": PIPELINE_VERSION,
+        "cache_key": key,
+        **extra_meta,
+    }
+    train, valid, test = parts
+    try:
+        return write_dataset_dir(out_dir, train=train, valid=valid, test=test, items=items_table, users=users_table,
+                                 meta=meta, extra_tables=extra_tables)
+    except ValueError as e:
+        raise DatasetError(f"{out_dir}: {e}") from None

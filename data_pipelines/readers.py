@@ -1,0 +1,184 @@
+"""Readers for interaction logs in the formats users bring: CSV / TSV (any delimiter, header or
+not, gzip / zstd by extension), a parquet file or a folder of them, and the adjacency lists of
+LightGCN-family benchmarks (``user item item ...`` per line).
+
+Every reader returns a pyarrow Table holding only the columns asked for, under their source
+names; every fault is a ``DatasetError`` naming the file, the line (or row) and the field.
+A UTF-8 byte-order mark and CRLF line endings are read as if absent.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.dataset as pads
+
+from data_pipelines.errors import DatasetError
+
+__all__ = ["FORMATS", "detect_format", "read_adjacency", "read_columns"]
+
+FORMATS = ("csv", "tsv", "parquet", "adjacency")
+_COMPRESSED = (".gz", ".zst", ".zstd", ".bz2")
+_CSV_BLOCK_BYTES = 1 << 24
+
+
+def detect_format(path: Path) -> str:
+    """The format of ``path`` from its name: a folder is parquet; ``.csv[.gz]`` csv; ``.tsv`` / ``.tab``
+    tsv; ``.parquet`` / ``.pq`` parquet; ``.txt`` adjacency (LightGCN's files)."""
+    if path.is_dir():
+        return "parquet"
+    name = path.name.lower()
+    for suffix in _COMPRESSED:
+        name = name.removesuffix(suffix)
+    ext = Path(name).suffix
+    by_ext = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet", ".pq": "parquet", ".txt": "adjacency"}
+    if ext not in by_ext:
+        raise DatasetError(f"{path}: cannot tell the format from the name; set data.interactions.format to one of {FORMATS}")
+    return by_ext[ext]
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    stream = pa.input_stream(str(path), compression="detect")  # .gz / .zst / .bz2 by extension
+    return io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+
+
+def _first_bad_csv_row(path: Path, delimiter: str, header: bool) -> str:
+    """Where a CSV the Arrow parser refused goes wrong: the first line whose field count differs."""
+    try:
+        with _open_text(path) as f:
+            expected = None
+            for line_no, row in enumerate(csv.reader(f, delimiter=delimiter), start=1):
+                if not row:
+                    continue
+                if expected is None:
+                    expected = len(row)
+                elif len(row) != expected:
+                    return f"line {line_no} has {len(row)} field(s), line 1 has {expected} (delimiter {delimiter!r})"
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        return str(e)
+    return "no line with a different field count found"
+
+
+def _read_csv(path: Path, columns: list[str] | None, delimiter: str, header: bool) -> pa.Table:
+    read = pacsv.ReadOptions(autogenerate_column_names=not header, block_size=_CSV_BLOCK_BYTES)
+    parse = pacsv.ParseOptions(delimiter=delimiter)
+    try:
+        with pa.input_stream(str(path), compression="detect") as stream:
+            if header:  # read the header row alone first, so a missing column is named before any parsing
+                names = pacsv.open_csv(stream, read_options=read, parse_options=parse).schema.names
+            else:
+                names = None
+    except pa.ArrowInvalid as e:
+        if "Empty CSV file" in str(e):
+            raise DatasetError(f"{path}: empty file (no header, no rows)") from None
+        raise DatasetError(f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})") from None
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: cannot read ({e})") from None
+    if names is not None and columns is not None:
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise DatasetError(f"{path}: no column(s) {missing} in the header {names} (delimiter {delimiter!r}); "
+                               "set data.interactions.*_column to the right names")
+    if columns is None:
+        convert = pacsv.ConvertOptions()
+    else:
+        convert = pacsv.ConvertOptions(include_columns=columns if header else [f"f{int(c)}" for c in columns])
+    try:
+        table = pacsv.read_csv(pa.input_stream(str(path), compression="detect"), read_options=read,
+                               parse_options=parse, convert_options=convert)
+    except pa.ArrowInvalid as e:
+        if "Empty CSV file" in str(e):
+            raise DatasetError(f"{path}: empty file") from None
+        if not header and "include_columns" in str(e):
+            raise DatasetError(f"{path}: fewer fields than the column positions {columns} asked for") from None
+        raise DatasetError(f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})") from None
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: cannot read ({e})") from None
+    if not header and columns is not None:
+        table = table.rename_columns(columns)
+    return table
+
+
+def _read_parquet(path: Path, columns: list[str] | None) -> pa.Table:
+    try:
+        dataset = pads.dataset(str(path), format="parquet")
+        names = dataset.schema.names
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: not readable as parquet ({e})") from None
+    missing = [c for c in columns or () if c not in names]
+    if missing:
+        raise DatasetError(f"{path}: no column(s) {missing}; columns are {names}")
+    try:
+        return dataset.to_table(columns=columns)
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: a parquet file there is damaged ({e})") from None
+
+
+def read_columns(path: str | os.PathLike, columns: list[str] | None, *, fmt: str = "auto", delimiter: str = "",
+                 header: bool = True) -> pa.Table:
+    """``columns`` of the log at ``path`` (names, or 0-based positions as strings when ``header`` is
+    false; None: every column)."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or folder")
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt not in ("csv", "tsv", "parquet"):
+        raise DatasetError(f"{path}: format {fmt!r} holds no named columns; expected csv, tsv or parquet")
+    if fmt == "parquet":
+        table = _read_parquet(path, columns)
+    else:
+        table = _read_csv(path, columns, delimiter or ("\t" if fmt == "tsv" else ","), header)
+    if table.num_rows == 0:
+        raise DatasetError(f"{path}: no rows (a header alone, or an empty file)")
+    return table
+
+
+def read_adjacency(path: str | os.PathLike) -> pa.Table:
+    """A LightGCN-style file: one line per user, ``user item item ...``, space-separated integers.
+
+    Returns columns ``user``, ``item`` and ``position`` (the pair's running index in the file,
+    which orders a user's items when the data has no timestamps). A line with a user and no items
+    adds nothing; blank lines are skipped.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file")
+    users: list[np.ndarray] = []
+    items: list[np.ndarray] = []
+    try:
+        with _open_text(path) as f:
+            for line_no, line in enumerate(f, start=1):
+                tokens = line.split()
+                if len(tokens) < 2:
+                    continue
+                try:
+                    ids = np.array(tokens, dtype=np.int64)
+                except ValueError:
+                    bad = next(t for t in tokens if not _is_int(t))
+                    field = "user id" if bad == tokens[0] else "item id"
+                    raise DatasetError(f"{path}: line {line_no}: {field} {bad!r} is not an integer") from None
+                users.append(np.full(len(ids) - 1, ids[0], dtype=np.int64))
+                items.append(ids[1:])
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text ({e})") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read ({e})") from None
+    if not users:
+        raise DatasetError(f"{path}: no interactions (every line is empty or a user without items)")
+    user, item = np.concatenate(users), np.concatenate(items)
+    return pa.table({"user": user, "item": item, "position": np.arange(len(user), dtype=np.int64)})
+
+
+def _is_int(token: str) -> bool:
+    try:
+        int(token)
+        return True
+    except ValueError:
+        return False
+

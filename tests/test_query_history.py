@@ -1,0 +1,63 @@
+"""Which items a training query sees: the protocol's default, and the profile bag's guarantees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from recsys.data.batches import TrainBatches
+from tests.conftest import tiny_config
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ([], "profile"),  # the synthetic default is a recbole (random) split
+        (["data=movielens_1m"], "profile"),
+        (["data=movielens_1m", "data/protocol=loo"], "recent"),
+        (["data=movielens_1m", "data/protocol=strong_generalization"], "profile"),
+        (["data=gowalla"], "profile"),
+        (["data=interactions", "data.interactions.path=x.csv", "data/protocol=loo"], "recent"),
+    ],
+)
+def test_the_protocol_sets_the_query_history(overrides, expected):
+    assert tiny_config(overrides).data.query_history == expected
+
+
+def _bags(batches: TrainBatches, epoch: int):
+    """{row: bag items} for every example of an epoch (prefetch off: batches are built here)."""
+    order = batches.profile_order(epoch)
+    rows = batches.example_rows
+    lengths, items = batches.profile_bags(rows, order)
+    splits = np.split(items, np.cumsum(lengths)[:-1])
+    return dict(zip(rows.tolist(), (s.tolist() for s in splits)))
+
+
+def test_profile_bag_is_other_training_items_never_the_target(tiny_data):
+    history_length = 6
+    batches = TrainBatches(tiny_data, history_length=history_length, global_batch_size=64, num_uniform_negatives=0,
+                           seed=0, query_history="profile", prefetch=0)
+    train = tiny_data.splits["train"]
+    bags0, bags1 = _bags(batches, 0), _bags(batches, 1)
+    changed = 0
+    for row, bag in bags0.items():
+        u = train.user_ids[row]
+        others = np.flatnonzero(train.user_ids == u)
+        others = others[others != row]
+        # distinct rows of the same user, never the target's own row, as many as the cap allows
+        assert len(bag) == min(history_length, len(others))
+        assert train.item_ids[row] not in bag
+        assert set(bag) <= set(train.item_ids[others].tolist()) and len(set(bag)) == len(bag)
+        changed += bag != bags1[row]
+    assert changed > 0.5 * len(bags0)  # a fresh subset each epoch (acts as dropout)
+    # what the batches carry is that bag
+    batch = next(batches.epoch(0))
+    features = batch.features.to_dict()
+    hist = features["item"]
+    rows = batches.example_rows[np.random.default_rng([0, 0]).permutation(len(batches.example_rows))[:64]]
+    for j, row in enumerate(rows):
+        assert hist.values()[hist.offsets()[j] : hist.offsets()[j + 1]].tolist() == bags0[int(row)]
+    cats = features["category"]  # the bag items' categories follow them
+    first = bags0[int(rows[0])]
+    expected = [c for i in first for c in tiny_data.item_category_ids[tiny_data.item_category_indptr[i] : tiny_data.item_category_indptr[i + 1]]]
+    assert cats.values()[cats.offsets()[0] : cats.offsets()[1]].tolist() == expected
