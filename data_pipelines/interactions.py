@@ -384,18 +384,18 @@ def _given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int,
     for name in ("valid", "test"):
         if name not in logs:
             continue
-        frame = filter_interactions(_frame(logs[name], users, items), min_rating=filters["min_rating"])
+        frame = _frame(logs[name], users, items)
         u, i = frame["user_id"].to_numpy(), frame["item_id"].to_numpy()
         unknown_user = (u < 0) | ~train_users[np.maximum(u, 0)]
         unknown_item = ~unknown_user & ((i < 0) | ~train_items[np.maximum(i, 0)])
         known = ~unknown_user & ~unknown_item
         in_train = np.zeros(len(frame), dtype=bool)
         in_train[known] = [(a, b) in train_pairs for a, b in zip(u[known].tolist(), i[known].tolist())]
-        keep = known & ~in_train
+        usable = frame[known & ~in_train].reset_index(drop=True)
+        parts[name] = filter_interactions(usable, min_rating=filters["min_rating"])  # duplicates: the latest kept
         dropped[name] = {"rows": int(logs[name].num_rows), "user_not_in_train": int(unknown_user.sum()),
                          "item_not_in_train": int(unknown_item.sum()), "pair_in_train": int(in_train.sum()),
-                         "duplicates_or_rating": int(logs[name].num_rows - len(frame))}
-        parts[name] = frame[keep].reset_index(drop=True)
+                         "duplicates_or_rating": int(len(usable) - len(parts[name]))}
         if len(parts[name]) == 0:
             raise DatasetError(
                 f"{paths[name]}: no {name} interaction is usable: of {logs[name].num_rows} rows, "

@@ -197,3 +197,25 @@ def test_config_mistakes_are_named(tmp_path):
         _prepare(InteractionsDataConfig(path=str(tmp_path / "nowhere.csv")), tmp_path)
     with pytest.raises(DatasetError, match=r"data\.min_rating=3\.0 needs ratings"):
         _prepare(InteractionsDataConfig(path="x.csv"), tmp_path, min_rating=3.0)
+
+
+def test_readme_examples_compose_and_prepare(tmp_path):
+    """The README's "Your own data" commands, as Hydra overrides on fixture files."""
+    from data_pipelines.prepare import prepare_dataset
+    from tests.conftest import tiny_config
+
+    log = _log()
+    log.to_csv(tmp_path / "clicks.csv.gz", index=False, compression="gzip")
+    cfg = tiny_config([f"data.root={tmp_path / 'data'}", "data=interactions", f"data.interactions.path={tmp_path / 'clicks.csv.gz'}",
+                       "data.interactions.user_column=visitor", "data.interactions.item_column=sku",
+                       "data.interactions.timestamp_column=ts"])
+    assert cfg.data.protocol == "recbole" and cfg.data.query_history == "profile"
+    assert load_dataset(prepare_dataset(cfg.data)).num_users == 30
+    _adjacency(tmp_path / "train.txt", {u: list(range(u, u + 10)) for u in range(5)})
+    _adjacency(tmp_path / "test.txt", {u: [u + 10, u + 11] for u in range(5)})
+    cfg = tiny_config([f"data.root={tmp_path / 'data'}", "data=interactions", "data/protocol=given",
+                       f"data.interactions.train_path={tmp_path / 'train.txt'}", f"data.interactions.test_path={tmp_path / 'test.txt'}"])
+    data = load_dataset(prepare_dataset(cfg.data))
+    # items 14 and 15 never occur in train: those 3 test rows are dropped and counted
+    assert {s: len(v) for s, v in data.splits.items()} == {"train": 45, "valid": 5, "test": 7}
+    assert data.meta["given_split"]["dropped"]["test"]["item_not_in_train"] == 3
