@@ -52,6 +52,7 @@ class DataConfig:
     # "profile": up to history_length of the user's OTHER training items, resampled every epoch, the
     # target never among them (random splits: recbole, given, strong_generalization)
     query_history: str = "recent"
+    history_dropout: float = 0.0  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
     min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
@@ -80,6 +81,7 @@ class ModelConfig:
     temperature: float = 0.05  # softmax temperature tau: scores are <q, c> / tau
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
+    query_user_id: bool = True  # the query tower sees the user-id embedding; false: the history bag alone
 
 
 @dataclass
@@ -89,7 +91,7 @@ class SparseOptimConfig:
     eps: float = 1e-8  # Adagrad / Adam epsilon
     beta1: float = 0.9  # Adam / LAMB first-moment decay
     beta2: float = 0.999  # Adam / LAMB second-moment decay
-    weight_decay: float = 0.0  # L2 on looked-up rows; 0 disables
+    weight_decay: float = 0.0  # L2 on looked-up rows (CUDA only: fbgemm's CPU kernels ignore it, so CPU runs refuse it); 0 disables
 
 
 @dataclass
@@ -220,6 +222,7 @@ def check_values(cfg: Config) -> None:
         need(table.pooling in ("sum", "mean"), f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")
     need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
     need(d.query_history in ("recent", "profile"), "data.query_history", d.query_history, "must be 'recent' or 'profile'")
+    need(0.0 <= d.history_dropout < 1.0, "data.history_dropout", d.history_dropout, "must be in [0, 1)")
     need(len(e.ks) > 0 and all(k >= 1 for k in e.ks), "eval.ks", e.ks, "cut-offs must be >= 1")
     metric, _, k = e.valid_metric.partition("@")
     valid_names = [f"{name}@{k}" for name in VALID_METRICS for k in e.ks]

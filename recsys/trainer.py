@@ -69,7 +69,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarra
     )
     model = TwoTower(
         configs,
-        query_tables=query_tables(cfg.data.history_length, data.has_categories),
+        query_tables=query_tables(cfg.data.history_length, data.has_categories, cfg.model.query_user_id),
         candidate_tables=candidate_tables(data.has_categories),
         tower_dims=cfg.model.tower_dims,
     )
@@ -229,6 +229,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         num_uniform_negatives=cfg.model.num_uniform_negatives,
         seed=tcfg.seed,
         query_history=cfg.data.query_history,
+        history_dropout=cfg.data.history_dropout,
         rank=env.rank,
         world_size=env.world_size,
         pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step

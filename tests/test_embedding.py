@@ -18,7 +18,7 @@ DIMS = {"user": 8, "item": 16, "category": 4}
 POOLING = {"user": "sum", "item": "mean", "category": "mean"}
 
 
-def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_adagrad"):
+def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_adagrad", weight_decay=0.0):
     configs = table_configs(num_rows=NUM_ROWS, dims=DIMS, poolings=POOLING)
     torch.manual_seed(0)
     task = RetrievalTask(
@@ -28,7 +28,8 @@ def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_a
     sharding = ShardingConfig(
         device="cpu", tables={t: TableShardingConfig(sharding_types=[sharding_type]) for t in NUM_ROWS}
     )
-    return shard_model(task, sharding=sharding, sparse=SparseOptimConfig(name=optimizer, lr=0.1), dense=DenseOptimConfig(), env=process_group, seed=3)
+    return shard_model(task, sharding=sharding, sparse=SparseOptimConfig(name=optimizer, lr=0.1, weight_decay=weight_decay),
+                        dense=DenseOptimConfig(), env=process_group, seed=3)
 
 
 def random_batch(rng, batch_size=6):
@@ -85,6 +86,19 @@ def test_fused_step_changes_exactly_the_looked_up_rows(process_group, optimizer)
         looked_up = set(values[table].tolist())
         changed = (after[table] != before[table]).any(dim=1).nonzero().flatten().tolist()
         assert set(changed) == looked_up, table
+
+
+def test_sparse_weight_decay_is_refused_on_cpu_and_reaches_the_cuda_kernel_with_its_mode(process_group):
+    """fbgemm ignores weight_decay unless weight_decay_mode is set; on CPU it ignores it even then
+    (updates measured bit-identical), so a CPU run refuses it instead of training without it."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
+
+    from recsys.distributed.sharding import sparse_fused_params
+
+    with pytest.raises(ValueError, match=r"optim.sparse.weight_decay=0.5: fbgemm's CPU kernels ignore weight decay"):
+        make_sharded(process_group, weight_decay=0.5)
+    assert sparse_fused_params(SparseOptimConfig(weight_decay=1e-4)) == {"weight_decay_mode": WeightDecayMode.L2}
+    assert sparse_fused_params(SparseOptimConfig()) is None
 
 
 def test_gpu_only_sparse_optimizer_is_refused_on_cpu(process_group):
@@ -151,14 +165,14 @@ def test_sparse_optimizer_settings_reach_fbgemm_under_its_own_names(name):
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
     from torchrec.distributed.utils import merge_fused_params, optimizer_type_to_emb_opt_type
 
-    from recsys.distributed.sharding import SPARSE_OPTIMIZERS, sparse_optimizer_kwargs
+    from recsys.distributed.sharding import SPARSE_OPTIMIZERS, sparse_fused_params, sparse_optimizer_kwargs
 
     assert set(SPARSE_OPTIMIZERS) == set(EXPECTED_KERNEL_OPTIMIZER)
     cfg = SparseOptimConfig(name=name, lr=0.2, eps=1e-6, beta1=0.8, beta2=0.99, weight_decay=0.01)
     cls, kwargs = sparse_optimizer_kwargs(cfg, torch.device("cuda"))
     cls([torch.nn.Parameter(torch.zeros(3, 2))], **kwargs)
     assert optimizer_type_to_emb_opt_type(cls).name == EXPECTED_KERNEL_OPTIMIZER[name]
-    fused = merge_fused_params({}, dict(kwargs))
+    fused = merge_fused_params(sparse_fused_params(cfg), dict(kwargs))  # the sharder's (weight_decay_mode) + the optimizer's
     accepted = inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters
     assert set(fused) <= set(accepted), f"fbgemm has no parameter {sorted(set(fused) - set(accepted))}"
     assert fused["learning_rate"] == 0.2 and fused["weight_decay"] == 0.01

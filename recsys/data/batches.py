@@ -114,6 +114,7 @@ class TrainBatches:
         num_uniform_negatives: int,
         seed: int,
         query_history: str = "recent",
+        history_dropout: float = 0.0,
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
@@ -151,6 +152,7 @@ class TrainBatches:
         if query_history not in ("recent", "profile"):
             raise ValueError(f"data.query_history={query_history!r}: expected 'recent' or 'profile'")
         self.query_history = query_history
+        self.history_dropout = history_dropout
         # first row of each row's user and one past its last (rows are sorted by user); O(rows), never O(num_users)
         users = self.train.user_ids
         new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
@@ -189,6 +191,8 @@ class TrainBatches:
         shuffled, position = order
         start, end = self.user_start[rows], self.user_end[rows]
         lengths = np.minimum(self.history_length, end - start - 1)
+        if self.history_dropout > 0:  # keep a share of the bag, at least one item when there is one
+            lengths = np.minimum(lengths, np.maximum(1, np.floor((1.0 - self.history_dropout) * (end - start - 1)).astype(np.int64)))
         step = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
         start_r, size_r = np.repeat(start, lengths), np.repeat(end - start, lengths)
         index = start_r + (np.repeat(position[rows], lengths) - start_r + step) % size_r

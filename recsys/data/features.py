@@ -32,9 +32,15 @@ def tables(has_categories: bool = True) -> List[str]:
     return TABLES if has_categories else ["user", "item"]
 
 
-def query_tables(history_length: int, has_categories: bool = True) -> List[str]:
-    """Tables whose query-row lookups feed the query tower; history ones only when ``history_length > 0``."""
-    return tables(has_categories) if history_length > 0 else ["user"]
+def query_tables(history_length: int, has_categories: bool = True, user_id: bool = True) -> List[str]:
+    """Tables whose query-row lookups feed the query tower; history ones only when ``history_length > 0``,
+    the user-id table only with ``user_id``."""
+    names = tables(has_categories) if history_length > 0 else ["user"]
+    if not user_id:
+        if history_length <= 0:
+            raise ValueError("model.query_user_id=false needs a history (data.history_length > 0): the query would see nothing")
+        names = [t for t in names if t != "user"]
+    return names
 
 
 def candidate_tables(has_categories: bool = True) -> List[str]:
