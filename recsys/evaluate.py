@@ -28,7 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.checkpoint import CONFIG_FILE, load_checkpoint
-from recsys.config import Config, SparseOptimConfig, register_configs, reject_unknown_keys
+from recsys.config import Config, SparseOptimConfig, query_uses_user_id, register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import load_dataset
 from recsys.distributed.collectives import all_gather_rows
@@ -118,7 +118,7 @@ def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
     lo, hi = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
     two_tower = sharded.module.module.model
     two_tower.eval()
-    builder = FeatureBuilder(data, cfg.data.history_length)
+    builder = FeatureBuilder(data, cfg.data.history_length, query_uses_user_id(cfg))
     evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)
     common = dict(batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
 

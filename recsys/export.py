@@ -28,7 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from recsys.config import register_configs, reject_unknown_keys
+from recsys.config import query_uses_user_id, register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.evaluate import load_run_config, load_trained
@@ -78,7 +78,7 @@ def export_run(ecfg: ExportConfig) -> Path:
         data, sharded, checkpoint = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
         two_tower = sharded.module.module.model
         two_tower.eval()
-        builder = FeatureBuilder(data, cfg.data.history_length)
+        builder = FeatureBuilder(data, cfg.data.history_length, query_uses_user_id(cfg))
         item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
                          batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
         tables = full_tables(sharded.module, env.rank, env.device)

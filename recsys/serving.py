@@ -45,7 +45,9 @@ class QueryEncoder(nn.Module):
         super().__init__()
         self.with_history = with_history
         self.with_categories = with_history and "category" in tables  # none for data without categories
-        self.user = nn.EmbeddingBag.from_pretrained(tables["user"], mode=poolings["user"], freeze=True)
+        self.with_user = "user" in tables  # none when the query is its history bag alone (model.query_user_id)
+        if self.with_user:
+            self.user = nn.EmbeddingBag.from_pretrained(tables["user"], mode=poolings["user"], freeze=True)
         if with_history:
             self.item = nn.EmbeddingBag.from_pretrained(tables["item"], mode=poolings["item"], freeze=True)
         if self.with_categories:
@@ -60,7 +62,9 @@ class QueryEncoder(nn.Module):
         history_categories: torch.Tensor,
         history_category_offsets: torch.Tensor,
     ) -> torch.Tensor:
-        pooled = [self.user(user_ids, torch.arange(user_ids.shape[0], device=user_ids.device))]
+        pooled = []
+        if self.with_user:
+            pooled.append(self.user(user_ids, torch.arange(user_ids.shape[0], device=user_ids.device)))
         if self.with_history:
             pooled.append(self.item(history_item_ids, history_offsets))
         if self.with_categories:

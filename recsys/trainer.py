@@ -32,7 +32,7 @@ from data_pipelines.prepare import prepare_dataset
 from recsys.checkpoint import (
     STATE_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint,
 )
-from recsys.config import Config, DataConfig
+from recsys.config import Config, DataConfig, query_uses_user_id
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset
@@ -55,7 +55,9 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarra
     ``item_counts``: the items' training frequencies for logQ; None = ``data.item_counts()``.
     """
     tables = cfg.model.tables
-    for name in data.table_num_rows:  # no category table for data without categories: none is faked
+    user_id = query_uses_user_id(cfg)
+    num_rows = {t: n for t, n in data.table_num_rows.items() if user_id or t != "user"}
+    for name in num_rows:  # no category table for data without categories: none is faked
         if name not in tables:
             raise ValueError(f"model.tables.{name}: missing (tables given: {sorted(tables)})")
     unknown = set(tables) - {"user", "item", "category"}
@@ -63,13 +65,13 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarra
         raise ValueError(f"model.tables: unknown tables {sorted(unknown)}; expected user, item, category")
     torch.manual_seed(cfg.trainer.seed)
     configs = table_configs(
-        num_rows=data.table_num_rows,
+        num_rows=num_rows,
         dims={t: c.embedding_dim for t, c in tables.items()},
         poolings={t: c.pooling for t, c in tables.items()},
     )
     model = TwoTower(
         configs,
-        query_tables=query_tables(cfg.data.history_length, data.has_categories, cfg.model.query_user_id),
+        query_tables=query_tables(cfg.data.history_length, data.has_categories, user_id),
         candidate_tables=candidate_tables(data.has_categories),
         tower_dims=cfg.model.tower_dims,
     )
@@ -230,13 +232,14 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         seed=tcfg.seed,
         query_history=cfg.data.query_history,
         history_dropout=cfg.data.history_dropout,
+        user_id=query_uses_user_id(cfg),
         rank=env.rank,
         world_size=env.world_size,
         pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
         rank_example_counts=example_counts,
     )
     evaluator = Evaluator(
-        data, FeatureBuilder(data, cfg.data.history_length), ks=cfg.eval.ks,
+        data, FeatureBuilder(data, cfg.data.history_length, query_uses_user_id(cfg)), ks=cfg.eval.ks,
         batch_size=cfg.eval.batch_size, chunk_size=cfg.eval.chunk_size, per_rank_users=cfg.data.shard_by_user,
     )
     pipeline, train_step = make_train_step(cfg, sharded, env)

@@ -32,10 +32,11 @@ from recsys.data.shares import batch_bounds, rank_shares
 class FeatureBuilder:
     """Builds validated KJT batches (the layout of ``recsys.data.features``) from user / history / item arrays."""
 
-    def __init__(self, data: RetrievalData, history_length: int) -> None:
+    def __init__(self, data: RetrievalData, history_length: int, user_id: bool = True) -> None:
         self.data = data
         self.history_length = history_length
-        self.keys = tables(data.has_categories)
+        self.user_id = user_id  # false: no user key (the model has no user table)
+        self.keys = tables(data.has_categories, user_id)
 
     def build(
         self,
@@ -68,6 +69,8 @@ class FeatureBuilder:
             "item": np.concatenate([hist_lengths, ones]),
         }
         values = {"user": user_ids, "item": np.concatenate([hist_items, candidate_item_ids])}
+        if not self.user_id:
+            del lengths["user"], values["user"]
         if self.data.has_categories:
             indptr, category_ids = self.data.item_category_indptr, self.data.item_category_ids
             if hist_categories is None:
@@ -115,6 +118,7 @@ class TrainBatches:
         seed: int,
         query_history: str = "recent",
         history_dropout: float = 0.0,
+        user_id: bool = True,
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
@@ -126,7 +130,7 @@ class TrainBatches:
                 f"trainer.global_batch_size={global_batch_size} is smaller than the world size {world_size}"
             )
         self.train: Interactions = data.splits["train"]
-        self.builder = FeatureBuilder(data, history_length)
+        self.builder = FeatureBuilder(data, history_length, user_id)
         self.num_items = data.num_items
         self.global_batch_size = global_batch_size
         self.world_size = world_size

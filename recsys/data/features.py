@@ -27,20 +27,18 @@ TABLES: List[str] = ["user", "item", "category"]
 CANDIDATE_TABLES: List[str] = ["item", "category"]
 
 
-def tables(has_categories: bool = True) -> List[str]:
-    """The tables (= KJT keys) of a dataset: no category table when its items have no categories."""
-    return TABLES if has_categories else ["user", "item"]
+def tables(has_categories: bool = True, user_id: bool = True) -> List[str]:
+    """The tables (= KJT keys) of a model: no category table when items have no categories, no user
+    table when the query does not see the user id."""
+    return [t for t in TABLES if (has_categories or t != "category") and (user_id or t != "user")]
 
 
 def query_tables(history_length: int, has_categories: bool = True, user_id: bool = True) -> List[str]:
     """Tables whose query-row lookups feed the query tower; history ones only when ``history_length > 0``,
     the user-id table only with ``user_id``."""
-    names = tables(has_categories) if history_length > 0 else ["user"]
-    if not user_id:
-        if history_length <= 0:
-            raise ValueError("model.query_user_id=false needs a history (data.history_length > 0): the query would see nothing")
-        names = [t for t in names if t != "user"]
-    return names
+    if not user_id and history_length <= 0:
+        raise ValueError("model.query_user_id=false needs a history (data.history_length > 0): the query would see nothing")
+    return tables(has_categories, user_id) if history_length > 0 else ["user"]
 
 
 def candidate_tables(has_categories: bool = True) -> List[str]:
