@@ -39,6 +39,7 @@ from recsys.evaluation.ann import ANN_KINDS
 from recsys.evaluation.evaluator import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
+from recsys.logs import setup_logging
 from recsys.trainer import build_task, prepare_dataset_on_rank0
 
 log = logging.getLogger(__name__)
@@ -164,8 +165,7 @@ register_configs()
 @record
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    if int(os.environ.get("RANK", "0")) != 0:
-        logging.getLogger().setLevel(logging.WARNING)
+    setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     reject_unknown_keys(cfg)
     evaluate_run(OmegaConf.to_object(cfg))
 

@@ -9,7 +9,6 @@ Outputs land in runs/<run_name>/ (results.json, metrics.jsonl, tb/, train.log).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -19,6 +18,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import register_configs, to_config
+from recsys.logs import setup_logging
 from recsys.trainer import fit
 
 register_configs()
@@ -27,8 +27,7 @@ register_configs()
 @record
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
-        logging.getLogger().setLevel(logging.WARNING)
+    setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     from data_pipelines.movielens import MovieLensError
 
     try:

@@ -40,8 +40,10 @@ from recsys.data.features import query_tables
 from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.data_shards import load_rank_data
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
+from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.sharding import ShardedModel, shard_model
 from recsys.evaluation.evaluator import Evaluator
+from recsys.logs import FILE_ONLY
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
@@ -186,7 +188,9 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         batch_size_per_rank=-(-tcfg.global_batch_size // env.world_size),
     )
     if env.is_main:
-        log.info("sharding plan:\n%s", sharded.plan)
+        shapes = {t: (data.table_num_rows[t], c.embedding_dim) for t, c in cfg.model.tables.items()}
+        log.info("%s", plan_summary(sharded.plan, shapes, env.world_size))
+        log.info("sharding plan:\n%s", sharded.plan, extra=FILE_ONLY)
     dmp = sharded.module
     dmp.module.gather_candidates = candidate_gather(env.rank, env.world_size)
     two_tower = dmp.module.model
