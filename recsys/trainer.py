@@ -47,6 +47,7 @@ from recsys.logs import FILE_ONLY
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
+from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +120,8 @@ def config_fingerprint(cfg: Config) -> str:
 def _resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     resume = cfg.trainer.resume
     if resume == "none":
-        if env.is_main and ckpt_root.exists():  # checkpoints of an earlier run in this dir: set aside, never deleted
-            n = 1
-            while ckpt_root.with_name(f"checkpoints.replaced.{n}").exists():
-                n += 1
-            replaced = ckpt_root.with_name(f"checkpoints.replaced.{n}")
-            ckpt_root.rename(replaced)
-            log.warning("trainer.resume=none: the earlier checkpoints in this run dir moved to %s", replaced)
+        if env.is_main:  # an earlier run's checkpoints and logs in this dir: set aside together, never deleted
+            set_aside_earlier_run(ckpt_root.parent)
         return None
     if resume == "auto":
         partial = [p for p in ckpt_root.glob("step_*") if not is_complete_checkpoint(p)] if ckpt_root.is_dir() else []
@@ -200,12 +196,19 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     state = TrainerState(fingerprint=fingerprint, world_size=env.world_size)
     resume_from = _resume_path(cfg, ckpt_root, env)
     if resume_from is not None:
-        saved = read_trainer_state(resume_from).fingerprint  # before loading: other shapes would fail inside DCP
+        saved_state = read_trainer_state(resume_from)
+        saved = saved_state.fingerprint  # before loading: other shapes would fail inside DCP
         if saved != fingerprint:
             raise ValueError(
                 f"{resume_from}: saved for another data/model config (fingerprint {saved}, "
                 f"now {fingerprint}); use trainer.resume=none or another run_name"
             )
+        # a finished run is not trained again; the same answer on every rank (same files)
+        done = completed_results(run_dir, saved_state, tcfg.epochs) if tcfg.resume == "auto" else None
+        if done is not None:
+            if env.is_main:
+                print(format_results_table(done, result_ks(done)), flush=True)
+            return sharded, done
         state = load_checkpoint(sharded, resume_from, env=env)
         if env.is_main:
             log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
