@@ -6,8 +6,9 @@ on the root logger. :func:`setup_logging` (called first thing in each entry poin
 - keeps the console for recsys's own loggers (``recsys.*``, ``data_pipelines.*``, scripts) and
   for errors from anyone; torchrec's planner box, fbgemm's TBE argument dumps, faiss' loader
   lines and library warnings go to the log file only;
-- on ranks other than 0 drops the file handler (one log file per run, written by rank 0) and
-  everything below WARNING, so a torchrun job does not print each warning once per rank;
+- on ranks other than 0 keeps only recsys's own warnings and anyone's errors, on the console and
+  in the log file (library chatter once, from rank 0; a rank's own trouble, e.g. an injected
+  fault, still in the shared log), so a torchrun job does not print each warning once per rank;
 - routes torch's own handler (its ``[rank0]:W...`` lines) and Python warnings through the same
   handlers, and ignores the few library warnings that are known to be harmless here
   (:data:`KNOWN_HARMLESS_WARNINGS`, each with its reason).
@@ -58,13 +59,10 @@ def _is_console(handler: logging.Handler) -> bool:
 def setup_logging(rank: int) -> None:
     """Console / log-file split described in the module docstring; call after Hydra set up logging."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        if _is_console(handler):
-            if not any(isinstance(f, ConsoleFilter) for f in handler.filters):
-                handler.addFilter(ConsoleFilter())
-        elif rank != 0:  # one log file, written by rank 0: the other ranks' lines would interleave in it
-            root.removeHandler(handler)
-            handler.close()
+    for handler in root.handlers:
+        # the log file of rank 0 takes everything; other ranks' library chatter would repeat it once per rank
+        if (_is_console(handler) or rank != 0) and not any(isinstance(f, ConsoleFilter) for f in handler.filters):
+            handler.addFilter(ConsoleFilter())
     if rank != 0:
         root.setLevel(logging.WARNING)
     # torch attaches its own stderr handler to the "torch" logger (no propagation): its
