@@ -45,7 +45,9 @@ $(STAMP): pyproject.toml Makefile
 	# pip's conflict check would print "ERROR: ... torchrec 1.8.0 requires fbgemm-gpu, which is not
 	# installed" on every fresh install: expected, fbgemm-gpu-cpu provides the same fbgemm_gpu package
 	# under another name. Skip that check here; pip check then shows any other conflict.
-	$(PY) -m pip install --quiet --no-warn-conflicts -e '.[test]'
+	# PYTHONWARNINGS: setuptools' 10-line "Editable installation ... be careful with folders named like
+	# your package" notice (recsys/ is that folder, on purpose: the install points at it).
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-warn-conflicts -e '.[test]'
 	$(PY) -m pip check | grep -v -e '$(PIP_CHECK_EXPECTED)' -e '^No broken requirements found' || true
 	$(PY) -c "import torch, fbgemm_gpu, torchrec; print('torch', torch.__version__, '| torchrec', torchrec.__version__, '| fbgemm: $(FBGEMM)')"
 	rm -f $(VENV)/.installed-*
