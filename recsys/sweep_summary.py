@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.reporting import write_json_atomic
@@ -83,7 +84,7 @@ class SweepSummary(Callback):
         self._start = time.time()
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        if config.hydra.mode == "MULTIRUN" and _is_rank0():
+        if config.hydra.mode == RunMode.MULTIRUN and _is_rank0():  # callbacks also run for a plain run
             write_summary(Path(config.hydra.sweep.dir), self._start)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

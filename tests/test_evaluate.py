@@ -43,6 +43,9 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     args = ["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[flat]", "ks=[10,20,50]"]
     proc = launch(args)
     assert f"report written to {trained_run / 'eval'}" in proc.stdout + proc.stderr
+    for stage in ("loaded; embedding 300 items", "EASE: Gram matrix of 300 items", "valid: ranking", "test: ranking",
+                  "FAISS: flat indexes"):  # a line per stage, not ~40 s of silence on the default run
+        assert stage in proc.stdout, stage
     assert "Recall@20" in proc.stdout or "recall@20" in proc.stdout
     eval_dir = trained_run / "eval"
     one = json.loads((eval_dir / "report.json").read_text())

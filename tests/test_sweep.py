@@ -5,7 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recsys.sweep_summary import collect_jobs
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from recsys.sweep_summary import SweepSummary, collect_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY_CHATTER = ("Planner Statistics", "TBE=", "faiss", "FutureWarning", "UserWarning", "known issue", "is_fx_tracing",
@@ -41,3 +44,12 @@ def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
 
     # a later, shorter sweep under the same run_name lists its own jobs only
     assert len(collect_jobs(sweep, since=(sweep / "1" / ".hydra" / "overrides.yaml").stat().st_mtime)) == 1
+
+    # the table is rewritten after each job of a sweep (a failed job stops Hydra's sweep: the jobs done so far
+    # stay listed), and never by a plain run
+    (sweep / "sweep.md").unlink()
+    callback = SweepSummary()
+    callback.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.RUN, "sweep": {"dir": str(sweep)}}}), job_return=None)
+    assert not (sweep / "sweep.md").exists()
+    callback.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "sweep": {"dir": str(sweep)}}}), job_return=None)
+    assert (sweep / "sweep.md").read_text() == table
