@@ -67,7 +67,10 @@ def completed_results(run_dir: Path, state: TrainerState, epochs: int) -> Option
         how, options = f"{state.epoch} epochs", "a larger trainer.epochs trains further, trainer.resume=none starts over"
     log.info("run already complete (results from %s; %s, %d steps): nothing trained, %s printed again; %s",
              written, how, state.step, results, options)
-    return json.loads(results.read_text())
+    saved = json.loads(results.read_text())
+    for split in ("valid", "test"):  # the file's keys are sorted: the model first again, as the trainer prints it
+        saved[split] = dict(sorted(saved[split].items(), key=lambda item: item[0] != "two_tower"))
+    return saved
 
 
 def result_ks(results: Dict[str, Any]) -> list:
