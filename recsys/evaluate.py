@@ -39,8 +39,8 @@ from recsys.distributed.sharding import inference_sharding, shard_model
 from recsys.evaluation.ann import ANN_KINDS
 from recsys.evaluation.evaluator import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
 from recsys.logs import setup_logging
+from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
 from recsys.trainer import build_task, prepare_dataset_on_rank0
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ class EvaluateConfig:
 def report_dir(ecfg: EvaluateConfig, run_dir: Path) -> Path:
     if ecfg.out_dir:
         return Path(ecfg.out_dir)
-    return run_dir / (f"{EVAL_DIR}_sample_{ecfg.max_users}_seed_{ecfg.seed}" if ecfg.max_users else EVAL_DIR)
+    # eval/ is report.EVAL_DIR, also this entry point's Hydra run dir (conf/evaluate.yaml)
+    return run_dir / (f"eval_sample_{ecfg.max_users}_seed_{ecfg.seed}" if ecfg.max_users else "eval")
 
 
 def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:

@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from recsys.checkpoint import TrainerState
+from recsys.checkpoint import TrainerState, read_trainer_state
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,17 @@ def is_finished(state: TrainerState, epochs: int) -> bool:
     return state.next_batch == 0 and (state.early_stopped or state.epoch >= epochs)
 
 
-def completed_results(run_dir: Path, state: TrainerState, epochs: int) -> Optional[Dict[str, Any]]:
-    """The results of a finished run in ``run_dir`` (None: not finished, or its results were never written)."""
+def completed_results(run_dir: Path, checkpoint: Optional[Path], fingerprint: str, epochs: int) -> Optional[Dict[str, Any]]:
+    """The results of the finished run in ``run_dir`` whose newest checkpoint is ``checkpoint``.
+
+    None: no checkpoint, weights of another data/model config (resuming refuses them, naming both),
+    not finished, or its results were never written (the final test evaluation then runs again).
+    """
     results = run_dir / RESULTS_FILE
-    if not is_finished(state, epochs) or not results.is_file():
+    if checkpoint is None or not results.is_file():
+        return None
+    state = read_trainer_state(checkpoint)
+    if state.fingerprint != fingerprint or not is_finished(state, epochs):
         return None
     written = datetime.datetime.fromtimestamp(results.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
     if state.early_stopped:

@@ -9,6 +9,7 @@ Outputs land in runs/<run_name>/ (results.json, metrics.jsonl, tb/, train.log).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -18,8 +19,8 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import register_configs, to_config
-from recsys.logs import setup_logging
 from recsys.trainer import fit
+from recsys.logs import setup_logging
 
 register_configs()
 
@@ -28,6 +29,8 @@ register_configs()
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
+    if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
+        logging.getLogger().setLevel(logging.WARNING)
     from data_pipelines.movielens import MovieLensError
 
     try:

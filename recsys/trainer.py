@@ -44,10 +44,10 @@ from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.sharding import ShardedModel, shard_model
 from recsys.evaluation.evaluator import Evaluator
 from recsys.logs import FILE_ONLY
+from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
-from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         batch_size_per_rank=-(-tcfg.global_batch_size // env.world_size),
     )
     if env.is_main:
-        shapes = {t: (data.table_num_rows[t], c.embedding_dim) for t, c in cfg.model.tables.items()}
+        shapes = {t: (rows, cfg.model.tables[t].embedding_dim) for t, rows in data.table_num_rows.items()}
         log.info("%s", plan_summary(sharded.plan, shapes, env.world_size))
         log.info("sharding plan:\n%s", sharded.plan, extra=FILE_ONLY)
     dmp = sharded.module
@@ -195,20 +195,18 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     fingerprint = config_fingerprint(cfg)
     state = TrainerState(fingerprint=fingerprint, world_size=env.world_size)
     resume_from = _resume_path(cfg, ckpt_root, env)
+    done = completed_results(run_dir, resume_from, fingerprint, tcfg.epochs) if tcfg.resume == "auto" else None
+    if done is not None:  # a finished run is not trained again (the same answer on every rank: same files)
+        if env.is_main:
+            print(format_results_table(done, result_ks(done)), flush=True)
+        return sharded, done
     if resume_from is not None:
-        saved_state = read_trainer_state(resume_from)
-        saved = saved_state.fingerprint  # before loading: other shapes would fail inside DCP
+        saved = read_trainer_state(resume_from).fingerprint  # before loading: other shapes would fail inside DCP
         if saved != fingerprint:
             raise ValueError(
                 f"{resume_from}: saved for another data/model config (fingerprint {saved}, "
                 f"now {fingerprint}); use trainer.resume=none or another run_name"
             )
-        # a finished run is not trained again; the same answer on every rank (same files)
-        done = completed_results(run_dir, saved_state, tcfg.epochs) if tcfg.resume == "auto" else None
-        if done is not None:
-            if env.is_main:
-                print(format_results_table(done, result_ks(done)), flush=True)
-            return sharded, done
         state = load_checkpoint(sharded, resume_from, env=env)
         if env.is_main:
             log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
