@@ -23,6 +23,8 @@ endif
 # Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed-$(FBGEMM)
+# the one line of `pip check` that is expected on a CPU install (see setup below)
+PIP_CHECK_EXPECTED := ^torchrec [0-9.]* requires fbgemm-gpu, which is not installed
 ARGS ?=
 PYTEST_ARGS ?=
 
@@ -32,15 +34,21 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# Another fbgemm flavour installed here before (cpu <-> cuda): remove it and its torch first.
-	# Both wheels own fbgemm_gpu/, and an installed 2.13.0+cpu torch satisfies torch==2.13.0.
+# Another fbgemm flavour installed here before (cpu <-> cuda): remove it and its torch first.
+# Both wheels own fbgemm_gpu/, and an installed 2.13.0+cpu torch satisfies torch==2.13.0.
 	if ls $(VENV)/.installed-* >/dev/null 2>&1 && [ ! -e $(STAMP) ]; then \
 		$(PY) -m pip uninstall --quiet -y torch fbgemm-gpu fbgemm-gpu-cpu && rm -f $(VENV)/.installed-*; fi
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(FBGEMM_PACKAGE) $(TORCH_PIP_ARGS)
-	# torchrec's metadata asks for the CUDA fbgemm-gpu wheel, which would overwrite the CPU one
+# torchrec's metadata asks for the CUDA fbgemm-gpu wheel, which would overwrite the CPU one
 	$(PY) -m pip install --quiet --no-deps torchrec==$(TORCHREC_VERSION)
-	$(PY) -m pip install --quiet -e '.[test]'
+# pip's conflict check would print "ERROR: ... torchrec 1.8.0 requires fbgemm-gpu, which is not
+# installed" on every fresh install: expected, fbgemm-gpu-cpu provides the same fbgemm_gpu package
+# under another name. Skip that check here; pip check then shows any other conflict.
+# PYTHONWARNINGS: setuptools' 10-line "Editable installation ... be careful with folders named like
+# your package" notice (recsys/ is that folder, on purpose: the install points at it).
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-warn-conflicts -e '.[test]'
+	$(PY) -m pip check | grep -v -e '$(PIP_CHECK_EXPECTED)' -e '^No broken requirements found' || true
 	$(PY) -c "import torch, fbgemm_gpu, torchrec; print('torch', torch.__version__, '| torchrec', torchrec.__version__, '| fbgemm: $(FBGEMM)')"
 	rm -f $(VENV)/.installed-*
 	touch $@

@@ -7,7 +7,8 @@
 Loads the checkpoint's config (its ``config.yaml``; older runs: ``<run_dir>/.hydra/config.yaml``)
 and its best-epoch weights (any number of processes may have saved them; they are resharded for
 this job), embeds every item and the
-valid / test users on all ranks, and writes ``<run_dir>/eval/``: report.json, report.md,
+valid / test users on all ranks, and writes ``<run_dir>/eval/`` (``out_dir=...``; a sample of
+users, ``max_users=N``, goes to ``<run_dir>/eval_sample_<N>_seed_<seed>/``): report.json, report.md,
 recall_at_k.png, recommendations.parquet. Rank 0 reads the whole dataset (the report needs every
 user); every other rank reads only its own range of users, whose queries it embeds.
 """
@@ -38,6 +39,7 @@ from recsys.distributed.sharding import inference_sharding, shard_model
 from recsys.evaluation.ann import ANN_KINDS
 from recsys.evaluation.evaluator import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.interactions import UserItemCSR
+from recsys.logs import setup_logging
 from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
 from recsys.trainer import build_task, prepare_dataset_on_rank0
 
@@ -54,10 +56,20 @@ class EvaluateConfig:
     ease_max_items: int = 50_000  # EASE needs an items x items inverse
     ann_kinds: List[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
     max_users: int = 0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed
+    # where the report goes; "" = <run_dir>/eval, or <run_dir>/eval_sample_<max_users>_seed_<seed> for a
+    # sample (max_users), so that a sampled report never replaces the full one
+    out_dir: str = ""
     seed: int = 0  # seed of the user sample (max_users)
     batch_size: int = 4096  # users / items embedded per forward pass
     chunk_size: int = 4096  # query rows per chunked score matmul
     device: str = "auto"  # "auto" | "cpu" | "cuda"
+
+
+def report_dir(ecfg: EvaluateConfig, run_dir: Path) -> Path:
+    if ecfg.out_dir:
+        return Path(ecfg.out_dir)
+    # eval/ is report.EVAL_DIR, also this entry point's Hydra run dir (conf/evaluate.yaml)
+    return run_dir / (f"eval_sample_{ecfg.max_users}_seed_{ecfg.seed}" if ecfg.max_users else "eval")
 
 
 def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:
@@ -122,6 +134,8 @@ def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
     evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)
     common = dict(batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
 
+    if env.is_main:
+        log.info("%s loaded; embedding %d items and the users of %s", checkpoint, data.num_items, ", ".join(ecfg.splits))
     item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common)
     splits = {}
     for split in ecfg.splits:
@@ -152,8 +166,10 @@ def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
         )
         options = ReportOptions(ease=ecfg.ease, ease_max_items=ecfg.ease_max_items, ann_kinds=ecfg.ann_kinds,
                                 chunk_size=ecfg.chunk_size, device=env.device.type)
-        report = evaluate_and_report(inputs, run_dir, options)
-        print((run_dir / "eval" / "report.md").read_text(), flush=True)
+        out_dir = report_dir(ecfg, run_dir)
+        report = evaluate_and_report(inputs, run_dir, options, out_dir=out_dir)
+        print((out_dir / "report.md").read_text(), flush=True)
+        log.info("report written to %s", out_dir)
     return sharded, report
 
 
@@ -164,8 +180,7 @@ register_configs()
 @record
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    if int(os.environ.get("RANK", "0")) != 0:
-        logging.getLogger().setLevel(logging.WARNING)
+    setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     reject_unknown_keys(cfg)
     evaluate_run(OmegaConf.to_object(cfg))
 

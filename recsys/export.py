@@ -33,6 +33,7 @@ from recsys.data.batches import FeatureBuilder
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.evaluate import load_run_config, load_trained
 from recsys.evaluation.evaluator import embed
+from recsys.logs import setup_logging
 from recsys.serving import BUNDLE_FORMAT, QueryEncoder, dynamic_shapes, example_inputs
 
 log = logging.getLogger(__name__)
@@ -149,8 +150,7 @@ register_configs()
 @record
 @hydra.main(config_path="../conf", config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    if int(os.environ.get("RANK", "0")) != 0:
-        logging.getLogger().setLevel(logging.WARNING)
+    setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     reject_unknown_keys(cfg)
     print(export_run(OmegaConf.to_object(cfg)))
 

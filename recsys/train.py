@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import register_configs, to_config
 from recsys.trainer import fit
+from recsys.logs import setup_logging
 
 register_configs()
 
@@ -27,6 +28,7 @@ register_configs()
 @record
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
         logging.getLogger().setLevel(logging.WARNING)
     from data_pipelines.errors import DatasetError

@@ -40,8 +40,11 @@ from recsys.data.features import candidate_tables, query_tables
 from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.data_shards import load_rank_data
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
+from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.sharding import ShardedModel, shard_model
 from recsys.evaluation.evaluator import Evaluator
+from recsys.logs import FILE_ONLY
+from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
@@ -124,13 +127,8 @@ def config_fingerprint(cfg: Config) -> str:
 def _resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     resume = cfg.trainer.resume
     if resume == "none":
-        if env.is_main and ckpt_root.exists():  # checkpoints of an earlier run in this dir: set aside, never deleted
-            n = 1
-            while ckpt_root.with_name(f"checkpoints.replaced.{n}").exists():
-                n += 1
-            replaced = ckpt_root.with_name(f"checkpoints.replaced.{n}")
-            ckpt_root.rename(replaced)
-            log.warning("trainer.resume=none: the earlier checkpoints in this run dir moved to %s", replaced)
+        if env.is_main:  # an earlier run's checkpoints and logs in this dir: set aside together, never deleted
+            set_aside_earlier_run(ckpt_root.parent)
         return None
     if resume == "auto":
         partial = [p for p in ckpt_root.glob("step_*") if not is_complete_checkpoint(p)] if ckpt_root.is_dir() else []
@@ -193,7 +191,9 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         batch_size_per_rank=-(-tcfg.global_batch_size // env.world_size),
     )
     if env.is_main:
-        log.info("sharding plan:\n%s", sharded.plan)
+        shapes = {t: (rows, cfg.model.tables[t].embedding_dim) for t, rows in data.table_num_rows.items()}
+        log.info("%s", plan_summary(sharded.plan, shapes, env.world_size))
+        log.info("sharding plan:\n%s", sharded.plan, extra=FILE_ONLY)
     dmp = sharded.module
     dmp.module.gather_candidates = candidate_gather(env.rank, env.world_size)
     two_tower = dmp.module.model
@@ -202,6 +202,11 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     fingerprint = config_fingerprint(cfg)
     state = TrainerState(fingerprint=fingerprint, world_size=env.world_size)
     resume_from = _resume_path(cfg, ckpt_root, env)
+    done = completed_results(run_dir, resume_from, fingerprint, tcfg.epochs) if tcfg.resume == "auto" else None
+    if done is not None:  # a finished run is not trained again (the same answer on every rank: same files)
+        if env.is_main:
+            print(format_results_table(done, result_ks(done)), flush=True)
+        return sharded, done
     if resume_from is not None:
         saved = read_trainer_state(resume_from).fingerprint  # before loading: other shapes would fail inside DCP
         if saved != fingerprint:

@@ -42,6 +42,10 @@ def trained_run(tmp_path_factory, data_root, tiny_data):
 def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     args = ["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[flat]", "ks=[10,20,50]"]
     proc = launch(args)
+    assert f"report written to {trained_run / 'eval'}" in proc.stdout + proc.stderr
+    for stage in ("loaded; embedding 300 items", "EASE: Gram matrix of 300 items", "valid: ranking", "test: ranking",
+                  "FAISS: flat indexes"):  # a line per stage, not ~40 s of silence on the default run
+        assert stage in proc.stdout, stage
     assert "Recall@20" in proc.stdout or "recall@20" in proc.stdout
     eval_dir = trained_run / "eval"
     one = json.loads((eval_dir / "report.json").read_text())
@@ -49,7 +53,7 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
         assert (eval_dir / name).stat().st_size > 0, name
     recs = pd.read_parquet(eval_dir / "recommendations.parquet")
     assert recs.groupby("user_id").size().max() == 50
-    (eval_dir / "report.json").rename(tmp_path / "one.json")
+    full_report = (eval_dir / "report.json").read_bytes()
 
     # as if trained on GPUs (fused Adam, row-wise UVM-cached tables, NCCL): still loads on this CPU machine
     config_path = trained_run / "checkpoints" / "best" / "config.yaml"
@@ -60,10 +64,10 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     gpu_config.sharding.tables = {"item": {"sharding_types": ["row_wise"], "compute_kernels": ["fused_uvm_caching"], "cache_load_factor": 0.2}}
     OmegaConf.save(gpu_config, config_path)
     try:
-        launch(args, nproc=2)
+        launch([*args, f"out_dir={tmp_path / 'two'}"], nproc=2)  # out_dir: the report goes there instead of eval/
     finally:
         config_path.write_text(trained_config)
-    two = json.loads((eval_dir / "report.json").read_text())
+    two = json.loads((tmp_path / "two" / "report.json").read_text())
     assert one["run"]["world_size"] == 1 and two["run"]["world_size"] == 2
     for split in ("valid", "test"):
         for model in ("two_tower", "popularity", "ease"):
@@ -72,12 +76,15 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     results = json.loads((trained_run / "results.json").read_text())
     assert results["test"]["two_tower"]["recall@20"] == pytest.approx(one["splits"]["test"]["metrics"]["two_tower"]["recall@20"], abs=1e-6)
 
-    # max_users: a seeded sample of users, each ranked exactly as in the full evaluation
+    # max_users: a seeded sample of users, each ranked exactly as in the full evaluation, reported
+    # beside the full report (never over it)
     full_recs = pd.read_parquet(eval_dir / "recommendations.parquet")
     launch(["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[]", "ease=false", "ks=[10,20,50]", "max_users=40", "seed=3"],
            nproc=2)
-    sampled = json.loads((eval_dir / "report.json").read_text())
-    sampled_recs = pd.read_parquet(eval_dir / "recommendations.parquet")
+    assert (eval_dir / "report.json").read_bytes() == full_report
+    sample_dir = trained_run / "eval_sample_40_seed_3"
+    sampled = json.loads((sample_dir / "report.json").read_text())
+    sampled_recs = pd.read_parquet(sample_dir / "recommendations.parquet")
     for split in ("valid", "test"):
         assert sampled["splits"][split]["num_users"] == 40
         assert "uniform sample (seed 3) of 40 of the split's" in sampled["protocol"]["sentences"][split]

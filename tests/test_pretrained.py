@@ -1,5 +1,8 @@
 """Pretrained tables: loaded into the sharded table, frozen rows never move, bad files are clear errors."""
 
+import logging
+import warnings
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,11 +26,17 @@ def item_vectors(tmp_path_factory):
 
 
 @pytest.mark.parametrize("frozen", [True, False])
-def test_pretrained_item_table_frozen_or_trainable(tmp_path, data_root, process_group, item_vectors, frozen):
+def test_pretrained_item_table_frozen_or_trainable(tmp_path, data_root, process_group, item_vectors, frozen, caplog):
     path, vectors = item_vectors
     cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=8",
                        f"model.tables.item.pretrained_path={path}", f"model.tables.item.frozen={str(frozen).lower()}"])
-    fit(cfg, tmp_path)
+    caplog.set_level(logging.INFO, logger="recsys")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(cfg, tmp_path)
+    # the memory-mapped file's rows are copied: torch.from_numpy no longer warns about a read-only array
+    assert not [w for w in caught if "not writable" in str(w.message)]
+    assert f"table item: 300 x 16 loaded from {path}, {'frozen' if frozen else 'trainable'}" in caplog.text
     final = full_state(latest_checkpoint(tmp_path / "checkpoints"), tmp_path)["model"]
     items = final["model.ebc.embedding_bags.item.weight"].numpy()
     users = final["model.ebc.embedding_bags.user.weight"].numpy()

@@ -68,12 +68,19 @@ def _attempt_store(world_size: int):
     return dist.PrefixStore(f"recsys/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
+_own_group_of_one = False  # this process filled in the launcher's variables itself (plain `python -m ...`)
+
+
 def init_distributed(device: str = "auto", backend: str = "auto") -> DistEnv:
     """Join (or create) the default process group and pick this rank's device."""
-    if "WORLD_SIZE" not in os.environ:  # plain `python -m ...`: a group of one
+    global _own_group_of_one
+    if "WORLD_SIZE" not in os.environ or _own_group_of_one:  # plain `python -m ...`: a group of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if _own_group_of_one:  # the next job of a `-m` sweep, in this process: the port the previous
+            os.environ["MASTER_PORT"] = str(_free_port())  # group used may be taken by now ("address already in use")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        _own_group_of_one = True
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))

@@ -36,7 +36,9 @@ def open_pretrained(path: str | Path, *, table: str, num_rows: int, dim: int) ->
             raise ValueError(f"{where}: shape {array.shape}, expected ({num_rows}, {dim}) for table '{table}'")
         if not np.issubdtype(array.dtype, np.floating):
             raise ValueError(f"{where}: dtype {array.dtype}, expected a float type")
-        return _finite(lambda lo, hi: np.asarray(array[lo:hi], dtype=np.float32), where)  # each rank checks its rows
+        # np.array copies this rank's rows out of the read-only memory map: torch.from_numpy on a read-only
+        # array warns that writing to the tensor is undefined behaviour
+        return _finite(lambda lo, hi: np.array(array[lo:hi], dtype=np.float32), where)  # each rank checks its rows
     if path.suffix == ".parquet":
         frame = pq.read_table(path)
         for column in ("id", "vector"):

@@ -7,6 +7,7 @@ makes data_parallel (which has no fused kernel), get the dense optimizer.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +34,8 @@ from recsys.distributed.env import DistEnv
 from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
 from recsys.data.features import TABLES
 from recsys.distributed.table_init import init_tables
+
+log = logging.getLogger(__name__)
 
 # name -> (optimizer class, devices whose fbgemm kernels implement it). torchrec maps the class to
 # fbgemm's EmbOptimType and passes the kwargs (lr renamed learning_rate) to fbgemm's kernel
@@ -247,6 +250,9 @@ def shard_model(
     init_tables(dmp, seed=seed)
     for table, read_rows in readers.items():
         load_pretrained_table(dmp, table, read_rows)
+        if env.is_main:
+            log.info("table %s: %d x %d loaded from %s, %s", table, configs[table].num_embeddings, configs[table].embedding_dim,
+                     pretrained[table], "frozen" if table in frozen_tables else "trainable")
 
     if dense.name not in DENSE_OPTIMIZERS:
         raise ValueError(f"optim.dense.name={dense.name!r}: unknown; choose one of {sorted(DENSE_OPTIMIZERS)}")

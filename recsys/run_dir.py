@@ -1,0 +1,85 @@
+"""What an earlier run left in a run dir: set aside when starting over, reported when already complete.
+
+A training run writes into ``runs/<run_name>/``::
+
+    checkpoints/   metrics.jsonl   tb/   results.json   (+ train.log and .hydra/, rewritten by every start)
+
+``trainer.resume=none`` moves the first four into ``checkpoints.replaced.<n>/`` together (never
+deleted), so the new run's metrics and TensorBoard curves do not mix with the old ones.
+``trainer.resume=auto`` on a run whose newest checkpoint is past its last epoch (or early-stopped)
+does not train again: it says so and returns the results it wrote then.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from recsys.checkpoint import TrainerState, read_trainer_state
+
+log = logging.getLogger(__name__)
+
+LOGS = ("metrics.jsonl", "tb", "results.json")  # a run's outputs besides checkpoints/ that belong to its weights
+RESULTS_FILE = "results.json"
+
+
+def set_aside_earlier_run(run_dir: Path) -> Optional[Path]:
+    """Move an earlier run's checkpoints and logs to ``checkpoints.replaced.<n>/``; returns it (None: nothing there).
+
+    Rank 0 only. The logs land beside the step checkpoints they belong to.
+    """
+    ckpt_root = run_dir / "checkpoints"
+    logs = [run_dir / name for name in LOGS if (run_dir / name).exists()]
+    if not ckpt_root.exists() and not logs:
+        return None
+    n = 1
+    while (run_dir / f"checkpoints.replaced.{n}").exists():
+        n += 1
+    replaced = run_dir / f"checkpoints.replaced.{n}"
+    if ckpt_root.exists():
+        ckpt_root.rename(replaced)
+    else:
+        replaced.mkdir()
+    for path in logs:
+        path.rename(replaced / path.name)
+    log.warning("trainer.resume=none: the earlier run's checkpoints and %s moved to %s",
+                ", ".join(p.name for p in logs) or "no logs", replaced)
+    return replaced
+
+
+def is_finished(state: TrainerState, epochs: int) -> bool:
+    """The saved run trained every epoch ``epochs`` asks for, or stopped early (more epochs would not resume it)."""
+    return state.next_batch == 0 and (state.early_stopped or state.epoch >= epochs)
+
+
+def completed_results(run_dir: Path, checkpoint: Optional[Path], fingerprint: str, epochs: int) -> Optional[Dict[str, Any]]:
+    """The results of the finished run in ``run_dir`` whose newest checkpoint is ``checkpoint``.
+
+    None: no checkpoint, weights of another data/model config (resuming refuses them, naming both),
+    not finished, or its results were never written (the final test evaluation then runs again).
+    """
+    results = run_dir / RESULTS_FILE
+    if checkpoint is None or not results.is_file():
+        return None
+    state = read_trainer_state(checkpoint)
+    if state.fingerprint != fingerprint or not is_finished(state, epochs):
+        return None
+    written = datetime.datetime.fromtimestamp(results.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
+    if state.early_stopped:
+        how, options = f"early-stopped after epoch {state.epoch - 1}", "trainer.resume=none starts over"
+    else:
+        how, options = f"{state.epoch} epochs", "a larger trainer.epochs trains further, trainer.resume=none starts over"
+    log.info("run already complete (results from %s; %s, %d steps): nothing trained, %s printed again; %s",
+             written, how, state.step, results, options)
+    saved = json.loads(results.read_text())
+    for split in ("valid", "test"):  # the file's keys are sorted: the model first again, as the trainer prints it
+        saved[split] = dict(sorted(saved[split].items(), key=lambda item: item[0] != "two_tower"))
+    return saved
+
+
+def result_ks(results: Dict[str, Any]) -> list:
+    """The cut-offs a results.json holds (eval.ks of the run that wrote it)."""
+    return sorted(int(key.split("@")[1]) for key in results["test"]["two_tower"] if key.startswith("recall@"))

@@ -1,0 +1,54 @@
+"""A run dir never mixes two runs and never silently repeats one: resume=auto on a finished run, resume=none."""
+
+import json
+import logging
+
+from recsys.checkpoint import TrainerState, latest_checkpoint
+from recsys.run_dir import is_finished
+from recsys.trainer import fit
+from tests.conftest import tiny_config
+
+SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.num_uniform_negatives=8"]
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_finished_run_is_not_retrained_and_starting_over_sets_its_logs_aside(tmp_path, data_root, process_group, caplog):
+    caplog.set_level(logging.INFO, logger="recsys")
+    config = lambda *extra: tiny_config([f"data.root={data_root}", *SHORT, *extra])  # noqa: E731
+    first = fit(config("trainer.epochs=1"), tmp_path)
+    num_records = len(_records(tmp_path / "metrics.jsonl"))
+
+    # resume=auto on a finished run: no step, no new record or checkpoint, the saved results
+    caplog.clear()
+    again = fit(config("trainer.epochs=1"), tmp_path)
+    assert again == json.loads(json.dumps(first))
+    assert "run already complete (results from " in caplog.text and "resumed from" not in caplog.text
+    assert len(_records(tmp_path / "metrics.jsonl")) == num_records
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000006"
+
+    # more epochs asked for: trains on from the last checkpoint
+    fit(config("trainer.epochs=2"), tmp_path)
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000012"
+    old_records = _records(tmp_path / "metrics.jsonl")
+    assert len(old_records) > num_records
+
+    # resume=none: the old checkpoints, metrics.jsonl, tb/ and results.json move away together
+    fit(config("trainer.epochs=1", "trainer.resume=none"), tmp_path)
+    aside = tmp_path / "checkpoints.replaced.1"
+    assert latest_checkpoint(aside).name == "step_00000012"
+    assert _records(aside / "metrics.jsonl") == old_records
+    assert any(p.name.startswith("events.out.tfevents") for p in (aside / "tb").iterdir())
+    assert json.loads((aside / "results.json").read_text())["train"]["steps"] == 12
+    new_records = _records(tmp_path / "metrics.jsonl")
+    assert len(new_records) == num_records and max(r["step"] for r in new_records) == 6  # the new run's only
+    assert json.loads((tmp_path / "results.json").read_text())["train"]["steps"] == 6
+
+
+def test_what_counts_as_finished():
+    assert is_finished(TrainerState(epoch=3), epochs=3)
+    assert not is_finished(TrainerState(epoch=3), epochs=5)  # more epochs asked for: train on
+    assert is_finished(TrainerState(epoch=2, early_stopped=True), epochs=5)  # early stopping ended it
+    assert not is_finished(TrainerState(epoch=2, next_batch=4), epochs=2)  # mid-epoch checkpoint

@@ -1,0 +1,55 @@
+"""`-m` sweeps: jobs in runs/<run_name>/<n>, one summary table of overrides and metrics; a quiet console."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from recsys.sweep_summary import SweepSummary, collect_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY_CHATTER = ("Planner Statistics", "TBE=", "faiss", "FutureWarning", "UserWarning", "known issue", "is_fx_tracing",
+                   "ERROR", "Traceback")
+
+
+def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
+    out = subprocess.run(
+        [sys.executable, "-m", "recsys.train", "-m", "+experiment=tiny", "run_name=sw", f"data.root={data_root}",
+         "trainer.epochs=1", "trainer.max_steps_per_epoch=3", "model.temperature=0.05,0.1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    console = out.stdout + out.stderr
+    assert out.returncode == 0, console
+    sweep = tmp_path / "runs" / "sw"
+    assert not (tmp_path / "multirun").exists()
+    results = [json.loads((sweep / str(n) / "results.json").read_text()) for n in (0, 1)]
+
+    summary = json.loads((sweep / "sweep.json").read_text())["jobs"]
+    assert [job["job"] for job in summary] == [0, 1]
+    assert "model.temperature=0.05" in summary[0]["overrides"] and "model.temperature=0.1" in summary[1]["overrides"]
+    assert [job["test"] for job in summary] == [r["test"]["two_tower"] for r in results]
+    table = (sweep / "sweep.md").read_text()
+    assert "| job | overrides | valid recall@10 | valid recall@20 |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| 1 | model.temperature=0.1 |"))
+    assert f"{results[1]['valid']['two_tower']['recall@10']:.4f}" == row.split(" | ")[2]
+    assert table in console  # printed at the end as well
+
+    # the console holds recsys's own lines only: none of torchrec's, fbgemm's, faiss' or torch's
+    for chatter in LIBRARY_CHATTER:
+        assert chatter not in console, chatter
+    assert "Planner Statistics" in (sweep / "0" / "train.log").read_text()  # kept in the log file
+
+    # a later, shorter sweep under the same run_name lists its own jobs only
+    assert len(collect_jobs(sweep, since=(sweep / "1" / ".hydra" / "overrides.yaml").stat().st_mtime)) == 1
+
+    # the table is rewritten after each job of a sweep (a failed job stops Hydra's sweep: the jobs done so far
+    # stay listed), and never by a plain run
+    (sweep / "sweep.md").unlink()
+    callback = SweepSummary()
+    callback.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.RUN, "sweep": {"dir": str(sweep)}}}), job_return=None)
+    assert not (sweep / "sweep.md").exists()
+    callback.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "sweep": {"dir": str(sweep)}}}), job_return=None)
+    assert (sweep / "sweep.md").read_text() == table
