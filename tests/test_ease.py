@@ -206,3 +206,12 @@ def test_ease_from_gram_leaves_g_alone_unless_told():
     b32 = ease_from_gram(gram, 10.0, overwrite=True)  # float32, in G's memory
     assert b32.data_ptr() == gram.data_ptr()
     np.testing.assert_allclose(b32.numpy(), _numpy_ease(x, 10.0), rtol=1e-3, atol=1e-5)
+
+
+def test_tune_ease_keeps_the_best_b_when_asked():
+    train, relevant = _two_block_case()
+    lambdas = (0.01, 1.0, 10.0, 100.0, 1e4)
+    kept = tune_ease(train, train, relevant, lambdas=lambdas, k=5, max_users=None, keep_best=True)
+    plain = tune_ease(train, train, relevant, lambdas=lambdas, k=5, max_users=None)
+    assert plain.b is None and kept.scores == plain.scores and kept.best_lambda == plain.best_lambda
+    torch.testing.assert_close(kept.b, fit_ease(train, kept.best_lambda), rtol=0, atol=0)

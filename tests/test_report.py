@@ -176,10 +176,13 @@ def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
     fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False)
     need64 = ease_peak_bytes(NUM_ITEMS, torch.float64, num_users=NUM_USERS)
     need32 = ease_peak_bytes(NUM_ITEMS, torch.float32, num_users=NUM_USERS)
-    half = compute_report(inputs, ReportOptions(ease_available_bytes=int((need32 + need64) / 2 / 0.9), **fast)).report
-    assert half["ease"]["dtype"] == "float32" and half["ease"]["lambda"] == full["ease"]["lambda"]
-    for name in inputs.splits:  # float32's top-k is float64's on this catalogue
-        assert half["splits"][name]["metrics"]["ease"] == pytest.approx(full["splits"][name]["metrics"]["ease"], rel=1e-12)
+    assert full["ease"]["dtype"] == "float64" and full["ease"]["best_b_kept"]
+    for budget, kept in ((need64 - 1, True), (need32 + 1, False)):  # / 0.9: the share a plan may use
+        half = compute_report(inputs, ReportOptions(ease_available_bytes=int(budget / 0.9), **fast)).report
+        assert half["ease"]["dtype"] == "float32" and half["ease"]["lambda"] == full["ease"]["lambda"]
+        assert half["ease"]["best_b_kept"] == kept  # else B is refitted in G's memory
+        for name in inputs.splits:  # float32's top-k is float64's on this catalogue
+            assert half["splits"][name]["metrics"]["ease"] == pytest.approx(full["splits"][name]["metrics"]["ease"], rel=1e-12)
     none = compute_report(inputs, ReportOptions(ease_available_bytes=need32 // 2, **fast)).report
     assert none["ease"]["skipped"].startswith(f"needs {need32 / 1e9:.1f} GB, have {need32 // 2 / 1e9:.1f} GB")
     assert set(none["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}

@@ -18,7 +18,8 @@ Scoring costs nnz(history) x I per split.
 Memory: G is kept in float32 (co-occurrence counts are integers, exact below 2**24 users) and the
 inverse is computed in place in one more [I, I] matrix A of the chosen dtype (Cholesky factor, then
 its inverse, then B, all in A's memory), so the λ sweep holds G + A, plus B's float32 copy for
-scoring when A is float64, and never one B per λ. ``plan_ease`` estimates that peak
+scoring when A is float64, and never one B per λ (the report keeps the best B so far, one more
+float32 matrix, only when that fits too: it saves refitting it). ``plan_ease`` estimates that peak
 (``ease_peak_bytes``) before anything is allocated and picks float64 when it fits in the memory
 available, else float32, else skips. At Gowalla's 40,981 items one float32 matrix is 6.7 GB:
 float64 needs 28.9 GB, float32 15.4 GB (both with 4096-row scoring chunks), so a 24 GB machine
@@ -171,19 +172,20 @@ def available_memory_bytes(device: str | torch.device = "cpu") -> int | None:
     return None
 
 
-def ease_peak_bytes(num_items: int, dtype: torch.dtype, *, num_users: int, chunk_size: int = 4096) -> int:
+def ease_peak_bytes(num_items: int, dtype: torch.dtype, *, num_users: int, chunk_size: int = 4096, keep_best: bool = False) -> int:
     """Estimated peak bytes of the report's EASE (G, λ sweep, scoring) with the inverse in ``dtype``.
 
     The λ sweep is the peak: G [I, I] (float32, see ``gram_dtype``) + A [I, I] of ``dtype`` + B's
     float32 copy [I, I] when A is float64, + the scoring buffers of ``ease_topk`` (score chunk, dense
     history chunk, top-k temporaries: ~3 x chunk_size x I float32). ``gram_matrix`` needs G +
     [U, GRAM_BLOCK] float32 + [I, GRAM_BLOCK] float32 (and its copy when G is not float32), which
-    the sweep exceeds unless U is large, so G + the larger of the two is returned. The sparse copy
+    the sweep exceeds unless U is large, so G + the larger of the two is returned. ``keep_best``
+    (``tune_ease``) adds the best B so far, one more float32 [I, I]. The sparse copy
     of X (~12 bytes per pair) is left to the headroom of ``USABLE_MEMORY_SHARE``.
     """
     i2 = num_items * num_items
     gram = i2 * gram_dtype(num_users, dtype).itemsize
-    inverse = i2 * dtype.itemsize + (i2 * 4 if dtype.itemsize > 4 else 0)
+    inverse = i2 * dtype.itemsize + (i2 * 4 if dtype.itemsize > 4 else 0) + (i2 * 4 if keep_best else 0)
     scoring = 3 * min(chunk_size, max(num_users, 1)) * num_items * 4
     block = min(GRAM_BLOCK, num_items)
     building = num_users * block * 4 + num_items * block * (4 + (gram_dtype(num_users, dtype).itemsize if num_users >= 2**24 else 0))
@@ -290,6 +292,7 @@ class EaseTuning:
     metric: str
     scores: dict[float, float] = field(default_factory=dict)  # λ -> validation metric
     num_users: int = 0  # validation users the metric was measured on
+    b: torch.Tensor | None = None  # B of best_lambda, float32 [I, I], when asked for (keep_best)
 
 
 def tune_ease(
@@ -306,6 +309,7 @@ def tune_ease(
     dtype: torch.dtype = torch.float64,
     device: str | torch.device = "cpu",
     gram: torch.Tensor | None = None,
+    keep_best: bool = False,
 ) -> EaseTuning:
     """Picks λ by validation Recall@k: fit B on ``train`` for each λ, rank, score.
 
@@ -318,9 +322,12 @@ def tune_ease(
             not the O(I³) fit, dominates at 10^5 users); None scores all.
         dtype: precision of the inverse (``plan_ease`` picks it).
         gram: ``gram_matrix(train)`` if already computed (reused, not modified).
+        keep_best: keep the best B so far (one more [I, I] float32 matrix during the sweep) and
+            return it, instead of the caller refitting it: one O(I³) factorisation fewer.
 
     Returns:
-        ``EaseTuning`` with ``scores[λ] = recall@k`` on the (sampled) validation users.
+        ``EaseTuning`` with ``scores[λ] = recall@k`` on the (sampled) validation users, and ``b``
+        when ``keep_best``.
     """
     if not lambdas:
         raise ValueError("lambdas must not be empty")
@@ -333,10 +340,14 @@ def tune_ease(
         gram = gram_matrix(train, dtype=gram_dtype(train.num_users, dtype), device=device)
     metric = f"recall@{k}"
     scores: dict[float, float] = {}
+    best_b, best_value = None, None
     for lam in lambdas:
         b = ease_from_gram(gram, float(lam), dtype=dtype)  # G + A + B at most; A is freed inside
         _, ids = ease_topk(b, history, k, exclude=exclude, chunk_size=chunk_size)
-        del b
         scores[float(lam)] = compute_metrics(ids.cpu().numpy(), relevant, [k], num_items=train.num_items)[metric]
+        value = float(np.nan_to_num(scores[float(lam)], nan=-1.0))
+        if keep_best and (best_value is None or value > best_value):  # ties keep the earlier λ, as below
+            best_b, best_value = b, value
+        del b  # one B per λ is never held: at most the best one and the current one
     best = max(scores, key=lambda lam: (np.nan_to_num(scores[lam], nan=-1.0), -list(scores).index(lam)))
-    return EaseTuning(best_lambda=best, metric=metric, scores=scores, num_users=int(rows.shape[0]))
+    return EaseTuning(best_lambda=best, metric=metric, scores=scores, num_users=int(rows.shape[0]), b=best_b)

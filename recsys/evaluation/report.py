@@ -32,8 +32,8 @@ import torch
 from recsys.evaluation.ann import ANN_KINDS, AnnParams, compare_ann
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES, breakdowns
 from recsys.evaluation.ease import (
-    DEFAULT_LAMBDAS, MAX_EASE_ITEMS, EasePlan, available_memory_bytes, ease_from_gram, ease_topk, gram_dtype, gram_matrix,
-    plan_ease, tune_ease,
+    DEFAULT_LAMBDAS, MAX_EASE_ITEMS, USABLE_MEMORY_SHARE, EasePlan, available_memory_bytes, ease_from_gram, ease_peak_bytes,
+    ease_topk, gram_dtype, gram_matrix, plan_ease, tune_ease,
 )  # fmt: skip
 from recsys.evaluation.ials import (
     DEFAULT_ALPHAS, DEFAULT_FACTORS, DEFAULT_ITERATIONS, DEFAULT_REGULARIZATIONS, ials_topk, tune_ials,
@@ -291,20 +291,30 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
             ease_info = {"skipped": plan.skipped, "device": ease_device, **plan.describe()}
         else:
             valid = inputs.splits["valid"]
+            # keeping the best B through the sweep saves refitting it (an O(I³) factorisation) when
+            # one more float32 [I, I] matrix fits too
+            keep_best = plan.available_bytes is not None and ease_peak_bytes(
+                num_items, plan.dtype, num_users=inputs.train.num_users, chunk_size=options.chunk_size, keep_best=True
+            ) <= USABLE_MEMORY_SHARE * plan.available_bytes  # fmt: skip
             gram = gram_matrix(inputs.train, dtype=gram_dtype(inputs.train.num_users, plan.dtype), device=ease_device)
             tuning = tune_ease(
                 inputs.train, valid.exclude, valid.relevant, lambdas=options.ease_lambdas, k=options.ease_tune_k,
                 max_users=options.ease_tune_users, seed=options.seed, chunk_size=options.chunk_size, dtype=plan.dtype,
-                device=ease_device, gram=gram,
+                device=ease_device, gram=gram, keep_best=keep_best,
             )  # fmt: skip
-            ease_b = ease_from_gram(gram, tuning.best_lambda, dtype=plan.dtype, overwrite=True)  # G's memory, when dtypes match
+            if tuning.b is not None:
+                ease_b = tuning.b
+            else:  # refitted in G's memory when the dtypes match
+                ease_b = ease_from_gram(gram, tuning.best_lambda, dtype=plan.dtype, overwrite=True)
             del gram
+            tuning.b = None  # ease_b holds it
             ease_info = {
                 "lambda": tuning.best_lambda,
                 "tuned_on": f"valid {tuning.metric}, {tuning.num_users} users",
                 "grid": {str(lam): value for lam, value in tuning.scores.items()},
                 "fit_on": "train interactions (binary); input row = the user's masked items",
                 "device": ease_device,
+                "best_b_kept": keep_best,
                 **plan.describe(),
             }
     ials_model, ials_info = _fit_ials(inputs, options)
