@@ -52,8 +52,9 @@ class EvaluateConfig:
     checkpoint: str = ""  # checkpoint dir to load; "" = <run_dir>/checkpoints/best
     ks: List[int] = field(default_factory=lambda: [10, 20, 50, 100])  # cut-offs reported
     splits: List[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
-    ease: bool = True  # EASE baseline (skipped, with the reason, above ease_max_items items)
+    ease: bool = True  # EASE baseline (float64, else float32 by the memory free, else skipped with the reason; and up to ease_max_items)
     ease_max_items: int = 50_000  # EASE needs an items x items inverse
+    ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
     ann_kinds: List[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
     max_users: int = 0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed
     # where the report goes; "" = <run_dir>/eval, or <run_dir>/eval_sample_<max_users>_seed_<seed> for a
@@ -164,7 +165,7 @@ def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
             item_train_counts=data.item_counts(), dataset_dir=data.dir, checkpoint=str(checkpoint.resolve()),
             extra={"run_dir": str(run_dir.resolve()), "world_size": env.world_size},
         )
-        options = ReportOptions(ease=ecfg.ease, ease_max_items=ecfg.ease_max_items, ann_kinds=ecfg.ann_kinds,
+        options = ReportOptions(ease=ecfg.ease, ease_max_items=ecfg.ease_max_items, ials=ecfg.ials, ann_kinds=ecfg.ann_kinds,
                                 chunk_size=ecfg.chunk_size, device=env.device.type)
         out_dir = report_dir(ecfg, run_dir)
         report = evaluate_and_report(inputs, run_dir, options, out_dir=out_dir)

@@ -116,3 +116,108 @@ def test_bad_lambda_raises():
     _, train = _binary_case(0)
     with pytest.raises(ValueError):
         fit_ease(train, 0.0)
+
+
+# ------------------------------------------------------------------------------- memory plan
+
+GOWALLA_USERS, GOWALLA_ITEMS = 29_858, 40_981  # the LightGCN split of Gowalla
+
+
+def test_plan_prefers_float64_then_float32_then_skips():
+    from recsys.evaluation.ease import ease_peak_bytes, plan_ease
+
+    need64 = ease_peak_bytes(1000, torch.float64, num_users=500, chunk_size=64)
+    need32 = ease_peak_bytes(1000, torch.float32, num_users=500, chunk_size=64)
+    assert need32 < need64
+    assert plan_ease(1000, 500, int(need64 / 0.9) + 1, chunk_size=64).dtype == torch.float64
+    plan = plan_ease(1000, 500, int(need64 / 0.9) - 1, chunk_size=64)
+    assert plan.dtype == torch.float32 and plan.peak_bytes == need32
+    plan = plan_ease(1000, 500, int(need32 / 0.9) - 1, chunk_size=64)
+    assert plan.dtype is None and plan.peak_bytes == need32
+    assert plan.skipped.startswith(f"needs {need32 / 1e9:.1f} GB, have {(need32 / 0.9 - 1) / 1e9:.1f} GB")
+    assert plan_ease(1000, 500, None).dtype == torch.float64  # unknown memory: as before plans existed
+
+
+def test_plan_at_gowalla_size_runs_float32_on_a_24_gb_machine():
+    from recsys.evaluation.ease import ease_peak_bytes, plan_ease
+
+    matrix32 = GOWALLA_ITEMS**2 * 4  # 6.7 GB
+    peak32 = ease_peak_bytes(GOWALLA_ITEMS, torch.float32, num_users=GOWALLA_USERS)
+    assert peak32 < 2.5 * matrix32  # G and A, plus the scoring chunks
+    assert ease_peak_bytes(GOWALLA_ITEMS, torch.float64, num_users=GOWALLA_USERS) < 4.5 * matrix32  # G32 + A64 + B32
+    plan = plan_ease(GOWALLA_ITEMS, GOWALLA_USERS, 22 * 2**30)  # MemAvailable of a 24 GiB box
+    assert plan.dtype == torch.float32 and plan.describe()["dtype"] == "float32"
+
+
+def _peak_growth(fn) -> int:
+    """Growth of this process's peak resident memory while ``fn`` runs (Linux: VmHWM, reset first)."""
+
+    def status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pytest.skip("needs Linux /proc/self/clear_refs")
+    base = status("VmRSS")
+    result = fn()
+    del result
+    return status("VmHWM") - base
+
+
+@pytest.mark.parametrize(
+    "dtype, overwrite, max_matrices",
+    [(torch.float32, False, 1.3), (torch.float32, True, 0.3), (torch.float64, False, 3.5)],
+)
+def test_inverse_runs_in_place(dtype, overwrite, max_matrices):
+    """ease_from_gram allocates A (+ B's float32 copy for float64), never the 2-3 temporaries of
+    an out-of-place Cholesky + inverse; counted in float32 [I, I] matrices beyond G."""
+    from recsys.evaluation.ease import ease_from_gram
+
+    n = 1500  # 9 MB per float32 matrix: well above the allocator's noise (~1 MB)
+    torch.manual_seed(0)
+    x = (torch.rand(n, 400) < 0.05).float()
+    gram = x @ x.T  # float32 [n, n], like the report's G
+    del x
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 1000-item inverse needs no second thread, and on a busy box waits for it
+    try:
+        ease_from_gram(gram[:200, :200].clone(), 10.0, dtype=dtype)  # first calls load MKL's kernels: not EASE's memory
+        grown = _peak_growth(lambda: ease_from_gram(gram, 10.0, dtype=dtype, overwrite=overwrite))
+    finally:
+        torch.set_num_threads(threads)
+    assert grown < max_matrices * n * n * 4, grown / (n * n * 4)
+
+
+def test_float32_and_float64_give_the_same_topk():
+    x, train = _binary_case(3, num_users=200, num_items=60, density=0.15)
+    b64, b32 = fit_ease(train, 20.0), fit_ease(train, 20.0, dtype=torch.float32)
+    np.testing.assert_allclose(b32.numpy(), b64.numpy(), rtol=1e-3, atol=1e-5)
+    ids64 = ease_topk(b64, train, 10, exclude=train)[1]
+    ids32 = ease_topk(b32, train, 10, exclude=train)[1]
+    assert torch.equal(ids32, ids64)
+
+
+def test_ease_from_gram_leaves_g_alone_unless_told():
+    from recsys.evaluation.ease import ease_from_gram
+
+    x, train = _binary_case(0)
+    gram = gram_matrix(train, dtype=torch.float32)
+    before = gram.clone()
+    b = ease_from_gram(gram, 10.0, dtype=torch.float64)
+    assert torch.equal(gram, before)
+    np.testing.assert_allclose(b.numpy(), _numpy_ease(x, 10.0), rtol=1e-5, atol=1e-6)
+    b32 = ease_from_gram(gram, 10.0, overwrite=True)  # float32, in G's memory
+    assert b32.data_ptr() == gram.data_ptr()
+    np.testing.assert_allclose(b32.numpy(), _numpy_ease(x, 10.0), rtol=1e-3, atol=1e-5)
+
+
+def test_tune_ease_keeps_the_best_b_when_asked():
+    train, relevant = _two_block_case()
+    lambdas = (0.01, 1.0, 10.0, 100.0, 1e4)
+    kept = tune_ease(train, train, relevant, lambdas=lambdas, k=5, max_users=None, keep_best=True)
+    plain = tune_ease(train, train, relevant, lambdas=lambdas, k=5, max_users=None)
+    assert plain.b is None and kept.scores == plain.scores and kept.best_lambda == plain.best_lambda
+    torch.testing.assert_close(kept.b, fit_ease(train, kept.best_lambda), rtol=0, atol=0)

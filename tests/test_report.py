@@ -11,7 +11,9 @@ import torch
 
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
-from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, compute_report, evaluate_and_report
+from recsys.evaluation.ease import ease_peak_bytes
+from recsys.evaluation.ials import fit_ials, ials_topk
+from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, compute_report, evaluate_and_report, format_markdown
 from recsys.evaluation.retrieval import exact_topk, popularity_topk
 
 NUM_USERS, NUM_ITEMS, DIM, KS = 120, 80, 8, [5, 10, 20]
@@ -52,7 +54,10 @@ def _dataset_dir(tmp_path):
     return root
 
 
-OPTIONS = ReportOptions(ease_lambdas=(1.0, 30.0), ann_kinds=("flat", "hnsw"), num_seed_items=3, num_similar_items=4)
+OPTIONS = ReportOptions(
+    ease_lambdas=(1.0, 30.0), ann_kinds=("flat", "hnsw"), num_seed_items=3, num_similar_items=4,
+    ials_regularizations=(0.1, 10.0), ials_alphas=(3.0, 30.0), ials_factors=8, ials_iterations=5,
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,7 @@ def test_json_numbers_equal_compute_metrics(written):
         _, pop = popularity_topk(counts, split.relevant.num_users, 20, exclude=split.exclude)
         expected_pop = compute_metrics(pop.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
         assert on_disk["splits"][name]["metrics"]["popularity"] == pytest.approx(expected_pop, rel=1e-12)
-        assert set(on_disk["splits"][name]["metrics"]) == {"two_tower", "popularity", "ease"}
+        assert set(on_disk["splits"][name]["metrics"]) == {"two_tower", "popularity", "ease", "ials"}
         curve = on_disk["splits"][name]["recall_curve"]["two_tower"]
         assert len(curve) == 20 and curve[9] == pytest.approx(expected["recall@10"])
     assert on_disk["checkpoint"] == "runs/x/checkpoints/epoch_3"
@@ -136,10 +141,49 @@ def test_ease_and_ann_skipped_with_reasons(monkeypatch):
 
     monkeypatch.setattr(report_module, "compare_ann", no_faiss)
     inputs = _inputs()  # no dataset dir: indices instead of raw ids, no titles
-    result = compute_report(inputs, ReportOptions(ease_max_items=50, num_seed_items=2))
+    result = compute_report(inputs, ReportOptions(ease_max_items=50, num_seed_items=2, ials=False))
     assert "catalogue of 80 items > 50" in result.report["ease"]["skipped"]
+    assert "iALS disabled" in result.report["ials"]["skipped"] and "iALS not run" in result.report["gaps"][0]
     assert "pip install faiss-cpu" in result.report["ann"]["skipped"]
     assert set(result.report["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
     assert "EASE not run" in result.report["gaps"][0]
     assert list(result.recommendations.columns) == ["split", "user_id", "rank", "item_id", "score"]
     assert result.report["more_like_this"][0]["name"].startswith("item ")
+
+
+def test_ials_block_and_its_numbers(written):
+    inputs, report, out = written
+    ials = report["ials"]
+    grid = {(g["regularization"], g["alpha"]): g["recall@20"] for g in ials["grid"]}
+    assert list(grid) == [(0.1, 3.0), (0.1, 30.0), (10.0, 3.0), (10.0, 30.0)]
+    assert grid[(ials["regularization"], ials["alpha"])] == max(grid.values())
+    assert (ials["factors"], ials["iterations"], ials["seed"]) == (8, 5, 0) and ials["tuned_on"] == "valid recall@20, 120 users"
+    # the report's iALS numbers are those of the chosen point refitted and ranked with the same masking
+    model = fit_ials(inputs.train, regularization=ials["regularization"], alpha=ials["alpha"], factors=8, iterations=5, seed=0)
+    for name, split in inputs.splits.items():
+        _, ids = ials_topk(model, split.exclude, 20, exclude=split.exclude)
+        expected = compute_metrics(ids.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
+        assert report["splits"][name]["metrics"]["ials"] == pytest.approx(expected, rel=1e-12)
+    assert "% of iALS's" in report["gaps"][1]
+    md = (out / "report.md").read_text()
+    assert "## iALS" in md and "| iALS |" in md and f"λ = {ials['regularization']:g}, α = {ials['alpha']:g} (8 factors" in md
+    assert f"Inverse in float64 on cpu: estimated peak" in md and report["ease"]["dtype"] == "float64"
+
+
+def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
+    _, full, _ = written
+    inputs = _inputs()
+    fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False)
+    need64 = ease_peak_bytes(NUM_ITEMS, torch.float64, num_users=NUM_USERS)
+    need32 = ease_peak_bytes(NUM_ITEMS, torch.float32, num_users=NUM_USERS)
+    assert full["ease"]["dtype"] == "float64" and full["ease"]["best_b_kept"]
+    for budget, kept in ((need64 - 1, True), (need32 + 1, False)):  # / 0.9: the share a plan may use
+        half = compute_report(inputs, ReportOptions(ease_available_bytes=int(budget / 0.9), **fast)).report
+        assert half["ease"]["dtype"] == "float32" and half["ease"]["lambda"] == full["ease"]["lambda"]
+        assert half["ease"]["best_b_kept"] == kept  # else B is refitted in G's memory
+        for name in inputs.splits:  # float32's top-k is float64's on this catalogue
+            assert half["splits"][name]["metrics"]["ease"] == pytest.approx(full["splits"][name]["metrics"]["ease"], rel=1e-12)
+    none = compute_report(inputs, ReportOptions(ease_available_bytes=need32 // 2, **fast)).report
+    assert none["ease"]["skipped"].startswith(f"needs {need32 / 1e9:.1f} GB, have {need32 // 2 / 1e9:.1f} GB")
+    assert set(none["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
+    assert "EASE skipped: needs " in format_markdown(json.loads(json.dumps(none, default=float)))

@@ -12,8 +12,24 @@ learns from); a user's history row is the items masked for the split (train for 
 valid for test), the same items the two-tower's query sees. λ is the value of a log-spaced grid
 with the best validation Recall@20 (``tune_ease``).
 
-Cost: G is [I, I] and the inverse O(I³) (27k items: ~2e13 flops, 2.9 GB per float32 matrix), so
-the report fits EASE only when I <= ``MAX_EASE_ITEMS``. Scoring costs nnz(history) x I per split.
+Cost: G is [I, I] and the inverse O(I³) (27k items: ~2e13 flops, 2.9 GB per float32 matrix).
+Scoring costs nnz(history) x I per split.
+
+Memory: G is kept in float32 (co-occurrence counts are integers, exact below 2**24 users) and the
+inverse is computed in place in one more [I, I] matrix A of the chosen dtype (Cholesky factor, then
+its inverse, then B, all in A's memory), so the λ sweep holds G + A, plus B's float32 copy for
+scoring when A is float64, and never one B per λ (the report keeps the best B so far, one more
+float32 matrix, only when that fits too: it saves refitting it). ``plan_ease`` estimates that peak
+(``ease_peak_bytes``) before anything is allocated and picks float64 when it fits in the memory
+available, else float32, else skips. At Gowalla's 40,981 items one float32 matrix is 6.7 GB:
+float64 needs 28.9 GB, float32 15.4 GB (both with 4096-row scoring chunks), so a 24 GB machine
+runs float32. Measured (peak RSS growth over the data, report path with one λ, 30,000 users):
+0.95 GB against 0.91 GB estimated at 8,000 items in float32, 1.09 against 1.42 in float64, 2.88
+against 2.83 at 16,000 items in float32; the 10% headroom of ``USABLE_MEMORY_SHARE`` covers the
+difference. Time is O(I³) per λ: the 16,000-item factorisation took 375 s on 2 cores shared with
+other jobs (load ~7), so at 40,981 items expect (41/16)³ ≈ 17x that per λ on such a box:
+
+    $ python -m recsys.evaluation.ease --num-items 16000 --dtype float32
 """
 
 from __future__ import annotations
@@ -21,8 +37,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import argparse
 import contextlib
+import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,11 +50,16 @@ from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
 from recsys.evaluation.retrieval import chunked_topk
 
-MAX_EASE_ITEMS = 50_000  # B alone is 50k² float32 = 10 GB; beyond that EASE is skipped
+MAX_EASE_ITEMS = 50_000  # a cap on top of the memory plan: B alone is 50k² float32 = 10 GB and the inverse O(I³)
 DEFAULT_LAMBDAS = (10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)  # 10..1e4, half-decade steps
+# Share of the available memory a plan may use: MemAvailable is an estimate, and Python, the
+# allocator and the rest of the report need some room.
+USABLE_MEMORY_SHARE = 0.9
+GB = 1e9
 # Below this density a history chunk is multiplied as a sparse CSR matrix (nnz x I work), above
 # it as a dense one (C x I x I): on CPU torch's sparse mm runs ~30x below dense GEMM throughput.
 SPARSE_DENSITY = 0.02
+GRAM_BLOCK = 2048  # item columns of X made dense at once by ``gram_matrix`` ([U, 2048] float32)
 
 
 @contextlib.contextmanager
@@ -56,7 +80,7 @@ def _csr_tensor(csr: UserItemCSR, start: int, stop: int, device: torch.device) -
         return torch.sparse_csr_tensor(crow, col, values, (stop - start, csr.num_items), check_invariants=False).to(device)
 
 
-def gram_matrix(train: UserItemCSR, *, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu", block: int = 2048) -> torch.Tensor:
+def gram_matrix(train: UserItemCSR, *, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu", block: int = GRAM_BLOCK) -> torch.Tensor:
     """G = XᵀX for the binary matrix X of ``train`` [U rows, I items]; dense [I, I] of ``dtype``.
 
     Computed as sparse(Xᵀ) @ dense(X[:, cols]) for blocks of ``block`` item columns: nnz x I work,
@@ -83,20 +107,40 @@ def gram_matrix(train: UserItemCSR, *, dtype: torch.dtype = torch.float64, devic
     return gram
 
 
-def ease_from_gram(gram: torch.Tensor, lam: float) -> torch.Tensor:
+def ease_from_gram(gram: torch.Tensor, lam: float, *, dtype: torch.dtype | None = None, overwrite: bool = False) -> torch.Tensor:
     """B [I, I] (float32, diag 0) from G [I, I]: B = I - P diagMat(1/diag(P)), P = (G + λI)⁻¹.
 
-    G + λI is symmetric positive definite for λ > 0, so P comes from its Cholesky factor.
+    G + λI is symmetric positive definite for λ > 0, so P comes from its Cholesky factor. Both are
+    computed in place in one [I, I] matrix A of ``dtype`` (G's dtype when None): peak memory is
+    G + A (+ B's float32 copy when A is float64; A is freed before returning).
+
+    Args:
+        gram: G from ``gram_matrix`` (any float dtype; not modified unless ``overwrite``).
+        lam: L2 weight λ > 0.
+        dtype: precision of the factorisation (float64 as in Steck's code, or float32).
+        overwrite: factor in G's own memory when it already has ``dtype`` (G is destroyed): the
+            last fit after a λ sweep needs no second [I, I] matrix.
     """
     if lam <= 0:
         raise ValueError(f"lam must be > 0, got {lam}")
-    a = gram.clone()
+    dtype = gram.dtype if dtype is None else dtype
+    a = gram if overwrite and gram.dtype == dtype else gram.to(dtype, copy=True)
     a.diagonal().add_(lam)
-    p = torch.cholesky_inverse(torch.linalg.cholesky(a))
-    del a
-    b = p.div_(-p.diagonal().clone())  # column j divided by -P_jj: B_ij = -P_ij / P_jj
-    b.diagonal().zero_()
-    return b.to(torch.float32)
+    # A is symmetric, so its transpose view is the same matrix in the column-major layout LAPACK
+    # works in: with out= that view, potrf and potri run in A's memory (a row-major out= makes
+    # torch allocate a column-major temporary, one more [I, I] matrix).
+    a_cm = a.mT
+    _, info = torch.linalg.cholesky_ex(a_cm, out=(a_cm, torch.empty((), dtype=torch.int32, device=a.device)))
+    if int(info) != 0:
+        raise RuntimeError(
+            f"EASE: G + λI is not positive definite in {dtype} (λ={lam}, leading minor {int(info)}); "
+            "a larger λ or float64 fixes this"
+        )
+    torch.cholesky_inverse(a_cm, out=a_cm)
+    p = a
+    p.div_(-p.diagonal().clone())  # column j divided by -P_jj: B_ij = -P_ij / P_jj
+    p.diagonal().zero_()
+    return p if p.dtype == torch.float32 else p.to(torch.float32)
 
 
 def fit_ease(train: UserItemCSR, lam: float, *, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -105,9 +149,113 @@ def fit_ease(train: UserItemCSR, lam: float, *, dtype: torch.dtype = torch.float
     Args:
         train: [U rows, I items] CSR of training interactions (repeats already collapsed).
         lam: L2 weight λ > 0.
-        dtype: precision of G and of the inverse (float64 by default, as in Steck's code).
+        dtype: precision of the inverse (float64 by default, as in Steck's code; float32 needs
+            half the memory, see ``plan_ease``).
     """
-    return ease_from_gram(gram_matrix(train, dtype=dtype, device=device), lam)
+    gram = gram_matrix(train, dtype=gram_dtype(train.num_users, dtype), device=device)
+    return ease_from_gram(gram, lam, dtype=dtype, overwrite=True)
+
+
+def gram_dtype(num_users: int, dtype: torch.dtype) -> torch.dtype:
+    """float32 holds every count G_ij <= num_users exactly below 2**24 users; else ``dtype``."""
+    return torch.float32 if num_users < 2**24 else dtype
+
+
+# ------------------------------------------------------------------------------- memory plan
+
+
+def available_memory_bytes(device: str | torch.device = "cpu") -> int | None:
+    """Bytes that can be allocated now: free memory of the current CUDA device, or on CPU Linux's
+    MemAvailable (/proc/meminfo; psutil is not a dependency). None where neither can be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # the file counts kB
+    except OSError:
+        pass
+    return None
+
+
+def ease_peak_bytes(num_items: int, dtype: torch.dtype, *, num_users: int, chunk_size: int = 4096, keep_best: bool = False) -> int:
+    """Estimated peak bytes of the report's EASE (G, λ sweep, scoring) with the inverse in ``dtype``.
+
+    The λ sweep is the peak: G [I, I] (float32, see ``gram_dtype``) + A [I, I] of ``dtype`` + B's
+    float32 copy [I, I] when A is float64, + the scoring buffers of ``ease_topk`` (score chunk, dense
+    history chunk, top-k temporaries: ~3 x chunk_size x I float32). ``gram_matrix`` needs G +
+    [U, GRAM_BLOCK] float32 + [I, GRAM_BLOCK] float32 (and its copy when G is not float32), which
+    the sweep exceeds unless U is large, so G + the larger of the two is returned. ``keep_best``
+    (``tune_ease``) adds the best B so far, one more float32 [I, I]. The sparse copy
+    of X (~12 bytes per pair) is left to the headroom of ``USABLE_MEMORY_SHARE``.
+    """
+    i2 = num_items * num_items
+    gram = i2 * gram_dtype(num_users, dtype).itemsize
+    inverse = i2 * dtype.itemsize + (i2 * 4 if dtype.itemsize > 4 else 0) + (i2 * 4 if keep_best else 0)
+    scoring = 3 * min(chunk_size, max(num_users, 1)) * num_items * 4
+    block = min(GRAM_BLOCK, num_items)
+    building = num_users * block * 4 + num_items * block * (4 + (gram_dtype(num_users, dtype).itemsize if num_users >= 2**24 else 0))
+    return int(gram + max(inverse + scoring, building))
+
+
+@dataclass(frozen=True)
+class EasePlan:
+    """``plan_ease``'s choice: the dtype to run in, or None when nothing fits (``skipped`` says why)."""
+
+    dtype: torch.dtype | None
+    peak_bytes: int  # estimated peak of the chosen dtype (of the cheapest one when skipped)
+    available_bytes: int | None  # None: could not be measured
+    skipped: str = ""
+
+    def describe(self) -> dict:
+        """JSON-able summary for the report."""
+        return {
+            "dtype": None if self.dtype is None else str(self.dtype).removeprefix("torch."),
+            "peak_memory_gb_estimate": round(self.peak_bytes / GB, 2),
+            "available_memory_gb": None if self.available_bytes is None else round(self.available_bytes / GB, 2),
+        }
+
+
+def plan_ease(
+    num_items: int,
+    num_users: int,
+    available_bytes: int | None,
+    *,
+    chunk_size: int = 4096,
+    dtypes: Sequence[torch.dtype] = (torch.float64, torch.float32),
+    usable_share: float = USABLE_MEMORY_SHARE,
+) -> EasePlan:
+    """The first of ``dtypes`` whose ``ease_peak_bytes`` fits in ``usable_share`` of ``available_bytes``.
+
+    Args:
+        num_items / num_users: I and U of the training matrix.
+        available_bytes: from ``available_memory_bytes`` (a parameter so tests can pose any
+            budget); None (unknown) takes the first dtype, as before plans existed.
+        dtypes: in order of preference (float64 is Steck's; float32 halves the matrices).
+
+    Returns:
+        ``EasePlan``; when none fits, ``dtype`` is None and ``skipped`` reads
+        "needs N GB, have M GB (...)".
+    """
+    if not dtypes:
+        raise ValueError("dtypes must not be empty")
+    peaks = {dtype: ease_peak_bytes(num_items, dtype, num_users=num_users, chunk_size=chunk_size) for dtype in dtypes}
+    if available_bytes is None:
+        return EasePlan(dtypes[0], peaks[dtypes[0]], None)
+    for dtype in dtypes:
+        if peaks[dtype] <= usable_share * available_bytes:
+            return EasePlan(dtype, peaks[dtype], int(available_bytes))
+    cheapest = min(peaks, key=peaks.get)
+    need = peaks[cheapest]
+    return EasePlan(
+        None, need, int(available_bytes),
+        skipped=(
+            f"needs {need / GB:.1f} GB, have {available_bytes / GB:.1f} GB ({str(cheapest).removeprefix('torch.')} inverse "
+            f"of {num_items:,} items; {usable_share:.0%} of the available memory may be used)"
+        ),
+    )  # fmt: skip
 
 
 def ease_topk(
@@ -152,6 +300,7 @@ class EaseTuning:
     metric: str
     scores: dict[float, float] = field(default_factory=dict)  # λ -> validation metric
     num_users: int = 0  # validation users the metric was measured on
+    b: torch.Tensor | None = None  # B of best_lambda, float32 [I, I], when asked for (keep_best)
 
 
 def tune_ease(
@@ -168,6 +317,7 @@ def tune_ease(
     dtype: torch.dtype = torch.float64,
     device: str | torch.device = "cpu",
     gram: torch.Tensor | None = None,
+    keep_best: bool = False,
 ) -> EaseTuning:
     """Picks λ by validation Recall@k: fit B on ``train`` for each λ, rank, score.
 
@@ -178,10 +328,14 @@ def tune_ease(
         lambdas: grid; ties on the metric go to the earlier λ in the grid.
         max_users: score at most this many validation users, a seeded uniform sample (scoring,
             not the O(I³) fit, dominates at 10^5 users); None scores all.
+        dtype: precision of the inverse (``plan_ease`` picks it).
         gram: ``gram_matrix(train)`` if already computed (reused, not modified).
+        keep_best: keep the best B so far (one more [I, I] float32 matrix during the sweep) and
+            return it, instead of the caller refitting it: one O(I³) factorisation fewer.
 
     Returns:
-        ``EaseTuning`` with ``scores[λ] = recall@k`` on the (sampled) validation users.
+        ``EaseTuning`` with ``scores[λ] = recall@k`` on the (sampled) validation users, and ``b``
+        when ``keep_best``.
     """
     if not lambdas:
         raise ValueError("lambdas must not be empty")
@@ -191,13 +345,69 @@ def tune_ease(
         rows = np.sort(np.random.default_rng(seed).choice(history.num_users, size=max_users, replace=False))
         history, relevant, exclude = (c.select_rows(rows) for c in (history, relevant, exclude))
     if gram is None:
-        gram = gram_matrix(train, dtype=dtype, device=device)
+        gram = gram_matrix(train, dtype=gram_dtype(train.num_users, dtype), device=device)
     metric = f"recall@{k}"
     scores: dict[float, float] = {}
+    best_b, best_value = None, None
     for lam in lambdas:
-        b = ease_from_gram(gram, float(lam))
+        b = ease_from_gram(gram, float(lam), dtype=dtype)  # G + A + B at most; A is freed inside
         _, ids = ease_topk(b, history, k, exclude=exclude, chunk_size=chunk_size)
-        del b
         scores[float(lam)] = compute_metrics(ids.cpu().numpy(), relevant, [k], num_items=train.num_items)[metric]
+        value = float(np.nan_to_num(scores[float(lam)], nan=-1.0))
+        if keep_best and (best_value is None or value > best_value):  # ties keep the earlier λ, as below
+            best_b, best_value = b, value
+        del b  # one B per λ is never held: at most the best one and the current one
     best = max(scores, key=lambda lam: (np.nan_to_num(scores[lam], nan=-1.0), -list(scores).index(lam)))
-    return EaseTuning(best_lambda=best, metric=metric, scores=scores, num_users=int(rows.shape[0]))
+    return EaseTuning(best_lambda=best, metric=metric, scores=scores, num_users=int(rows.shape[0]), b=best_b)
+
+
+# ------------------------------------------------------------------------------- benchmark
+
+
+def _peak_rss_bytes(reset: bool = False) -> int:
+    """This process's peak resident memory (Linux VmHWM); ``reset`` first sets it to the current RSS."""
+    if reset:
+        Path("/proc/self/clear_refs").write_text("5")
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="The report's EASE path on a synthetic matrix: estimated vs measured peak memory, times.")
+    parser.add_argument("--num-users", type=int, default=30_000)
+    parser.add_argument("--num-items", type=int, default=8_000)
+    parser.add_argument("--nnz", type=int, default=800_000)
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--lam", type=float, default=100.0)
+    args = parser.parse_args(argv)
+    from recsys.evaluation.ials import synthetic_split  # the same synthetic matrix as iALS's benchmark
+
+    dtype = getattr(torch, args.dtype)
+    train, valid = synthetic_split(args.num_users, args.num_items, args.nnz)
+    estimate = ease_peak_bytes(train.num_items, dtype, num_users=train.num_users)
+    plan = plan_ease(train.num_items, train.num_users, available_memory_bytes())
+    print(f"{train.num_users:,} users x {train.num_items:,} items, {train.nnz:,} pairs; {args.dtype} peak estimate {estimate / GB:.2f} GB; "
+          f"plan for the memory available now: {plan.describe()}", flush=True)  # fmt: skip
+    base = _peak_rss_bytes(reset=True)
+    start = time.perf_counter()
+    gram = gram_matrix(train, dtype=gram_dtype(train.num_users, dtype))
+    t_gram = time.perf_counter() - start
+    tuning = tune_ease(train, train, valid, lambdas=(args.lam,), dtype=dtype, gram=gram)  # one fit, up to 10,000 users scored
+    t_tune = time.perf_counter() - start - t_gram
+    start = time.perf_counter()
+    b = ease_from_gram(gram, args.lam, dtype=dtype, overwrite=True)
+    del gram
+    t_fit = time.perf_counter() - start
+    start = time.perf_counter()
+    ease_topk(b, train, 100, exclude=train)
+    t_score = time.perf_counter() - start
+    grown = _peak_rss_bytes() - base
+    print(f"gram {t_gram:.1f} s; one λ (fit + up to 10,000 users scored) {t_tune:.1f} s; refit in G's memory {t_fit:.1f} s; "
+          f"top-100 of all {train.num_users:,} users {t_score:.1f} s; peak RSS growth {grown / GB:.2f} GB "
+          f"({grown / estimate:.2f} x the estimate); valid {tuning.metric} {tuning.scores[args.lam]:.4f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""The offline evaluation report: the two-tower beside popularity and EASE, breakdowns, ANN, files.
+"""The offline evaluation report: the two-tower beside popularity, EASE and iALS, breakdowns, ANN, files.
 
 The entry point embeds users and items (on any number of ranks), assembles an ``EvalInputs`` on
 rank 0 and calls ``evaluate_and_report``; everything below is plain arrays, no process group.
@@ -6,7 +6,8 @@ rank 0 and calls ``evaluate_and_report``; everything below is plain arrays, no p
 Written into ``<run_dir>/eval/``, each file via a temporary file renamed into place:
 
     report.json              every number: metrics per split x model at every K, recall-vs-K curves,
-                             breakdowns, EASE λ search, ANN recall + latency, protocol, counts
+                             breakdowns, EASE λ search and memory plan, iALS grid search,
+                             ANN recall + latency, protocol, counts
     report.md                the same as readable tables, the protocol, the gap sentences
     recall_at_k.png          Recall@K for K = 1..max(ks), one panel per split, one line per model
     recommendations.parquet  the two-tower's top-K per user of one split (raw ids / titles when
@@ -31,14 +32,20 @@ import torch
 
 from recsys.evaluation.ann import ANN_KINDS, AnnParams, compare_ann
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES, breakdowns
-from recsys.evaluation.ease import DEFAULT_LAMBDAS, MAX_EASE_ITEMS, ease_from_gram, ease_topk, gram_matrix, tune_ease
+from recsys.evaluation.ease import (
+    DEFAULT_LAMBDAS, MAX_EASE_ITEMS, USABLE_MEMORY_SHARE, EasePlan, available_memory_bytes, ease_from_gram, ease_peak_bytes,
+    ease_topk, gram_dtype, gram_matrix, plan_ease, tune_ease,
+)  # fmt: skip
+from recsys.evaluation.ials import (
+    DEFAULT_ALPHAS, DEFAULT_FACTORS, DEFAULT_ITERATIONS, DEFAULT_REGULARIZATIONS, ials_topk, tune_ials,
+)  # fmt: skip
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics, hit_matrix
 from recsys.evaluation.retrieval import exact_topk, popularity_topk
 
 log = logging.getLogger(__name__)  # one line per stage: the report takes ~40 s on the default run
 
-MODEL_LABELS = {"popularity": "popularity", "ease": "EASE"}
+MODEL_LABELS = {"popularity": "popularity", "ease": "EASE", "ials": "iALS"}
 EVAL_DIR = "eval"
 
 
@@ -71,7 +78,7 @@ class EvalInputs:
 
     Attributes:
         item_emb: [I, D] candidate embeddings of every item, row = item id.
-        splits: split name -> ``SplitInputs`` ("valid" is needed to tune EASE's λ; usually "test").
+        splits: split name -> ``SplitInputs`` ("valid" is needed to tune EASE and iALS; usually "test").
         train: [num_users rows, I] CSR of the training interactions (EASE's X, activity counts).
         ks: cut-offs, e.g. [10, 20, 50, 100].
         item_train_counts: [I] training interactions per item (popularity scores and buckets);
@@ -98,11 +105,18 @@ class ReportOptions:
     """What to compute beyond the model's own metrics.
 
     Attributes:
-        ease: fit EASE (needs a "valid" split, and num_items <= ``ease_max_items``).
+        ease: fit EASE (needs a "valid" split, num_items <= ``ease_max_items`` and the memory of
+            ``ease.plan_ease``: float64 where it fits, else float32, else skipped with the reason).
         ease_lambdas: λ grid; the best validation recall@``ease_tune_k`` wins.
-        ease_tune_k: cut-off of the tuning metric (20).
-        ease_tune_users: validation users sampled for tuning (None: all).
+        ease_tune_k: cut-off of the tuning metric (20); also iALS's.
+        ease_tune_users: validation users sampled for tuning (None: all); also iALS's.
         ease_max_items: above this, EASE is skipped with the reason recorded.
+        ease_available_bytes: memory EASE may plan with; None = measured when the report runs
+            (free memory of the CUDA device, else MemAvailable).
+        ials: fit iALS (the ``implicit`` library; needs a "valid" split).
+        ials_regularizations, ials_alphas: iALS's grid (their product); best validation
+            recall@``ease_tune_k`` wins.
+        ials_factors, ials_iterations: fixed D and ALS sweeps.
         ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
         ann_params: their settings.
         ann_split: split whose users are searched ("test", else the last split given).
@@ -112,9 +126,9 @@ class ReportOptions:
         num_seed_items / num_similar_items: "more like this": the most popular items and how many
             nearest items (cosine of item embeddings) each.
         chunk_size: query rows per score matrix chunk (memory ~ chunk_size x I x 4 bytes).
-        device: torch device for exact scoring and EASE.
+        device: torch device for exact scoring, EASE (when it fits there) and iALS's scoring.
         activity_edges, head_share, tail_share: bucket definitions (``breakdowns`` module).
-        seed: sampling seed (EASE tuning users, latency sample).
+        seed: sampling seed (EASE / iALS tuning users, iALS's initial factors, latency sample).
     """
 
     ease: bool = True
@@ -122,6 +136,12 @@ class ReportOptions:
     ease_tune_k: int = 20
     ease_tune_users: int | None = 10_000
     ease_max_items: int = MAX_EASE_ITEMS
+    ease_available_bytes: int | None = None
+    ials: bool = True
+    ials_regularizations: Sequence[float] = DEFAULT_REGULARIZATIONS
+    ials_alphas: Sequence[float] = DEFAULT_ALPHAS
+    ials_factors: int = DEFAULT_FACTORS
+    ials_iterations: int = DEFAULT_ITERATIONS
     ann_kinds: Sequence[str] = ANN_KINDS
     ann_params: AnnParams = field(default_factory=AnnParams)
     ann_split: str = "test"
@@ -244,7 +264,7 @@ def describe_protocol(inputs: EvalInputs) -> dict:
 
 
 def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions()) -> EvalReport:
-    """Ranks every split with the model, popularity and (when it fits) EASE, and measures everything.
+    """Ranks every split with the model, popularity, EASE (when it fits) and iALS, and measures everything.
 
     Returns an ``EvalReport``; nothing is written (``write_report`` does that).
     """
@@ -266,26 +286,43 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
     user_train_items = inputs.train.lengths()
     model = inputs.model_name
 
-    # EASE: λ on valid, then one B for every split.
+    # EASE: a memory plan, λ on valid, then one B for every split.
     ease_b, ease_info = None, _ease_skip_reason(inputs, options, num_items)
     if ease_info is None:
-        valid = inputs.splits["valid"]
-        ease_device = _ease_device(device, num_items)
-        log.info("EASE: Gram matrix of %d items, λ tuned on valid over %s", num_items, list(options.ease_lambdas))
-        gram = gram_matrix(inputs.train, device=ease_device)
-        tuning = tune_ease(
-            inputs.train, valid.exclude, valid.relevant, lambdas=options.ease_lambdas, k=options.ease_tune_k,
-            max_users=options.ease_tune_users, seed=options.seed, chunk_size=options.chunk_size, device=ease_device, gram=gram,
-        )  # fmt: skip
-        ease_b = ease_from_gram(gram, tuning.best_lambda)
-        del gram
-        ease_info = {
-            "lambda": tuning.best_lambda,
-            "tuned_on": f"valid {tuning.metric}, {tuning.num_users} users",
-            "grid": {str(lam): value for lam, value in tuning.scores.items()},
-            "fit_on": "train interactions (binary); input row = the user's masked items",
-            "device": ease_device,
-        }
+        ease_device, plan = _plan_ease(inputs.train, options)
+        if plan.dtype is None:
+            ease_info = {"skipped": plan.skipped, "device": ease_device, **plan.describe()}
+        else:
+            valid = inputs.splits["valid"]
+            # keeping the best B through the sweep saves refitting it (an O(I³) factorisation) when
+            # one more float32 [I, I] matrix fits too
+            keep_best = plan.available_bytes is not None and ease_peak_bytes(
+                num_items, plan.dtype, num_users=inputs.train.num_users, chunk_size=options.chunk_size, keep_best=True
+            ) <= USABLE_MEMORY_SHARE * plan.available_bytes  # fmt: skip
+            log.info("EASE: Gram matrix of %d items (%s), λ tuned on valid over %s", num_items, plan.dtype,
+                     list(options.ease_lambdas))
+            gram = gram_matrix(inputs.train, dtype=gram_dtype(inputs.train.num_users, plan.dtype), device=ease_device)
+            tuning = tune_ease(
+                inputs.train, valid.exclude, valid.relevant, lambdas=options.ease_lambdas, k=options.ease_tune_k,
+                max_users=options.ease_tune_users, seed=options.seed, chunk_size=options.chunk_size, dtype=plan.dtype,
+                device=ease_device, gram=gram, keep_best=keep_best,
+            )  # fmt: skip
+            if tuning.b is not None:
+                ease_b = tuning.b
+            else:  # refitted in G's memory when the dtypes match
+                ease_b = ease_from_gram(gram, tuning.best_lambda, dtype=plan.dtype, overwrite=True)
+            del gram
+            tuning.b = None  # ease_b holds it
+            ease_info = {
+                "lambda": tuning.best_lambda,
+                "tuned_on": f"valid {tuning.metric}, {tuning.num_users} users",
+                "grid": {str(lam): value for lam, value in tuning.scores.items()},
+                "fit_on": "train interactions (binary); input row = the user's masked items",
+                "device": ease_device,
+                "best_b_kept": keep_best,
+                **plan.describe(),
+            }
+    ials_model, ials_info = _fit_ials(inputs, options)
 
     splits_out: dict[str, Any] = {}
     curves: dict[str, dict[str, np.ndarray]] = {}
@@ -300,6 +337,8 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         ranked["popularity"] = popularity_topk(counts_t, queries.shape[0], kmax, exclude=split.exclude, chunk_size=options.chunk_size)
         if ease_b is not None:
             ranked["ease"] = ease_topk(ease_b, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size)
+        if ials_model is not None:
+            ranked["ials"] = ials_topk(ials_model, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size, device=device)
         ids = {m: r[1].cpu().numpy() for m, r in ranked.items()}
         model_top[name] = (ids[model], ranked[model][0].cpu().numpy())
         users_train = user_train_items[np.asarray(split.users, dtype=np.int64)]
@@ -318,7 +357,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         }
         curves[name] = {m: recall_curve(i, split.relevant) for m, i in ids.items()}
         splits_out[name]["recall_curve"] = {m: c.tolist() for m, c in curves[name].items()}
-    del ease_b
+    del ease_b, ials_model
 
     ann = _ann_section(inputs, options, kmax, ks, num_items)
     names = _load_names(inputs.dataset_dir, inputs.train.num_users, num_items)
@@ -333,8 +372,9 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         "headline_k": headline_k,
         "splits": splits_out,
         "ease": ease_info,
+        "ials": ials_info,
         "ann": ann,
-        "gaps": _gap_statements(splits_out, model, headline_k, ease_info),
+        "gaps": _gap_statements(splits_out, model, headline_k, ease_info, ials_info),
         "more_like_this": _more_like_this(items, item_counts, names, options),
         "breakdown_definitions": {
             "user_activity": f"users bucketed by distinct training items at edges {list(options.activity_edges)} (lower bounds)",
@@ -355,13 +395,50 @@ def _pick(preferred: str, splits: dict) -> str:
     return preferred if preferred in splits else list(splits)[-1]
 
 
-def _ease_device(device: str, num_items: int) -> str:
-    """Where EASE fits: its inverse holds about four float64 I x I matrices at once (80 GB at 50k
-    items), so on a GPU without that much free memory it runs on the CPU."""
-    if device != "cuda":
-        return device
-    free_bytes, _ = torch.cuda.mem_get_info()
-    return device if 4 * 8 * num_items**2 < 0.9 * free_bytes else "cpu"
+def _plan_ease(train: UserItemCSR, options: ReportOptions) -> tuple[str, EasePlan]:
+    """Where and in which dtype EASE fits: on ``options.device`` when its free memory allows, else on
+    the CPU (a GPU rarely holds the I x I matrices of a large catalogue); the plan that ran last
+    (the CPU's) when neither fits."""
+    devices = [options.device] + (["cpu"] if torch.device(options.device).type != "cpu" else [])
+    for device in devices:
+        available = options.ease_available_bytes
+        if available is None:
+            available = available_memory_bytes(device)
+        plan = plan_ease(train.num_items, train.num_users, available, chunk_size=options.chunk_size)
+        if plan.dtype is not None:
+            break
+    return device, plan
+
+
+def _fit_ials(inputs: EvalInputs, options: ReportOptions) -> tuple[Any, dict]:
+    """iALS tuned on valid (``tune_ials``): the best grid point's model and the report's "ials" block."""
+    if not options.ials:
+        return None, {"skipped": "iALS disabled (ReportOptions.ials=False)"}
+    if "valid" not in inputs.splits:
+        return None, {"skipped": "no 'valid' split given to tune iALS on"}
+    valid = inputs.splits["valid"]
+    log.info("iALS: %d factors, λ %s x α %s tuned on valid", options.ials_factors, list(options.ials_regularizations),
+             list(options.ials_alphas))
+    try:
+        tuning = tune_ials(
+            inputs.train, valid.exclude, valid.relevant, regularizations=options.ials_regularizations, alphas=options.ials_alphas,
+            factors=options.ials_factors, iterations=options.ials_iterations, k=options.ease_tune_k,
+            max_users=options.ease_tune_users, seed=options.seed, chunk_size=options.chunk_size, device=options.device,
+        )  # fmt: skip
+    except ImportError as e:
+        return None, {"skipped": str(e)}
+    return tuning.model, {
+        "regularization": tuning.best_regularization,
+        "alpha": tuning.best_alpha,
+        "factors": tuning.factors,
+        "iterations": tuning.iterations,
+        "seed": options.seed,
+        "tuned_on": f"valid {tuning.metric}, {tuning.num_users} users",
+        "grid": [{"regularization": reg, "alpha": alpha, tuning.metric: value} for (reg, alpha), value in tuning.scores.items()],
+        "tuning_seconds": round(tuning.seconds, 2),
+        "fit_on": "train interactions (binary); user factors re-solved from the user's masked items",
+        "library": "implicit (CPU, conjugate-gradient ALS)",
+    }
 
 
 def _ease_skip_reason(inputs: EvalInputs, options: ReportOptions, num_items: int) -> dict | None:
@@ -413,8 +490,8 @@ def _dataset_section(inputs: EvalInputs, names: _Names, num_items: int) -> dict:
     }
 
 
-def _gap_statements(splits_out: dict, model: str, k: int, ease_info: dict) -> list[str]:
-    """One sentence per split: the model's Recall@k as a share of EASE's and a multiple of popularity's."""
+def _gap_statements(splits_out: dict, model: str, k: int, ease_info: dict, ials_info: dict) -> list[str]:
+    """One sentence per split: the model's Recall@k as a share of EASE's and iALS's and a multiple of popularity's."""
     out = []
     key = f"recall@{k}"
     for name, split in splits_out.items():
@@ -427,6 +504,12 @@ def _gap_statements(splits_out: dict, model: str, k: int, ease_info: dict) -> li
                 parts.append(f"{100 * r / e:.1f}% of EASE's ({e:.4f})")
         else:
             parts.append(f"EASE not run: {ease_info.get('skipped', 'n/a')}")
+        if "ials" in metrics:
+            a = metrics["ials"][key]
+            if math.isfinite(a) and a > 0:
+                parts.append(f"{100 * r / a:.1f}% of iALS's ({a:.4f})")
+        else:
+            parts.append(f"iALS not run: {ials_info.get('skipped', 'n/a')}")
         p = metrics["popularity"][key]
         if math.isfinite(p) and p > 0:
             parts.append(f"{r / p:.2f}× popularity's ({p:.4f})")
@@ -582,10 +665,27 @@ def format_markdown(report: dict) -> str:
     ease = report["ease"]
     out += ["## EASE", ""]
     if "skipped" in ease:
-        out += [f"Not run: {ease['skipped']}.", ""]
+        out += [f"EASE skipped: {ease['skipped']}.", ""]
     else:
         out += [f"λ = {ease['lambda']:g}, chosen by {ease['tuned_on']}; fitted on {ease['fit_on']}.", ""]
+        if ease.get("dtype"):
+            have = ease.get("available_memory_gb")
+            out += [f"Inverse in {ease['dtype']} on {ease['device']}: estimated peak {ease['peak_memory_gb_estimate']:.1f} GB"
+                    + (f" of {have:.1f} GB available." if have is not None else " (available memory unknown)."), ""]  # fmt: skip
         out += _table(["λ", "valid recall"], [[f"{float(l):g}", v] for l, v in ease["grid"].items()]) + [""]
+
+    ials = report.get("ials", {"skipped": "n/a"})
+    out += ["## iALS", ""]
+    if "skipped" in ials:
+        out += [f"iALS skipped: {ials['skipped']}.", ""]
+    else:
+        out += [
+            f"λ = {ials['regularization']:g}, α = {ials['alpha']:g} ({ials['factors']} factors, {ials['iterations']} iterations, "
+            f"seed {ials['seed']}), chosen by {ials['tuned_on']} in {ials['tuning_seconds']:.0f} s; fitted on {ials['fit_on']}; "
+            f"{ials['library']}.", "",
+        ]  # fmt: skip
+        metric = next(key for key in ials["grid"][0] if key not in ("regularization", "alpha"))
+        out += _table(["λ", "α", f"valid {metric.split('@')[0]}"], [[f"{g['regularization']:g}", f"{g['alpha']:g}", g[metric]] for g in ials["grid"]]) + [""]
 
     ann = report["ann"]
     out += ["## Approximate retrieval (FAISS)", ""]
