@@ -78,7 +78,7 @@ class TableConfig:
 class ModelConfig:
     tables: Dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables
     tower_dims: List[int] = field(default_factory=lambda: [128, 64])  # MLP widths of each tower; last = output dim
-    temperature: float = 0.05  # softmax temperature tau: scores are <q, c> / tau
+    temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table

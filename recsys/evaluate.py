@@ -37,6 +37,7 @@ from recsys.distributed.data_shards import rank_user_range
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import inference_sharding, shard_model
 from recsys.evaluation.ann import ANN_KINDS
+from recsys.evaluation.ease import DEFAULT_LAMBDAS
 from recsys.evaluation.evaluator import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.logs import setup_logging
@@ -54,6 +55,9 @@ class EvaluateConfig:
     splits: List[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
     ease: bool = True  # EASE baseline (float64, else float32 by the memory free, else skipped with the reason; and up to ease_max_items)
     ease_max_items: int = 50_000  # EASE needs an items x items inverse
+    # λ grid tuned on valid; each value is one O(items³) factorisation (~1 min at 8k items, tens of
+    # minutes at Gowalla's 41k on 2 CPU cores), so large catalogs may want one or two values
+    ease_lambdas: List[float] = field(default_factory=lambda: list(DEFAULT_LAMBDAS))
     ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
     ann_kinds: List[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
     max_users: int = 0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed
@@ -165,7 +169,8 @@ def _evaluate(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv):
             item_train_counts=data.item_counts(), dataset_dir=data.dir, checkpoint=str(checkpoint.resolve()),
             extra={"run_dir": str(run_dir.resolve()), "world_size": env.world_size},
         )
-        options = ReportOptions(ease=ecfg.ease, ease_max_items=ecfg.ease_max_items, ials=ecfg.ials, ann_kinds=ecfg.ann_kinds,
+        options = ReportOptions(ease=ecfg.ease, ease_max_items=ecfg.ease_max_items, ease_lambdas=tuple(ecfg.ease_lambdas),
+                                ials=ecfg.ials, ann_kinds=ecfg.ann_kinds,
                                 chunk_size=ecfg.chunk_size, device=env.device.type)
         out_dir = report_dir(ecfg, run_dir)
         report = evaluate_and_report(inputs, run_dir, options, out_dir=out_dir)
