@@ -30,6 +30,7 @@ import torch.distributed.checkpoint as dcp
 
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
+from recsys.safe_load import SafeFileSystemReader, UnsafeFileError, torch_load_weights
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 STATE_FILE = "trainer_state.json"
@@ -70,7 +71,9 @@ def check_checkpoint_files(path: Path) -> None:
     """Every file DCP's metadata lists exists and is long enough, or an error naming the first that is not
     (a checkpoint copied in part, or truncated on disk, would otherwise fail deep inside DCP)."""
     try:
-        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+        metadata = SafeFileSystemReader(str(path)).read_metadata()
+    except UnsafeFileError:
+        raise
     except Exception as e:  # missing or unreadable .metadata
         raise FileNotFoundError(f"{path}: incomplete checkpoint, its DCP .metadata cannot be read ({e})") from None
     needed: Dict[str, int] = {}
@@ -150,19 +153,27 @@ def save_checkpoint(
     return final
 
 
+def read_rng_states(path: Path) -> List[torch.Tensor]:
+    """Every rank's RNG state (uint8 tensors), loaded weights-only: a crafted rng.pt cannot run code."""
+    rng = torch_load_weights(path / "rng.pt")
+    if not isinstance(rng, list) or not rng or not all(isinstance(r, torch.Tensor) and r.dtype == torch.uint8 for r in rng):
+        raise ValueError(f"{path / 'rng.pt'}: expected a list of uint8 RNG state tensors")
+    return rng
+
+
 def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_optimizer: bool = True) -> TrainerState:
     """Collective: load weights (and optimizer state) in place, resharding as needed."""
     trainer_state = read_trainer_state(path)
     check_checkpoint_files(path)
     if with_optimizer and not sharded.dense_optimizer.state:
-        saved_keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        saved_keys = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
         if any(key.startswith(f"optim.state.{name}.") for name in sharded.dense_optimizer.params for key in saved_keys):
             sharded.dense_optimizer.init_state()  # KeyedOptimizer loads in place: its state must exist
     state = _state_dicts(sharded, with_optimizer)
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), storage_reader=SafeFileSystemReader(str(path)))
     sharded.module.load_state_dict(state["model"])
     if with_optimizer:
         sharded.optimizer.load_state_dict(state["optim"])
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    rng = read_rng_states(path)
     torch.set_rng_state(rng[env.rank] if len(rng) == env.world_size else rng[0])
     return trainer_state

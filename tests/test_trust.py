@@ -1,0 +1,186 @@
+"""Issue 14: no file of a run executes code when loaded, no command deletes what it did not create,
+and no run silently reports another run's weights or a wrong protocol.
+
+Planted files carry a pickle whose ``__reduce__`` opens (creates) a marker file: a loader that
+unpickles it runs that call, so "refused and no marker" means nothing from the file ran.
+"""
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from recsys.trainer import fit
+from tests.conftest import tiny_config
+
+SHORT = ["trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.early_stopping_patience=0"]
+
+
+class Payload:
+    """Unpickling this creates ``marker``: the stand-in for ``os.system(...)``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory, data_root, process_group):
+    """A finished 4-step tiny run (checkpoints/best, step_00000004, results.json) and its config."""
+    run_dir = tmp_path_factory.mktemp("trust") / "run"
+    cfg = tiny_config([f"data.root={data_root}", *SHORT])
+    fit(cfg, run_dir)
+    return run_dir, cfg
+
+
+def copy_run(short_run, tmp_path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(short_run[0], run_dir)
+    return run_dir
+
+
+# --- 1, 3: checkpoint files -----------------------------------------------------------------------
+
+
+def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, process_group):
+    from recsys.evaluate import load_run_config, load_trained
+    from recsys.safe_load import UnsafeFileError
+
+    run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
+    torch.save([Payload(marker)], run_dir / "checkpoints" / "best" / "rng.pt")
+    with pytest.raises(UnsafeFileError, match=r"best/rng.pt: refused to load"):
+        load_trained(load_run_config(run_dir), run_dir, "", process_group)  # what evaluate / export run
+    assert not marker.exists()
+
+
+def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path, process_group):
+    """DCP itself reads .metadata with plain pickle.load: every checkpoint load goes through the allow-list."""
+    from recsys.checkpoint import load_checkpoint
+    from recsys.evaluate import load_run_config, load_trained
+    from recsys.safe_load import UnsafeFileError
+
+    run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
+    # the real checkpoint loads through the allow-list (with the optimizer state too)
+    _, sharded, _ = load_trained(load_run_config(run_dir), run_dir, "", process_group)
+    step = run_dir / "checkpoints" / "step_00000004"
+    load_checkpoint(sharded, step, env=process_group, with_optimizer=False)
+    (step / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(UnsafeFileError, match=r"step_00000004/.metadata: refused to load: it asks for (builtins|io).open"):
+        load_checkpoint(sharded, step, env=process_group)
+    assert not marker.exists()
+
+
+def test_planted_config_yaml_is_refused_without_running_it(short_run, tmp_path):
+    from recsys.evaluate import load_run_config
+
+    run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
+    (run_dir / "checkpoints" / "best" / "config.yaml").write_text(f"data: !!python/object/apply:builtins.open ['{marker}', 'w']\n")
+    with pytest.raises(Exception, match="python/object/apply"):
+        load_run_config(run_dir)
+    assert not marker.exists()
+
+
+def test_planted_pretrained_npy_is_refused_without_running_it(tmp_path):
+    from recsys.distributed.pretrained import open_pretrained
+
+    marker, path = tmp_path / "pwned", tmp_path / "items.npy"
+    np.save(path, np.array([Payload(tmp_path / "pwned")], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="not a readable .npy file"):
+        open_pretrained(path, table="item", num_rows=1, dim=1)
+    assert not marker.exists()
+
+
+def test_planted_parquet_extension_type_is_not_unpickled(tmp_path):
+    """pyarrow < 14.0.1 unpickled ``arrow.py_extension_type`` columns (CVE-2023-47248) on any read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recsys.data.dataset import _read_parquet
+
+    marker = tmp_path / "pwned"
+
+    class Planted(pa.ExtensionType):
+        def __init__(self):
+            super().__init__(pa.int64(), "arrow.py_extension_type")
+
+        def __arrow_ext_serialize__(self):
+            return pickle.dumps(Payload(marker))
+
+        @classmethod
+        def __arrow_ext_deserialize__(cls, storage_type, serialized):
+            return cls()
+
+    column = pa.ExtensionArray.from_storage(Planted(), pa.array([0, 1], pa.int64()))
+    pq.write_table(pa.table({"item_id": column}), tmp_path / "items.parquet")
+    assert _read_parquet(tmp_path / "items.parquet", ["item_id"]).column(0).to_pylist() == [0, 1]
+    assert not marker.exists()
+
+
+# --- 2, 4: serving bundles ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundle(short_run, process_group):
+    from recsys.export import ExportConfig, export_run
+
+    run_dir, _ = short_run
+    return export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(run_dir.parent / "bundle")))
+
+
+def test_bundle_loader_runs_no_code_from_the_bundle(bundle, tmp_path):
+    from recsys.safe_load import UnsafeFileError
+    from recsys.serving import load_bundle
+
+    marker = tmp_path / "pwned"
+    planted = tmp_path / "bundle"
+    shutil.copytree(bundle, planted)
+    # the torch.export archive unpickles (and falls back to weights_only=False): load_bundle never reads it
+    torch.save(Payload(marker), planted / "query_encoder.pt2")
+    expected = load_bundle(bundle)
+    served = load_bundle(planted)
+    queries = served.encode(np.array([0, 1]), np.array([2, 0]), np.array([3, 4]))
+    torch.testing.assert_close(served.scores(queries), expected.scores(expected.encode(np.array([0, 1]), np.array([2, 0]), np.array([3, 4]))))
+    assert not marker.exists()
+    # the files it does read are weights-only / pickle-free
+    torch.save({"user.weight": Payload(marker)}, planted / "query_encoder.pt")
+    with pytest.raises(UnsafeFileError, match=r"query_encoder.pt: refused to load"):
+        load_bundle(planted)
+    shutil.copy(bundle / "query_encoder.pt", planted / "query_encoder.pt")
+    np.save(planted / "item_embeddings.npy", np.array([Payload(marker)], dtype=object), allow_pickle=True)
+    with pytest.raises(UnsafeFileError, match=r"item_embeddings.npy: refused to load: an object array"):
+        load_bundle(planted)
+    assert not marker.exists()
+
+
+def test_export_replaces_only_a_bundle_it_wrote(short_run, bundle, tmp_path, process_group):
+    from recsys.export import ExportConfig, export_run
+
+    run_dir = copy_run(short_run, tmp_path)
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    # the run itself, an unrelated folder, a file: refused before any work, naming the path, nothing touched
+    unrelated = tmp_path / "photos"
+    unrelated.mkdir()
+    (unrelated / "cat.jpg").write_text("meow")
+    (tmp_path / "notes.txt").write_text("mine")
+    for out in (run_dir, unrelated, tmp_path / "notes.txt"):
+        with pytest.raises(FileExistsError, match=f"out_dir={out}: exists and"):
+            export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(out)))
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert (unrelated / "cat.jpg").read_text() == "meow" and (tmp_path / "notes.txt").read_text() == "mine"
+    # a bundle it wrote is replaced; one holding a file of someone's is not
+    out = tmp_path / "bundle"
+    shutil.copytree(bundle, out)
+    (out / "query_encoder.pt").write_bytes(b"stale")
+    export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(out)))
+    assert (out / "query_encoder.pt").read_bytes() != b"stale"
+    (out / "README.txt").write_text("my notes")
+    with pytest.raises(FileExistsError, match=r"holds files a bundle does not \(README.txt\)"):
+        export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(out)))
+    assert (out / "README.txt").read_text() == "my notes"
