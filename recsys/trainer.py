@@ -45,6 +45,7 @@ from recsys.evaluation.evaluator import Evaluator
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
+from recsys.run_lock import lock_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,15 @@ def fit(cfg: Config, run_dir: str | Path) -> Dict[str, Any]:
     """Train, validate each epoch, restore the best epoch, test; returns what results.json holds."""
     env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
     sharded: Optional[ShardedModel] = None
+    lock = None
     try:
+        lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
         sharded, results = _fit(cfg, Path(run_dir), env)
         return results
     finally:
         del sharded  # before the group goes: torchrec's threads otherwise abort the exit
+        if lock is not None:
+            lock.release()
         destroy_distributed(env)
 
 

@@ -184,3 +184,49 @@ def test_export_replaces_only_a_bundle_it_wrote(short_run, bundle, tmp_path, pro
     with pytest.raises(FileExistsError, match=r"holds files a bundle does not \(README.txt\)"):
         export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(out)))
     assert (out / "README.txt").read_text() == "my notes"
+
+
+# --- 6: one training per run dir ------------------------------------------------------------------
+
+
+def test_a_second_training_in_a_locked_run_dir_fails_at_once_naming_dir_and_owner(tmp_path, data_root, process_group, caplog):
+    import os
+    import socket
+    import time
+
+    from recsys.run_lock import RunDirLockedError, RunLock
+
+    run_dir = tmp_path / "run"
+    cfg = tiny_config([f"data.root={data_root}", *SHORT])
+    with RunLock(run_dir):  # the first training, still running (flock: conflicts even within one process)
+        start = time.perf_counter()
+        with pytest.raises(RunDirLockedError, match=rf"{run_dir}: another training holds this run dir \(pid {os.getpid()} "
+                                                     rf"on host {socket.gethostname()}, since .*; lock file {run_dir}/.lock\)"):
+            fit(cfg, run_dir)
+        assert time.perf_counter() - start < 2  # at once: before the dataset, the model or any checkpoint
+        assert not (run_dir / "checkpoints").exists()
+    # a lock left by a process that died (the file names it, but nobody holds the flock) is taken over
+    (run_dir / ".lock").write_text(json.dumps({"host": "gone-host", "pid": 999999, "started": "then"}))
+    fit(cfg, run_dir)
+    assert "taking over a stale lock of pid 999999 on host gone-host" in caplog.text
+    assert (run_dir / ".lock").read_text() == ""  # released
+    assert (run_dir / "results.json").is_file()
+
+
+# --- 5: preparing data leaves run dirs alone ------------------------------------------------------
+
+
+def test_prepare_writes_nothing_into_run_dirs(tmp_path, data_root):
+    import subprocess
+    import sys
+
+    run = tmp_path / "runs" / "tiny"  # a training run named like the experiment
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("the run's config\n")
+    proc = subprocess.run([sys.executable, "-m", "data_pipelines.prepare", "+experiment=tiny", f"data.root={data_root}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert Path(proc.stdout.strip().splitlines()[-1]).is_dir()
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [Path("runs"), run.relative_to(tmp_path),
+                                                                           Path("runs/tiny/.hydra"), Path("runs/tiny/.hydra/config.yaml")]
+    assert (run / ".hydra" / "config.yaml").read_text() == "the run's config\n"
