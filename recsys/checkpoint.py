@@ -49,6 +49,7 @@ class TrainerState:
     early_stopped: bool = False  # early stopping ended training (more epochs would not resume it)
     fingerprint: str = ""  # data + model config the weights belong to
     world_size: int = 1  # of the run that saved it (informational: any world size may load it)
+    global_batch_size: int = 0  # of the run that saved it: next_batch counts batches of this size (0: unknown, older checkpoints)
 
 
 def _state_dicts(sharded: ShardedModel, with_optimizer: bool) -> Dict[str, Any]:

@@ -199,6 +199,10 @@ def check_values(cfg: Config) -> None:
 
     t, m, d, e = cfg.trainer, cfg.model, cfg.data, cfg.eval
     need(t.global_batch_size >= 1, "trainer.global_batch_size", t.global_batch_size, "must be >= 1")
+    # one candidate makes the softmax loss 0 (nothing is learnt): the batch's positives plus the uniform negatives
+    need(t.global_batch_size < 1 or t.global_batch_size + m.num_uniform_negatives >= 2, "trainer.global_batch_size",
+         t.global_batch_size, f"in-batch softmax needs >= 2 candidates per step, this leaves "
+         f"{t.global_batch_size + m.num_uniform_negatives} (with model.num_uniform_negatives={m.num_uniform_negatives})")
     need(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
     need(t.log_every_steps >= 1, "trainer.log_every_steps", t.log_every_steps, "must be >= 1")
     for key in ("early_stopping_patience", "max_steps_per_epoch", "checkpoint_every_steps",

@@ -141,6 +141,18 @@ def _resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     return path
 
 
+def _check_same_batches(saved: TrainerState, path: Path, global_batch_size: int) -> None:
+    """Mid-epoch, the checkpoint's next batch counts batches of its own size: another size would resume at
+    another example, training part of the epoch twice or skipping it. At an epoch end any size may follow."""
+    if saved.next_batch > 0 and saved.global_batch_size and saved.global_batch_size != global_batch_size:
+        raise ValueError(
+            f"trainer.global_batch_size={global_batch_size}: {path} was saved mid-epoch (epoch {saved.epoch}, batch "
+            f"{saved.next_batch}) with trainer.global_batch_size={saved.global_batch_size}; with another size the rest "
+            f"of the epoch would not be exactly its unseen examples. Resume with trainer.global_batch_size="
+            f"{saved.global_batch_size} (the size may change at an epoch end), or start over with trainer.resume=none"
+        )
+
+
 def _maybe_inject_fault(cfg: Config, env: DistEnv, step: int) -> None:
     """Die like a preempted or OOM-killed worker, on the first attempt only (torchrun counts restarts)."""
     t = cfg.trainer
@@ -198,16 +210,19 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
 
     ckpt_root = run_dir / "checkpoints"
     fingerprint = config_fingerprint(cfg)
-    state = TrainerState(fingerprint=fingerprint, world_size=env.world_size)
+    state = TrainerState(fingerprint=fingerprint, world_size=env.world_size, global_batch_size=tcfg.global_batch_size)
     resume_from = _resume_path(cfg, ckpt_root, env)
     if resume_from is not None:
-        saved = read_trainer_state(resume_from).fingerprint  # before loading: other shapes would fail inside DCP
+        saved_state = read_trainer_state(resume_from)
+        saved = saved_state.fingerprint  # before loading: other shapes would fail inside DCP
         if saved != fingerprint:
             raise ValueError(
                 f"{resume_from}: saved for another data/model config (fingerprint {saved}, "
                 f"now {fingerprint}); use trainer.resume=none or another run_name"
             )
+        _check_same_batches(saved_state, resume_from, tcfg.global_batch_size)
         state = load_checkpoint(sharded, resume_from, env=env)
+        state.global_batch_size = tcfg.global_batch_size
         if env.is_main:
             log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
         if cfg.data.shard_by_user and state.next_batch > 0 and state.world_size != env.world_size and env.is_main:

@@ -230,3 +230,31 @@ def test_prepare_writes_nothing_into_run_dirs(tmp_path, data_root):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [Path("runs"), run.relative_to(tmp_path),
                                                                            Path("runs/tiny/.hydra"), Path("runs/tiny/.hydra/config.yaml")]
     assert (run / ".hydra" / "config.yaml").read_text() == "the run's config\n"
+
+
+# --- 10: a softmax over one candidate learns nothing ----------------------------------------------
+
+
+def test_batch_sizes_that_leave_one_candidate_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"trainer.global_batch_size=1: in-batch softmax needs >= 2 candidates per step, "
+                                         r"this leaves 1 \(with model.num_uniform_negatives=0\)"):
+        tiny_config(["trainer.global_batch_size=1"])
+    assert tiny_config(["trainer.global_batch_size=1", "model.num_uniform_negatives=1"]).trainer.global_batch_size == 1
+    assert tiny_config(["trainer.global_batch_size=2"]).trainer.global_batch_size == 2
+
+
+# --- 7: another batch size mid-epoch ---------------------------------------------------------------
+
+
+def test_resuming_mid_epoch_with_another_batch_size_is_refused_naming_both(short_run, tmp_path, data_root, process_group):
+    run_dir = copy_run(short_run, tmp_path)
+    step = run_dir / "checkpoints" / "step_00000004"
+    state = json.loads((step / "trainer_state.json").read_text())
+    assert state["global_batch_size"] == 256 and state["next_batch"] == 0  # saved at the end of epoch 0
+    # at an epoch end the size may change
+    fit(tiny_config([f"data.root={data_root}", *SHORT, "trainer.epochs=2", "trainer.global_batch_size=128"]), run_dir)
+    # mid-epoch it may not: the checkpoint's batch 2 of 256 is not batch 2 of 128
+    (step / "trainer_state.json").write_text(json.dumps({**state, "epoch": 0, "next_batch": 2}))
+    with pytest.raises(ValueError, match=r"trainer.global_batch_size=128: .*step_00000004 was saved mid-epoch \(epoch 0, batch 2\) "
+                                         r"with trainer.global_batch_size=256; .* Resume with trainer.global_batch_size=256"):
+        fit(tiny_config([f"data.root={data_root}", *SHORT, "trainer.global_batch_size=128", f"trainer.resume={step}"]), run_dir)
