@@ -126,6 +126,9 @@ class TrainerConfig:
     resume: str = "auto"  # "auto": newest complete checkpoint in the run dir, if any | "none": start over | a path
     checkpoint_every_steps: int = 0  # also checkpoint every N steps inside an epoch; 0 = at epoch ends only
     keep_last_checkpoints: int = 2  # step checkpoints kept (the best-epoch weights are kept apart)
+    # on SIGTERM (preemption): finish the step, checkpoint, exit with status 75; seconds from the signal to the
+    # exit at most (without a checkpoint if it takes longer): keep it below the scheduler's grace; 0 = SIGTERM kills at once
+    preemption_grace_s: float = 25.0
     fault_at_step: int = 0  # fault injection for tests: exit(13) after this step on the first attempt; 0 disables
     fault_rank: int = 0  # the rank that fails when fault_at_step is set
 
@@ -208,6 +211,7 @@ def check_values(cfg: Config) -> None:
     for key in ("early_stopping_patience", "max_steps_per_epoch", "checkpoint_every_steps",
                 "keep_last_checkpoints", "fault_at_step"):
         need(getattr(t, key) >= 0, f"trainer.{key}", getattr(t, key), "must be >= 0 (0 disables)")
+    need(t.preemption_grace_s >= 0, "trainer.preemption_grace_s", t.preemption_grace_s, "must be >= 0 (0 disables)")
     need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")
     need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
     need(all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0, "model.tower_dims", m.tower_dims, "must be widths >= 1")

@@ -45,6 +45,7 @@ from recsys.evaluation.evaluator import Evaluator
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
+from recsys.preemption import Preempted, PreemptionHandler
 from recsys.run_lock import lock_run_dir
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,9 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     steps_per_epoch = len(batches) if tcfg.max_steps_per_epoch <= 0 else min(len(batches), tcfg.max_steps_per_epoch)
     metrics_log = MetricsLog(run_dir, enabled=env.is_main)
     valid_metric = cfg.eval.valid_metric
+    preemption = PreemptionHandler(tcfg.preemption_grace_s, rank=env.rank, world_size=env.world_size, device=env.device)
     try:
+        preemption.install()  # SIGTERM now sets a flag; checked after every step
         while not state.early_stopped and state.epoch < tcfg.epochs:
             epoch = state.epoch
             dmp.train()
@@ -290,6 +293,10 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                     state.train_seconds += time.perf_counter() - epoch_start
                     epoch_start = time.perf_counter()
                     checkpoint()
+                if preemption.should_stop():  # SIGTERM: this step is done, checkpoint it and stop
+                    state.train_seconds += time.perf_counter() - epoch_start
+                    checkpoint()
+                    raise Preempted(state.step, str(ckpt_root / f"step_{state.step:08d}"))
                 _maybe_inject_fault(cfg, env, state.step)
             progress.close()
             state.train_seconds += time.perf_counter() - epoch_start
@@ -312,12 +319,16 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                         log.info("early stop: no better valid %s for %d epochs", valid_metric, state.bad_epochs)
                     state.early_stopped = True
             checkpoint()
+            if preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written
+                raise Preempted(state.step, str(ckpt_root / f"step_{state.step:08d}"))
+        preemption.restore()  # the test evaluation is not resumable work: SIGTERM stops it at once again
         best = ckpt_root / "best"
         if is_complete_checkpoint(best):
             load_checkpoint(sharded, best, env=env, with_optimizer=False)
         valid = evaluator.evaluate(two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
         test = evaluator.evaluate(two_tower, "test", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
     finally:
+        preemption.restore()
         metrics_log.close()
 
     results = {

@@ -258,3 +258,73 @@ def test_resuming_mid_epoch_with_another_batch_size_is_refused_naming_both(short
     with pytest.raises(ValueError, match=r"trainer.global_batch_size=128: .*step_00000004 was saved mid-epoch \(epoch 0, batch 2\) "
                                          r"with trainer.global_batch_size=256; .* Resume with trainer.global_batch_size=256"):
         fit(tiny_config([f"data.root={data_root}", *SHORT, "trainer.global_batch_size=128", f"trainer.resume={step}"]), run_dir)
+
+
+# --- 17: SIGTERM ----------------------------------------------------------------------------------
+
+
+def sigterm_at_step(monkeypatch, at: int) -> None:
+    """Kubernetes / Slurm stand-in: SIGTERM to this process in the middle of training (after step ``at``)."""
+    import os
+    import signal
+
+    import recsys.trainer as trainer_module
+
+    real = trainer_module._maybe_inject_fault
+
+    def fault(cfg, env, step):
+        if step == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        real(cfg, env, step)
+
+    monkeypatch.setattr(trainer_module, "_maybe_inject_fault", fault)
+
+
+def test_sigterm_checkpoints_the_finished_step_and_the_rerun_loses_none(tmp_path, data_root, process_group, monkeypatch):
+    from recsys.checkpoint import read_trainer_state
+    from recsys.preemption import Preempted
+
+    cfg = tiny_config([f"data.root={data_root}", *SHORT, "trainer.max_steps_per_epoch=6"])
+    sigterm_at_step(monkeypatch, 3)
+    with pytest.raises(Preempted, match=r"stopped after step 4, checkpoint .*step_00000004") as stopped:
+        fit(cfg, tmp_path)  # the signal lands after step 3's check: step 4 finishes, then the checkpoint
+    state = read_trainer_state(Path(stopped.value.checkpoint))
+    assert (state.step, state.epoch, state.next_batch, state.samples) == (4, 0, 4, 4 * 256)
+    assert not (tmp_path / "results.json").exists()
+    monkeypatch.undo()
+    results = fit(cfg, tmp_path)  # resume=auto: batches 4 and 5, each example once
+    assert results["train"]["steps"] == 6 and results["train"]["samples"] == 6 * 256
+
+
+def test_sigterm_exits_train_with_the_preempted_status(tmp_path, data_root, monkeypatch):
+    """`python -m recsys.train` (Hydra and all, in this process) exits 75: not success, not a failure."""
+    import runpy
+    import sys
+
+    from recsys.preemption import PREEMPTED_EXIT_CODE
+
+    sigterm_at_step(monkeypatch, 1)
+    monkeypatch.setattr(sys, "argv", ["recsys.train", "+experiment=tiny", f"data.root={data_root}", *SHORT,
+                                      f"hydra.run.dir={tmp_path / 'run'}", "hydra/job_logging=none", "hydra/hydra_logging=none"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("recsys.train", run_name="__main__", alter_sys=True)  # as `python -m recsys.train`
+    assert exited.value.code == PREEMPTED_EXIT_CODE == 75
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002" / "trainer_state.json").is_file()
+
+
+def test_no_checkpoint_within_the_grace_period_exits_preempted_anyway(monkeypatch):
+    import os
+    import signal
+    import time
+
+    import recsys.preemption as preemption_module
+
+    exits = []
+    monkeypatch.setattr(preemption_module.os, "_exit", exits.append)
+    with preemption_module.PreemptionHandler(0.2) as handler:
+        os.kill(os.getpid(), signal.SIGTERM)  # the loop never gets to checkpoint (a step that hangs)
+        time.sleep(0.1)
+        assert handler.should_stop() and exits == []
+        time.sleep(0.4)
+    assert exits == [preemption_module.PREEMPTED_EXIT_CODE]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored
