@@ -328,3 +328,22 @@ def test_no_checkpoint_within_the_grace_period_exits_preempted_anyway(monkeypatc
         time.sleep(0.4)
     assert exits == [preemption_module.PREEMPTED_EXIT_CODE]
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored
+
+
+# --- 9: a config that is not the weights' --------------------------------------------------------
+
+
+def test_evaluate_refuses_a_run_config_the_weights_were_not_trained_with(short_run, tmp_path):
+    from recsys.evaluate import load_run_config
+
+    run_dir, cfg = copy_run(short_run, tmp_path), short_run[1]
+    (run_dir / "checkpoints" / "best" / "config.yaml").unlink()  # a checkpoint from before it carried its config
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")
+    assert load_run_config(run_dir).data.split_seed == 0  # the run's own config: fine
+    changed = OmegaConf.structured(cfg)
+    changed.data.split_seed = 1  # another split: other test users, inflated recall
+    OmegaConf.save(changed, run_dir / ".hydra" / "config.yaml")
+    with pytest.raises(ValueError, match=r"\.hydra/config.yaml: another data/model config \(fingerprint \w+\) than the weights "
+                                         r"in .*checkpoints/best were trained with"):
+        load_run_config(run_dir)
