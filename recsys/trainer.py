@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.checkpoint import (
-    STATE_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint,
+    STATE_FILE, TrainerState, complete_checkpoints, is_complete_checkpoint, latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint,
 )
 from recsys.config import Config, DataConfig
 from recsys.data.batch import Batch
@@ -140,6 +140,26 @@ def _resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     if not path.is_dir():
         raise FileNotFoundError(f"trainer.resume={resume!r}: no such checkpoint dir")
     return path
+
+
+def _best_weights(ckpt_root: Path, state: TrainerState) -> Optional[Path]:
+    """The checkpoint holding the best epoch's weights: ``best/``, else (deleted, damaged) the step checkpoint
+    written at the end of that epoch, which holds the same weights; an error if neither is left."""
+    if state.best_epoch < 0:
+        return None
+    best = ckpt_root / "best"
+    if is_complete_checkpoint(best) and read_trainer_state(best).best_epoch == state.best_epoch:
+        return best
+    for path in reversed(complete_checkpoints(ckpt_root)):
+        saved = read_trainer_state(path)
+        if saved.epoch == state.best_epoch + 1 and saved.next_batch == 0:
+            log.warning("%s is missing or damaged: testing the best epoch's weights from %s", best, path)
+            return path
+    raise FileNotFoundError(
+        f"{best}: missing or damaged, and no step checkpoint from the end of the best epoch ({state.best_epoch}) is "
+        f"left: the weights to test are gone. Restore {best}, or retrain with trainer.resume=none "
+        "(the old checkpoints are set aside, not deleted)"
+    )
 
 
 def _check_same_batches(saved: TrainerState, path: Path, global_batch_size: int) -> None:
@@ -322,8 +342,8 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             if preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written
                 raise Preempted(state.step, str(ckpt_root / f"step_{state.step:08d}"))
         preemption.restore()  # the test evaluation is not resumable work: SIGTERM stops it at once again
-        best = ckpt_root / "best"
-        if is_complete_checkpoint(best):
+        best = _best_weights(ckpt_root, state)
+        if best is not None:
             load_checkpoint(sharded, best, env=env, with_optimizer=False)
         valid = evaluator.evaluate(two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
         test = evaluator.evaluate(two_tower, "test", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
@@ -348,7 +368,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             "protocol": data.meta.get("protocol"),
             "counts": {**{s: int(data.meta.get("counts", {}).get(s, len(v))) for s, v in data.splits.items()}, "users": data.num_users, "items": data.num_items, "categories": data.num_categories},
         },
-        "checkpoint": str(ckpt_root / "best"),
+        "checkpoint": str(best) if best is not None else "",  # the weights tested ("": the last step's)
     }
     if env.is_main:
         write_json_atomic(run_dir / "results.json", results)

@@ -347,3 +347,25 @@ def test_evaluate_refuses_a_run_config_the_weights_were_not_trained_with(short_r
     with pytest.raises(ValueError, match=r"\.hydra/config.yaml: another data/model config \(fingerprint \w+\) than the weights "
                                          r"in .*checkpoints/best were trained with"):
         load_run_config(run_dir)
+
+
+# --- 8: best/ deleted ------------------------------------------------------------------------------
+
+
+def test_a_deleted_best_checkpoint_is_replaced_by_the_same_weights_or_named(short_run, tmp_path, data_root, process_group):
+    run_dir = copy_run(short_run, tmp_path)
+    expected = json.loads((run_dir / "results.json").read_text())
+    assert expected["checkpoint"] == str(short_run[0] / "checkpoints" / "best")
+    shutil.rmtree(run_dir / "checkpoints" / "best")
+    cfg = tiny_config([f"data.root={data_root}", *SHORT])
+    results = fit(cfg, run_dir)  # the finished run again: step_00000004 ended the best epoch (0)
+    assert results["checkpoint"] == str(run_dir / "checkpoints" / "step_00000004")
+    assert results["train"]["best_epoch"] == 0 and results["test"] == expected["test"]
+    # as if epoch 1 had been worse and keep_last_checkpoints=1 had dropped the end of epoch 0: those weights are gone
+    last = run_dir / "checkpoints" / "step_00000009"
+    (run_dir / "checkpoints" / "step_00000004").rename(last)
+    state = json.loads((last / "trainer_state.json").read_text())
+    (last / "trainer_state.json").write_text(json.dumps({**state, "step": 9, "epoch": 2, "best_epoch": 0, "bad_epochs": 1}))
+    with pytest.raises(FileNotFoundError, match=r"checkpoints/best: missing or damaged, and no step checkpoint from the end of "
+                                                r"the best epoch \(0\) is left"):
+        fit(tiny_config([f"data.root={data_root}", *SHORT, "trainer.epochs=2"]), run_dir)
