@@ -145,12 +145,13 @@ def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncod
         raise ValueError(f"{path}: expected a state dict of tensors")
     poolings = manifest.get("poolings", {})
     with_history = manifest.get("history_length", 0) > 0
-    tables = ("user", "item", "category") if with_history else ("user",)
-    for table in tables:
-        if poolings.get(table) not in ("sum", "mean"):
-            raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
+    needed = ("user", "item") if with_history else ("user",)
+    tables = [t for t in ("user", "item", "category") if f"{t}.weight" in state]  # no category table without categories
+    for table in (*needed, *tables):
         if f"{table}.weight" not in state:
             raise ValueError(f"{path}: no weights for table {table!r}")
+        if poolings.get(table) not in ("sum", "mean"):
+            raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
     encoder = QueryEncoder({t: state[f"{t}.weight"] for t in tables}, poolings, _tower_from_weights(state, path),
                            with_history=with_history)
     encoder.load_state_dict(state)  # strict: every tensor is used, none is missing

@@ -369,3 +369,42 @@ def test_a_deleted_best_checkpoint_is_replaced_by_the_same_weights_or_named(shor
     with pytest.raises(FileNotFoundError, match=r"checkpoints/best: missing or damaged, and no step checkpoint from the end of "
                                                 r"the best epoch \(0\) is left"):
         fit(tiny_config([f"data.root={data_root}", *SHORT, "trainer.epochs=2"]), run_dir)
+
+
+# --- 11, 13: meta.json against its files ---------------------------------------------------------
+
+
+@pytest.fixture
+def dataset_copy(tiny_data, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(tiny_data.dir, root)
+    return root
+
+
+def edit_meta(root: Path, **changes) -> None:
+    meta = json.loads((root / "meta.json").read_text())
+    (root / "meta.json").write_text(json.dumps({**meta, **changes}))
+
+
+def test_every_count_in_meta_json_is_checked_against_its_file(dataset_copy):
+    from recsys.data.dataset import load_dataset
+
+    load_dataset(dataset_copy)
+    edit_meta(dataset_copy, num_users=401)  # one user table row more than users.parquet: silently the wrong size
+    with pytest.raises(ValueError, match=rf"{dataset_copy}/meta.json: 'num_users' is 401, but {dataset_copy}/users.parquet has 400 rows"):
+        load_dataset(dataset_copy)
+    edit_meta(dataset_copy, num_users=400, counts={"train": 15944, "valid": 2028, "test": 9999})
+    with pytest.raises(ValueError, match=r"'counts.test' is 9999, but .*/test.parquet has 2028 rows"):
+        load_dataset(dataset_copy)
+
+
+def test_an_empty_train_split_is_named_as_such(dataset_copy):
+    import pyarrow.parquet as pq
+
+    from recsys.data.dataset import load_dataset
+
+    train = dataset_copy / "train.parquet"
+    pq.write_table(pq.read_table(train).slice(0, 0), train)
+    edit_meta(dataset_copy, counts={"train": 0, "valid": 2028, "test": 2028})
+    with pytest.raises(ValueError, match=rf"{train}: the train split is empty \(0 rows\)"):
+        load_dataset(dataset_copy)
