@@ -88,6 +88,12 @@ def check_checkpoint_files(path: Path) -> None:
             raise ValueError(f"{path}: incomplete checkpoint, {name} has {file.stat().st_size} bytes, its metadata needs {size}")
 
 
+def has_optimizer_state(path: Path) -> bool:
+    """Whether a checkpoint can be resumed (step checkpoints) or holds weights only (``best/``)."""
+    keys = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return any(key.startswith("optim.") for key in keys)
+
+
 def is_complete_checkpoint(path: Path) -> bool:
     """Renamed into place by rank 0 after every rank finished writing (the state file comes last)."""
     return (path / STATE_FILE).is_file()

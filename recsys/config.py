@@ -124,6 +124,7 @@ class TrainerConfig:
     max_steps_per_epoch: int = 0  # cap on steps per epoch (smoke tests); 0 = the whole epoch
     pipeline: str = "none"  # "none": plain loop | "sparse_dist": torchrec's TrainPipelineSparseDist (next batch's input all-to-all overlaps this step)
     resume: str = "auto"  # "auto": newest complete checkpoint in the run dir, if any | "none": start over | a path
+    init_from: str = ""  # a new run starts from these weights (a checkpoint dir, e.g. another run's checkpoints/best): fresh optimizer, step 0; "" = random / pretrained init; a resumed run ignores it
     checkpoint_every_steps: int = 0  # also checkpoint every N steps inside an epoch; 0 = at epoch ends only
     keep_last_checkpoints: int = 2  # step checkpoints kept (the best-epoch weights are kept apart)
     # on SIGTERM (preemption): finish the step, checkpoint, exit with status 75; seconds from the signal to the

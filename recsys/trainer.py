@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.checkpoint import (
-    STATE_FILE, TrainerState, complete_checkpoints, is_complete_checkpoint, latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint,
+    STATE_FILE, TrainerState, complete_checkpoints, has_optimizer_state, is_complete_checkpoint, latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint,
 )
 from recsys.config import Config, DataConfig
 from recsys.data.batch import Batch
@@ -139,6 +139,12 @@ def _resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     path = Path(resume)
     if not path.is_dir():
         raise FileNotFoundError(f"trainer.resume={resume!r}: no such checkpoint dir")
+    if is_complete_checkpoint(path) and not has_optimizer_state(path):  # best/: saved with_optimizer=False
+        raise ValueError(
+            f"trainer.resume={resume!r}: {path} holds weights only (the best epoch's; no optimizer state or position "
+            f"in the data), so a run cannot continue from it. Continue the run from a step checkpoint (trainer.resume="
+            f"auto picks the newest), or start a new run from these weights: trainer.init_from={path} trainer.resume=none"
+        )
     return path
 
 
@@ -160,6 +166,19 @@ def _best_weights(ckpt_root: Path, state: TrainerState) -> Optional[Path]:
         f"left: the weights to test are gone. Restore {best}, or retrain with trainer.resume=none "
         "(the old checkpoints are set aside, not deleted)"
     )
+
+
+def _init_from(sharded: ShardedModel, path: Path, fingerprint: str, env: DistEnv) -> None:
+    """trainer.init_from: another checkpoint's weights, nothing else (optimizer, step, data position, RNG stay new)."""
+    saved = read_trainer_state(path).fingerprint
+    if saved != fingerprint:
+        raise ValueError(f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint {saved}, "
+                         f"now {fingerprint})")
+    rng = torch.get_rng_state()
+    load_checkpoint(sharded, path, env=env, with_optimizer=False)
+    torch.set_rng_state(rng)  # this run's seed, not the source run's RNG
+    if env.is_main:
+        log.info("trainer.init_from: starting from the weights in %s", path)
 
 
 def _check_same_batches(saved: TrainerState, path: Path, global_batch_size: int) -> None:
@@ -244,6 +263,8 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         _check_same_batches(saved_state, resume_from, tcfg.global_batch_size)
         state = load_checkpoint(sharded, resume_from, env=env)
         state.global_batch_size = tcfg.global_batch_size
+    elif tcfg.init_from:
+        _init_from(sharded, Path(tcfg.init_from), fingerprint, env)
         if env.is_main:
             log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
         if cfg.data.shard_by_user and state.next_batch > 0 and state.world_size != env.world_size and env.is_main:

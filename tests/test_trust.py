@@ -408,3 +408,18 @@ def test_an_empty_train_split_is_named_as_such(dataset_copy):
     edit_meta(dataset_copy, counts={"train": 0, "valid": 2028, "test": 2028})
     with pytest.raises(ValueError, match=rf"{train}: the train split is empty \(0 rows\)"):
         load_dataset(dataset_copy)
+
+
+# --- 14: best/ is not a resume point --------------------------------------------------------------
+
+
+def test_resuming_from_best_says_it_holds_weights_only_and_init_from_starts_from_it(short_run, tmp_path, data_root, process_group):
+    best = short_run[0] / "checkpoints" / "best"
+    cfg = [f"data.root={data_root}", *SHORT, "trainer.max_steps_per_epoch=2"]
+    with pytest.raises(ValueError, match=rf"trainer.resume='{best}': {best} holds weights only .* start a new run from these "
+                                         rf"weights: trainer.init_from={best} trainer.resume=none"):
+        fit(tiny_config([*cfg, f"trainer.resume={best}"]), tmp_path / "a")
+    results = fit(tiny_config([*cfg, f"trainer.init_from={best}"]), tmp_path / "b")
+    assert results["train"]["steps"] == 2  # a new run: step 0, fresh optimizer
+    with pytest.raises(ValueError, match=r"trainer.init_from=.*: weights of another data/model config"):
+        fit(tiny_config([*cfg, f"trainer.init_from={best}", "model.tower_dims=[24,16]"]), tmp_path / "c")
