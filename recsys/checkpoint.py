@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
@@ -136,17 +137,23 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     _barrier(env)
-    dcp.save(_state_dicts(sharded, with_optimizer), checkpoint_id=str(tmp))
+    try:
+        dcp.save(_state_dicts(sharded, with_optimizer), checkpoint_id=str(tmp))
+    except (OSError, CheckpointException) as e:  # a full disk says only "Errno 28": name where
+        raise _write_error(tmp, e) from e
     rng: List[Any] = [None] * env.world_size
     if env.world_size > 1:
         dist.all_gather_object(rng, torch.get_rng_state())
     else:
         rng = [torch.get_rng_state()]
     if env.is_main:
-        torch.save(rng, tmp / "rng.pt")
-        if config_yaml:
-            (tmp / CONFIG_FILE).write_text(config_yaml)
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        try:
+            torch.save(rng, tmp / "rng.pt")
+            if config_yaml:
+                (tmp / CONFIG_FILE).write_text(config_yaml)
+            (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        except OSError as e:
+            raise _write_error(tmp, e) from e
         old = final.with_name(final.name + ".old")
         if final.exists():  # only for named checkpoints ("best"): swap, then drop the old one
             shutil.rmtree(old, ignore_errors=True)
@@ -166,6 +173,15 @@ def read_rng_states(path: Path) -> List[torch.Tensor]:
     if not isinstance(rng, list) or not rng or not all(isinstance(r, torch.Tensor) and r.dtype == torch.uint8 for r in rng):
         raise ValueError(f"{path / 'rng.pt'}: expected a list of uint8 RNG state tensors")
     return rng
+
+
+def _write_error(tmp: Path, e: BaseException) -> OSError:
+    """The failure of a checkpoint write, naming the folder (DCP wraps each rank's error in a CheckpointException)."""
+    causes = [c[0] if isinstance(c, tuple) else c for c in getattr(e, "failures", {}).values()] or [e]  # DCP: (exception, traceback)
+    errno = next((c.errno for c in causes if isinstance(c, OSError)), None)
+    reason = "; ".join(f"{type(c).__name__}: {c}" for c in causes)
+    return OSError(errno, f"{tmp}: writing the checkpoint failed ({reason}); the previous checkpoint is intact "
+                          f"(free space on {tmp.parent}'s file system and run again to resume)")
 
 
 def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_optimizer: bool = True) -> TrainerState:

@@ -44,7 +44,7 @@ from recsys.distributed.sharding import ShardedModel, shard_model
 from recsys.evaluation.evaluator import Evaluator
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
-from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
+from recsys.reporting import MetricsLog, drop_records_after, format_results_table, write_json_atomic
 from recsys.preemption import Preempted, PreemptionHandler
 from recsys.run_lock import lock_run_dir
 
@@ -296,6 +296,8 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     )
     pipeline, train_step = make_train_step(cfg, sharded, env)
     steps_per_epoch = len(batches) if tcfg.max_steps_per_epoch <= 0 else min(len(batches), tcfg.max_steps_per_epoch)
+    if resume_from is not None and env.is_main:
+        drop_records_after(run_dir / "metrics.jsonl", state.step)  # logged after the checkpoint, before a crash
     metrics_log = MetricsLog(run_dir, enabled=env.is_main)
     valid_metric = cfg.eval.valid_metric
     preemption = PreemptionHandler(tcfg.preemption_grace_s, rank=env.rank, world_size=env.world_size, device=env.device)

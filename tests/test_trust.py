@@ -423,3 +423,66 @@ def test_resuming_from_best_says_it_holds_weights_only_and_init_from_starts_from
     assert results["train"]["steps"] == 2  # a new run: step 0, fresh optimizer
     with pytest.raises(ValueError, match=r"trainer.init_from=.*: weights of another data/model config"):
         fit(tiny_config([*cfg, f"trainer.init_from={best}", "model.tower_dims=[24,16]"]), tmp_path / "c")
+
+
+# --- 15: messages and files after failures --------------------------------------------------------
+
+
+def test_a_full_disk_during_a_checkpoint_names_the_path(short_run, tmp_path, process_group, monkeypatch):
+    import errno
+
+    import torch.distributed.checkpoint.filesystem as dcp_filesystem
+
+    from recsys.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
+    from recsys.evaluate import load_run_config, load_trained
+
+    run_dir = copy_run(short_run, tmp_path)
+    _, sharded, _ = load_trained(load_run_config(run_dir), run_dir, "", process_group)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dcp_filesystem, "_write_item", full_disk)
+    root = run_dir / "checkpoints"
+    with pytest.raises(OSError, match=rf"{root}/step_00000009.tmp: writing the checkpoint failed \(.*No space left on device") as e:
+        save_checkpoint(sharded, TrainerState(step=9), root=root, env=process_group)
+    assert e.value.errno == errno.ENOSPC
+    assert latest_checkpoint(root).name == "step_00000004"
+
+
+def test_metrics_log_holds_each_step_once_after_a_crash_and_resume(tmp_path, data_root, process_group, monkeypatch):
+    import recsys.trainer as trainer_module
+
+    def crash(cfg, env, step):
+        if step == 3:
+            raise RuntimeError("killed")
+
+    cfg = tiny_config([f"data.root={data_root}", *SHORT, "trainer.log_every_steps=1", "trainer.checkpoint_every_steps=2"])
+    monkeypatch.setattr(trainer_module, "_maybe_inject_fault", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        fit(cfg, tmp_path)  # logged step 3, checkpointed step 2
+    monkeypatch.undo()
+    fit(cfg, tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+
+
+def test_results_json_is_as_readable_as_the_other_outputs(short_run):
+    import stat
+
+    mode = lambda name: stat.S_IMODE((short_run[0] / name).stat().st_mode)  # noqa: E731
+    assert mode("results.json") == mode("metrics.jsonl") and mode("results.json") & 0o044 == 0o044
+
+
+def test_evaluate_and_export_of_a_missing_run_dir_create_nothing(tmp_path, monkeypatch, capsys):
+    import runpy
+    import sys
+
+    missing = tmp_path / "runs" / "typo"
+    for module in ("recsys.evaluate", "recsys.export"):
+        monkeypatch.setattr(sys, "argv", [module, f"run_dir={missing}", "hydra/job_logging=none", "hydra/hydra_logging=none"])
+        with pytest.raises(SystemExit) as exited:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        assert exited.value.code == 1
+        assert f"run_dir={missing}: no such run dir" in capsys.readouterr().err
+        assert not (tmp_path / "runs").exists()
