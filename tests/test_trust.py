@@ -486,3 +486,23 @@ def test_evaluate_and_export_of_a_missing_run_dir_create_nothing(tmp_path, monke
         assert exited.value.code == 1
         assert f"run_dir={missing}: no such run dir" in capsys.readouterr().err
         assert not (tmp_path / "runs").exists()
+
+
+# --- 12: a damaged dataset dir is rebuilt ---------------------------------------------------------
+
+
+def test_prepare_rebuilds_a_truncated_file_instead_of_keeping_it(tmp_path):
+    from data_pipelines.prepare import prepare_dataset
+    from recsys.data.dataset import load_dataset
+
+    cfg = tiny_config([f"data.root={tmp_path}"]).data
+    root = prepare_dataset(cfg)
+    train = root / "train.parquet"
+    good = train.read_bytes()
+    assert json.loads((root / "meta.json").read_text())["files"]["train.parquet"] == len(good)
+    train.write_bytes(good[: len(good) // 2])  # a copy cut short
+    with pytest.raises(ValueError, match=rf"{train}: not a readable parquet file .*prepare the dataset again"):
+        load_dataset(root)
+    assert prepare_dataset(cfg) == root  # the cache check sees the damage: prepared again, not kept
+    assert train.read_bytes() == good
+    assert len(load_dataset(root).splits["train"]) == 15944
