@@ -263,8 +263,6 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
         _check_same_batches(saved_state, resume_from, tcfg.global_batch_size)
         state = load_checkpoint(sharded, resume_from, env=env)
         state.global_batch_size = tcfg.global_batch_size
-    elif tcfg.init_from:
-        _init_from(sharded, Path(tcfg.init_from), fingerprint, env)
         if env.is_main:
             log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
         if cfg.data.shard_by_user and state.next_batch > 0 and state.world_size != env.world_size and env.is_main:
@@ -272,6 +270,8 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                         "changed, so the rest of epoch %d is not exactly the remainder of the interrupted one",
                         env.world_size, state.world_size, state.epoch)
         state.world_size = env.world_size
+    elif tcfg.init_from:
+        _init_from(sharded, Path(tcfg.init_from), fingerprint, env)
 
     config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
