@@ -91,7 +91,12 @@ def check_checkpoint_files(path: Path) -> None:
 
 def has_optimizer_state(path: Path) -> bool:
     """Whether a checkpoint can be resumed (step checkpoints) or holds weights only (``best/``)."""
-    keys = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
+    try:
+        keys = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except UnsafeFileError:
+        raise
+    except Exception:  # unreadable metadata: load_checkpoint names what is wrong with it
+        return True
     return any(key.startswith("optim.") for key in keys)
 
 

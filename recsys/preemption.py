@@ -9,7 +9,8 @@ checkpoint together and stop with :class:`Preempted`, which ``recsys.train`` tur
 ``trainer.preemption_grace_s`` bounds the time from the signal to the exit: set it below the
 scheduler's own grace period (Kubernetes: 30 s by default). If the step and the checkpoint have not
 finished by then, the process exits with the same status without a new checkpoint (the previous one
-is intact: checkpoints are renamed into place only when complete).
+is intact: checkpoints are renamed into place only when complete). That includes a rank blocked in
+a collective whose peer died (torchrun SIGTERMs it to restart the job): it exits after the grace period.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 from typing import Optional
 
@@ -47,6 +49,7 @@ class PreemptionHandler:
         self.requested = False
         self._previous = None  # the SIGTERM handler before install (may itself be None: set outside Python)
         self._installed = False
+        self._lock = threading.Lock()
         self._watchdog: Optional[threading.Timer] = None
 
     def __enter__(self) -> "PreemptionHandler":
@@ -60,26 +63,51 @@ class PreemptionHandler:
         if self.grace_s > 0 and not self._installed:
             try:
                 self._previous = signal.signal(signal.SIGTERM, self._on_signal)
-                self._installed = True
             except ValueError:  # not the main thread: signals cannot be handled here
                 log.warning("trainer.preemption_grace_s: not on the main thread, SIGTERM is not handled")
+                return
+            self._installed = True
+            # A Python signal handler runs only when the main thread returns to the interpreter: a rank blocked
+            # in a collective whose peer died never would. The C-level handler also writes the signal number to
+            # the wakeup fd, which a watcher thread reads: the grace-period watchdog starts regardless.
+            self._reader, writer = socket.socketpair()
+            writer.setblocking(False)
+            self._writer = writer
+            self._previous_wakeup_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+            threading.Thread(target=self._watch, args=(self._reader,), name="sigterm-watcher", daemon=True).start()
 
     def restore(self) -> None:
         """The previous SIGTERM handler back (idempotent)."""
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
-            self._installed = False
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        with self._lock:
+            if self._installed:
+                signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+                signal.set_wakeup_fd(self._previous_wakeup_fd)
+                self._writer.close()  # the watcher's recv returns b"": it exits
+                self._installed = False
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+
+    def _watch(self, reader: socket.socket) -> None:
+        with reader:
+            while True:
+                try:
+                    data = reader.recv(64)
+                except OSError:
+                    return
+                if not data:
+                    return
+                if signal.SIGTERM in data:
+                    self._on_signal(signal.SIGTERM, None)
 
     def _on_signal(self, signum, frame) -> None:
-        if self.requested:
-            return
-        self.requested = True
+        with self._lock:  # from the main thread's handler and from the watcher: whichever comes first
+            if self.requested or not self._installed:
+                return
+            self.requested = True
+            self._watchdog = threading.Timer(self.grace_s, self._expire)
+            self._watchdog.daemon = True
+            self._watchdog.start()
         log.warning("SIGTERM on rank %d: finishing the current step, then checkpointing (at most %.0f s)", self.rank, self.grace_s)
-        self._watchdog = threading.Timer(self.grace_s, self._expire)
-        self._watchdog.daemon = True
-        self._watchdog.start()
 
     def _expire(self) -> None:
         log.error("SIGTERM: no checkpoint within trainer.preemption_grace_s=%s s; exiting with status %d without one "

@@ -165,7 +165,8 @@ def load_bundle(path: str | Path) -> ServingBundle:
         raise FileNotFoundError(f"{manifest_path}: missing; is {root} a bundle written by `python -m recsys.export`?")
     manifest = json.loads(manifest_path.read_text())
     if manifest.get("format") != BUNDLE_FORMAT:
-        raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}")
+        raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
+                         "export the run again (python -m recsys.export run_dir=...)")
     encoder = _load_encoder(root / "query_encoder.pt", manifest, manifest_path)
     items = pq.read_table(root / "items.parquet", columns=["item_id", "categories"])
     categories = items.column("categories").combine_chunks()
