@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
+from recsys.checkpoint import CONFIG_FILE, load_checkpoint
 from recsys.config import Config, SparseOptimConfig, register_configs, reject_unknown_keys
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import load_dataset
@@ -78,6 +78,8 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
     cfg = OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(path)))
     # the weights' own record of their data / model config: a config that differs would build another
     # model or split (and report numbers for a protocol the weights never saw)
+    from recsys.checkpoint import STATE_FILE, read_trainer_state
+
     if (ckpt / STATE_FILE).is_file():
         saved, now = read_trainer_state(ckpt).fingerprint, config_fingerprint(cfg)
         if saved and saved != now:
