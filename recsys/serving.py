@@ -145,8 +145,8 @@ def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncod
         raise ValueError(f"{path}: expected a state dict of tensors")
     poolings = manifest.get("poolings", {})
     with_history = manifest.get("history_length", 0) > 0
-    needed = ("user", "item") if with_history else ("user",)
-    tables = [t for t in ("user", "item", "category") if f"{t}.weight" in state]  # no category table without categories
+    needed = ("item",) if with_history else ("user",)  # a query is its history bag, its user id, or both
+    tables = [t for t in ("user", "item", "category") if f"{t}.weight" in state]  # e.g. no category table without categories
     for table in (*needed, *tables):
         if f"{table}.weight" not in state:
             raise ValueError(f"{path}: no weights for table {table!r}")
