@@ -34,6 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_pipelines.file_sizes import damaged_files, file_sizes
 from data_pipelines.splits import lexsort_order
 
 __all__ = ["CODE_VERSION", "SPLITS", "is_complete", "read_meta", "write_dataset_dir"]
@@ -187,13 +188,15 @@ def is_complete(dataset_dir: str | os.PathLike) -> bool:
 
 
 def is_prepared(dataset_dir: str | os.PathLike, cache_key: str) -> bool:
-    """True when the dir is complete and was written for ``cache_key`` (a corrupt meta.json counts as not)."""
+    """True when the dir is complete, was written for ``cache_key`` and its files have the sizes meta.json
+    records (a corrupt meta.json or a truncated file counts as not: the caller rebuilds the dir)."""
     if not is_complete(dataset_dir):
         return False
     try:
-        return read_meta(dataset_dir).get("cache_key") == cache_key
+        meta = read_meta(dataset_dir)
     except ValueError:
         return False
+    return meta.get("cache_key") == cache_key and not damaged_files(Path(dataset_dir), meta)
 
 
 # ---------------------------------------------------------------- writing
@@ -266,6 +269,7 @@ def write_dataset_dir(
                     pq.write_table(table, tmp / rel, **options[rel])
             if background is not None:
                 background.result()
+        meta["files"] = file_sizes(tmp, tables)  # what the cache check verifies (a truncated file is rebuilt)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
         _swap_into_place(tmp, out_dir)
     except BaseException:

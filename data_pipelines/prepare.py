@@ -8,7 +8,8 @@
     $ python -m data_pipelines.prepare data=interactions data.interactions.path=clicks.csv
 
 The trainer calls :func:`prepare_dataset` itself, on rank 0, so this is only needed to prepare
-ahead of a job. Prints the prepared dir's absolute path on its last line.
+ahead of a job. Prints the prepared dir's absolute path on its last line; writes nothing but the
+dataset dir (conf/prepare.yaml: no Hydra run dir, so never into runs/<run_name>/).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def prepare_dataset(cfg: DataConfig) -> Path:
 register_configs()
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from data_pipelines.errors import DatasetError
 

@@ -27,9 +27,11 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
+from recsys.safe_load import SafeFileSystemReader, UnsafeFileError, torch_load_weights
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 STATE_FILE = "trainer_state.json"
@@ -48,6 +50,7 @@ class TrainerState:
     early_stopped: bool = False  # early stopping ended training (more epochs would not resume it)
     fingerprint: str = ""  # data + model config the weights belong to
     world_size: int = 1  # of the run that saved it (informational: any world size may load it)
+    global_batch_size: int = 0  # of the run that saved it: next_batch counts batches of this size (0: unknown, older checkpoints)
 
 
 def _state_dicts(sharded: ShardedModel, with_optimizer: bool) -> Dict[str, Any]:
@@ -70,7 +73,9 @@ def check_checkpoint_files(path: Path) -> None:
     """Every file DCP's metadata lists exists and is long enough, or an error naming the first that is not
     (a checkpoint copied in part, or truncated on disk, would otherwise fail deep inside DCP)."""
     try:
-        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+        metadata = SafeFileSystemReader(str(path)).read_metadata()
+    except UnsafeFileError:
+        raise
     except Exception as e:  # missing or unreadable .metadata
         raise FileNotFoundError(f"{path}: incomplete checkpoint, its DCP .metadata cannot be read ({e})") from None
     needed: Dict[str, int] = {}
@@ -82,6 +87,17 @@ def check_checkpoint_files(path: Path) -> None:
             raise FileNotFoundError(f"{path}: incomplete checkpoint, {name} is missing")
         if file.stat().st_size < size:
             raise ValueError(f"{path}: incomplete checkpoint, {name} has {file.stat().st_size} bytes, its metadata needs {size}")
+
+
+def has_optimizer_state(path: Path) -> bool:
+    """Whether a checkpoint can be resumed (step checkpoints) or holds weights only (``best/``)."""
+    try:
+        keys = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except UnsafeFileError:
+        raise
+    except Exception:  # unreadable metadata: load_checkpoint names what is wrong with it
+        return True
+    return any(key.startswith("optim.") for key in keys)
 
 
 def is_complete_checkpoint(path: Path) -> bool:
@@ -126,17 +142,23 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     _barrier(env)
-    dcp.save(_state_dicts(sharded, with_optimizer), checkpoint_id=str(tmp))
+    try:
+        dcp.save(_state_dicts(sharded, with_optimizer), checkpoint_id=str(tmp))
+    except (OSError, CheckpointException) as e:  # a full disk says only "Errno 28": name where
+        raise _write_error(tmp, e) from e
     rng: List[Any] = [None] * env.world_size
     if env.world_size > 1:
         dist.all_gather_object(rng, torch.get_rng_state())
     else:
         rng = [torch.get_rng_state()]
     if env.is_main:
-        torch.save(rng, tmp / "rng.pt")
-        if config_yaml:
-            (tmp / CONFIG_FILE).write_text(config_yaml)
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        try:
+            torch.save(rng, tmp / "rng.pt")
+            if config_yaml:
+                (tmp / CONFIG_FILE).write_text(config_yaml)
+            (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+        except OSError as e:
+            raise _write_error(tmp, e) from e
         old = final.with_name(final.name + ".old")
         if final.exists():  # only for named checkpoints ("best"): swap, then drop the old one
             shutil.rmtree(old, ignore_errors=True)
@@ -150,19 +172,36 @@ def save_checkpoint(
     return final
 
 
+def read_rng_states(path: Path) -> List[torch.Tensor]:
+    """Every rank's RNG state (uint8 tensors), loaded weights-only: a crafted rng.pt cannot run code."""
+    rng = torch_load_weights(path / "rng.pt")
+    if not isinstance(rng, list) or not rng or not all(isinstance(r, torch.Tensor) and r.dtype == torch.uint8 for r in rng):
+        raise ValueError(f"{path / 'rng.pt'}: expected a list of uint8 RNG state tensors")
+    return rng
+
+
+def _write_error(tmp: Path, e: BaseException) -> OSError:
+    """The failure of a checkpoint write, naming the folder (DCP wraps each rank's error in a CheckpointException)."""
+    causes = [c[0] if isinstance(c, tuple) else c for c in getattr(e, "failures", {}).values()] or [e]  # DCP: (exception, traceback)
+    errno = next((c.errno for c in causes if isinstance(c, OSError)), None)
+    reason = "; ".join(f"{type(c).__name__}: {c}" for c in causes)
+    return OSError(errno, f"{tmp}: writing the checkpoint failed ({reason}); the previous checkpoint is intact "
+                          f"(free space on {tmp.parent}'s file system and run again to resume)")
+
+
 def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_optimizer: bool = True) -> TrainerState:
     """Collective: load weights (and optimizer state) in place, resharding as needed."""
     trainer_state = read_trainer_state(path)
     check_checkpoint_files(path)
     if with_optimizer and not sharded.dense_optimizer.state:
-        saved_keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        saved_keys = SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata
         if any(key.startswith(f"optim.state.{name}.") for name in sharded.dense_optimizer.params for key in saved_keys):
             sharded.dense_optimizer.init_state()  # KeyedOptimizer loads in place: its state must exist
     state = _state_dicts(sharded, with_optimizer)
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), storage_reader=SafeFileSystemReader(str(path)))
     sharded.module.load_state_dict(state["model"])
     if with_optimizer:
         sharded.optimizer.load_state_dict(state["optim"])
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    rng = read_rng_states(path)
     torch.set_rng_state(rng[env.rank] if len(rng) == env.world_size else rng[0])
     return trainer_state

@@ -136,8 +136,12 @@ class TrainerConfig:
     max_steps_per_epoch: int = 0  # cap on steps per epoch (smoke tests); 0 = the whole epoch
     pipeline: str = "none"  # "none": plain loop | "sparse_dist": torchrec's TrainPipelineSparseDist (next batch's input all-to-all overlaps this step)
     resume: str = "auto"  # "auto": newest complete checkpoint in the run dir, if any | "none": start over | a path
+    init_from: str = ""  # a new run starts from these weights (a checkpoint dir, e.g. another run's checkpoints/best): fresh optimizer, step 0; "" = random / pretrained init; a resumed run ignores it
     checkpoint_every_steps: int = 0  # also checkpoint every N steps inside an epoch; 0 = at epoch ends only
     keep_last_checkpoints: int = 2  # step checkpoints kept (the best-epoch weights are kept apart)
+    # on SIGTERM (preemption): finish the step, checkpoint, exit with status 75; seconds from the signal to the
+    # exit at most (without a checkpoint if it takes longer): keep it below the scheduler's grace; 0 = SIGTERM kills at once
+    preemption_grace_s: float = 25.0
     fault_at_step: int = 0  # fault injection for tests: exit(13) after this step on the first attempt; 0 disables
     fault_rank: int = 0  # the rank that fails when fault_at_step is set
 
@@ -221,11 +225,16 @@ def check_values(cfg: Config) -> None:
 
     t, m, d, e = cfg.trainer, cfg.model, cfg.data, cfg.eval
     need(t.global_batch_size >= 1, "trainer.global_batch_size", t.global_batch_size, "must be >= 1")
+    # one candidate makes the softmax loss 0 (nothing is learnt): the batch's positives plus the uniform negatives
+    need(t.global_batch_size < 1 or t.global_batch_size + m.num_uniform_negatives >= 2, "trainer.global_batch_size",
+         t.global_batch_size, f"in-batch softmax needs >= 2 candidates per step, this leaves "
+         f"{t.global_batch_size + m.num_uniform_negatives} (with model.num_uniform_negatives={m.num_uniform_negatives})")
     need(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
     need(t.log_every_steps >= 1, "trainer.log_every_steps", t.log_every_steps, "must be >= 1")
     for key in ("early_stopping_patience", "max_steps_per_epoch", "checkpoint_every_steps",
                 "keep_last_checkpoints", "fault_at_step"):
         need(getattr(t, key) >= 0, f"trainer.{key}", getattr(t, key), "must be >= 0 (0 disables)")
+    need(t.preemption_grace_s >= 0, "trainer.preemption_grace_s", t.preemption_grace_s, "must be >= 0 (0 disables)")
     need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")
     need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
     need(all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0, "model.tower_dims", m.tower_dims, "must be widths >= 1")

@@ -42,7 +42,7 @@ from recsys.evaluation.evaluator import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.logs import setup_logging
 from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
-from recsys.trainer import build_task, prepare_dataset_on_rank0
+from recsys.trainer import build_task, config_fingerprint, prepare_dataset_on_rank0
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +85,25 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
     """The config the checkpoint's weights were trained with: its own copy (``config.yaml``) when it has
     one, else the run's ``.hydra/config.yaml`` (which a later, refused ``recsys.train`` in the same run
     dir rewrites at start-up)."""
-    path = checkpoint_dir(run_dir, checkpoint) / CONFIG_FILE
+    ckpt = checkpoint_dir(run_dir, checkpoint)
+    path = ckpt / CONFIG_FILE
     if not path.is_file():
         path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
     schema = OmegaConf.structured(Config)
-    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(path)))
+    cfg = OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(path)))
+    # the weights' own record of their data / model config: a config that differs would build another
+    # model or split (and report numbers for a protocol the weights never saw)
+    from recsys.checkpoint import STATE_FILE, read_trainer_state
+
+    if (ckpt / STATE_FILE).is_file():
+        saved, now = read_trainer_state(ckpt).fingerprint, config_fingerprint(cfg)
+        if saved and saved != now:
+            raise ValueError(f"{path}: another data/model config (fingerprint {now}) than the weights in {ckpt} were "
+                             f"trained with ({saved}, its {STATE_FILE}); was it edited, or rewritten by a later "
+                             "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to")
+    return cfg
 
 
 def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 class ExportConfig:
     run_dir: str = MISSING  # the training run to export
     checkpoint: str = ""  # checkpoint dir; "" = <run_dir>/checkpoints/best
-    out_dir: str = ""  # bundle dir; "" = <run_dir>/export (replaced atomically)
+    out_dir: str = ""  # bundle dir; "" = <run_dir>/export (replaced atomically, and only if it holds a bundle export wrote)
     batch_size: int = 4096  # items embedded per forward pass
     device: str = "auto"  # "auto" | "cpu" | "cuda": where the tables are loaded to embed the items (the bundle is CPU either way)
 
@@ -69,8 +69,35 @@ def full_tables(module: torch.nn.Module, rank: int, device: torch.device = torch
     return out
 
 
+BUNDLE_FILES = {"manifest.json", "query_encoder.pt", "query_encoder.pt2", "item_embeddings.npy", "items.parquet", "vocab", "config.yaml"}
+
+
+def check_replaceable(out: Path) -> None:
+    """Export replaces only a bundle it wrote: anything else at ``out`` is someone's data, never deleted."""
+    if not out.exists() and not out.is_symlink():
+        return
+    why = ""
+    if out.is_symlink() or not out.is_dir():
+        why = "it is not a folder"
+    else:
+        try:
+            fmt = json.loads((out / "manifest.json").read_text()).get("format")
+        except (OSError, ValueError, AttributeError):
+            fmt = None
+        others = sorted(p.name for p in out.iterdir() if p.name not in BUNDLE_FILES)
+        if not (isinstance(fmt, str) and fmt.startswith("recsys-bundle/")):
+            why = "it has no manifest.json of a recsys serving bundle"
+        elif others:
+            why = f"it holds files a bundle does not ({', '.join(others[:5])})"
+    if why:
+        raise FileExistsError(f"out_dir={out}: exists and {why}; recsys.export replaces only a bundle it wrote. "
+                              "Choose another out_dir (or move that one away yourself)")
+
+
 def export_run(ecfg: ExportConfig) -> Path:
     run_dir = Path(ecfg.run_dir)
+    out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
+    check_replaceable(out)  # before any work, on every rank
     cfg = load_run_config(run_dir, ecfg.checkpoint)
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     sharded = None
@@ -83,7 +110,6 @@ def export_run(ecfg: ExportConfig) -> Path:
         item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
                          batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
         tables = full_tables(sharded.module, env.rank, env.device)
-        out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
         if env.is_main:
             encoder = QueryEncoder(
                 tables, {t: c.pooling for t, c in cfg.model.tables.items()},
@@ -103,6 +129,7 @@ def _write_bundle(out: Path, encoder: QueryEncoder, item_emb: torch.Tensor, data
     try:
         program = torch.export.export(encoder, example_inputs(), dynamic_shapes=dynamic_shapes())
         torch.export.save(program, str(tmp / "query_encoder.pt2"))
+        torch.save(encoder.state_dict(), tmp / "query_encoder.pt")  # what load_bundle reads (weights only)
         embeddings = item_emb.numpy().astype(np.float32)
         np.save(tmp / "item_embeddings.npy", embeddings)
         categories = pa.ListArray.from_arrays(pa.array(data.item_category_indptr, pa.int32()), pa.array(data.item_category_ids, pa.int64()))
@@ -125,6 +152,7 @@ def _write_bundle(out: Path, encoder: QueryEncoder, item_emb: torch.Tensor, data
             "num_items": data.num_items,
             "num_categories": data.num_categories,
             "history_length": cfg.data.history_length,
+            "poolings": {t: c.pooling for t, c in cfg.model.tables.items()},
             "temperature": cfg.model.temperature,
             "score": "inner product <query, item>",
             "checkpoint": str(checkpoint.resolve()),
@@ -133,6 +161,7 @@ def _write_bundle(out: Path, encoder: QueryEncoder, item_emb: torch.Tensor, data
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         old = out.with_name(f".{out.name}.old")
+        check_replaceable(out)  # again: something may have appeared there while the items were embedded
         if out.exists():
             shutil.rmtree(old, ignore_errors=True)
             out.rename(old)

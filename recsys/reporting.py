@@ -14,6 +14,7 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600: readable like every other output
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -21,6 +22,33 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _step(line: str) -> float:
+    try:
+        return json.loads(line).get("step", 0)
+    except (ValueError, AttributeError):  # a line torn by the crash
+        return float("inf")
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """Resuming from step ``step``: drop the records a crashed attempt logged after it (they are logged
+    again), so every step appears once. Rewritten atomically; a missing file is fine."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _step(line) <= step]
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
 
 
 class MetricsLog:

@@ -4,8 +4,11 @@ Written by ``python -m recsys.export run_dir=...``; read by :func:`load_bundle` 
 CPU process (torch, numpy, pyarrow only)::
 
     <bundle>/
-      manifest.json        format, dims, counts, feature order, source run and checkpoint
-      query_encoder.pt2    torch.export program of QueryEncoder (batch and bag sizes dynamic)
+      manifest.json        format, dims, counts, poolings, source run and checkpoint
+      query_encoder.pt     QueryEncoder's weights (a state dict of tensors): what load_bundle reads
+      query_encoder.pt2    torch.export program of QueryEncoder (batch and bag sizes dynamic), for
+                           torch.export consumers; its loader unpickles objects, so load_bundle never
+                           reads it: load it only from a bundle you made or trust
       item_embeddings.npy  float32 [num_items, D], L2-normalised: FAISS IndexFlatIP-ready
       items.parquet        item_id, categories, embedding (+ raw_id / title when the dataset has them)
       vocab/               the dataset's raw id <-> index vocabularies, when it has them
@@ -13,6 +16,10 @@ CPU process (torch, numpy, pyarrow only)::
 
 Scores are inner products <query, item> (the training logits times the temperature), so the
 ranking equals the trained model's.
+
+Trust: :func:`load_bundle` runs no code from the bundle (weights load with ``torch.load(weights_only=True)``,
+arrays with ``allow_pickle=False``, JSON and parquet as data); it rebuilds QueryEncoder from this module's
+code. A bundle is still only as good as whoever wrote it: it decides which items are recommended.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from recsys.data.ragged import gather_rows, segment_sum  # numpy only
+from recsys.safe_load import numpy_load, torch_load_weights
 
-BUNDLE_FORMAT = "recsys-bundle/1"
+BUNDLE_FORMAT = "recsys-bundle/2"  # 2: the encoder is rebuilt from query_encoder.pt (1 needed the pickle-bearing .pt2)
 
 
 class QueryEncoder(nn.Module):
@@ -125,6 +133,38 @@ class ServingBundle:
         return queries @ self.item_embeddings.t()
 
 
+def _tower_from_weights(state: Dict[str, torch.Tensor], path: Path) -> nn.Sequential:
+    """The query tower's layers from its weights' names and shapes: Linear at each ``tower.<i>``, ReLU
+    between them (recsys.model.two_tower.mlp's layout)."""
+    linear = sorted(int(key.split(".")[1]) for key in state if key.startswith("tower.") and key.endswith(".weight"))
+    if not linear or linear != list(range(0, 2 * len(linear), 2)):
+        raise ValueError(f"{path}: tower layers {linear}: expected Linear layers at 0, 2, 4, ...")
+    layers = []
+    for i in linear:
+        out_dim, in_dim = state[f"tower.{i}.weight"].shape
+        layers += [nn.Linear(in_dim, out_dim)] + ([nn.ReLU()] if i != linear[-1] else [])
+    return nn.Sequential(*layers)
+
+
+def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncoder:
+    state = torch_load_weights(path)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a state dict of tensors")
+    poolings = manifest.get("poolings", {})
+    with_history = manifest.get("history_length", 0) > 0
+    needed = ("item",) if with_history else ("user",)  # a query is its history bag, its user id, or both
+    tables = [t for t in ("user", "item", "category") if f"{t}.weight" in state]  # e.g. no category table without categories
+    for table in (*needed, *tables):
+        if f"{table}.weight" not in state:
+            raise ValueError(f"{path}: no weights for table {table!r}")
+        if poolings.get(table) not in ("sum", "mean"):
+            raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
+    encoder = QueryEncoder({t: state[f"{t}.weight"] for t in tables}, poolings, _tower_from_weights(state, path),
+                           with_history=with_history)
+    encoder.load_state_dict(state)  # strict: every tensor is used, none is missing
+    return encoder.eval()
+
+
 def load_bundle(path: str | Path) -> ServingBundle:
     root = Path(path)
     manifest_path = root / "manifest.json"
@@ -132,15 +172,16 @@ def load_bundle(path: str | Path) -> ServingBundle:
         raise FileNotFoundError(f"{manifest_path}: missing; is {root} a bundle written by `python -m recsys.export`?")
     manifest = json.loads(manifest_path.read_text())
     if manifest.get("format") != BUNDLE_FORMAT:
-        raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}")
-    encoder = torch.export.load(str(root / "query_encoder.pt2")).module()
+        raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
+                         "export the run again (python -m recsys.export run_dir=...)")
+    encoder = _load_encoder(root / "query_encoder.pt", manifest, manifest_path)
     items = pq.read_table(root / "items.parquet", columns=["item_id", "categories"])
     categories = items.column("categories").combine_chunks()
     indptr = categories.offsets.to_numpy().astype(np.int64)
     return ServingBundle(
         manifest=manifest,
         encoder=encoder,
-        item_embeddings=torch.from_numpy(np.load(root / "item_embeddings.npy")),
+        item_embeddings=torch.from_numpy(numpy_load(root / "item_embeddings.npy")),
         category_indptr=indptr - indptr[0],
         category_ids=categories.flatten().to_numpy().astype(np.int64),
     )

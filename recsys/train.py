@@ -4,7 +4,8 @@
     $ python -m recsys.train +experiment=tiny trainer.epochs=2   # any config value from the command line
     $ torchrun --standalone --nproc_per_node=2 -m recsys.train   # 2 processes (GPUs if visible, else CPU/gloo)
 
-Outputs land in runs/<run_name>/ (results.json, metrics.jsonl, tb/, train.log).
+Outputs land in runs/<run_name>/ (results.json, metrics.jsonl, tb/, train.log). On SIGTERM it checkpoints
+and exits with status 75 (recsys/preemption.py); the same command resumes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import register_configs, to_config
+from recsys.preemption import PREEMPTED_EXIT_CODE, Preempted
 from recsys.trainer import fit
 from recsys.logs import setup_logging
 
@@ -38,6 +40,9 @@ def main(cfg: DictConfig) -> None:
     except DatasetError as e:  # missing or bad input files: one message, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except Preempted as e:  # SIGTERM: checkpointed; a status schedulers can tell from a failure
+        print(str(e), file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.checkpoint import (
-    STATE_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint,
+    STATE_FILE, TrainerState, complete_checkpoints, has_optimizer_state, is_complete_checkpoint, latest_checkpoint, load_checkpoint, read_trainer_state, save_checkpoint,
 )
 from recsys.config import Config, DataConfig, query_uses_user_id
 from recsys.data.batch import Batch
@@ -47,7 +47,9 @@ from recsys.logs import FILE_ONLY
 from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
-from recsys.reporting import MetricsLog, format_results_table, write_json_atomic
+from recsys.reporting import MetricsLog, drop_records_after, format_results_table, write_json_atomic
+from recsys.preemption import Preempted, PreemptionHandler
+from recsys.run_lock import lock_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +109,15 @@ def fit(cfg: Config, run_dir: str | Path) -> Dict[str, Any]:
     """Train, validate each epoch, restore the best epoch, test; returns what results.json holds."""
     env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
     sharded: Optional[ShardedModel] = None
+    lock = None
     try:
+        lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
         sharded, results = _fit(cfg, Path(run_dir), env)
         return results
     finally:
         del sharded  # before the group goes: torchrec's threads otherwise abort the exit
+        if lock is not None:
+            lock.release()
         destroy_distributed(env)
 
 
@@ -138,7 +144,58 @@ def _resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     path = Path(resume)
     if not path.is_dir():
         raise FileNotFoundError(f"trainer.resume={resume!r}: no such checkpoint dir")
+    if is_complete_checkpoint(path) and not has_optimizer_state(path):  # best/: saved with_optimizer=False
+        raise ValueError(
+            f"trainer.resume={resume!r}: {path} holds weights only (the best epoch's; no optimizer state or position "
+            f"in the data), so a run cannot continue from it. Continue the run from a step checkpoint (trainer.resume="
+            f"auto picks the newest), or start a new run from these weights: trainer.init_from={path} trainer.resume=none"
+        )
     return path
+
+
+def _best_weights(ckpt_root: Path, state: TrainerState) -> Optional[Path]:
+    """The checkpoint holding the best epoch's weights: ``best/``, else (deleted, damaged) the step checkpoint
+    written at the end of that epoch, which holds the same weights; an error if neither is left."""
+    if state.best_epoch < 0:
+        return None
+    best = ckpt_root / "best"
+    if is_complete_checkpoint(best) and read_trainer_state(best).best_epoch == state.best_epoch:
+        return best
+    for path in reversed(complete_checkpoints(ckpt_root)):
+        saved = read_trainer_state(path)
+        if saved.epoch == state.best_epoch + 1 and saved.next_batch == 0:
+            log.warning("%s is missing or damaged: testing the best epoch's weights from %s", best, path)
+            return path
+    raise FileNotFoundError(
+        f"{best}: missing or damaged, and no step checkpoint from the end of the best epoch ({state.best_epoch}) is "
+        f"left: the weights to test are gone. Restore {best}, or retrain with trainer.resume=none "
+        "(the old checkpoints are set aside, not deleted)"
+    )
+
+
+def _init_from(sharded: ShardedModel, path: Path, fingerprint: str, env: DistEnv) -> None:
+    """trainer.init_from: another checkpoint's weights, nothing else (optimizer, step, data position, RNG stay new)."""
+    saved = read_trainer_state(path).fingerprint
+    if saved != fingerprint:
+        raise ValueError(f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint {saved}, "
+                         f"now {fingerprint})")
+    rng = torch.get_rng_state()
+    load_checkpoint(sharded, path, env=env, with_optimizer=False)
+    torch.set_rng_state(rng)  # this run's seed, not the source run's RNG
+    if env.is_main:
+        log.info("trainer.init_from: starting from the weights in %s", path)
+
+
+def _check_same_batches(saved: TrainerState, path: Path, global_batch_size: int) -> None:
+    """Mid-epoch, the checkpoint's next batch counts batches of its own size: another size would resume at
+    another example, training part of the epoch twice or skipping it. At an epoch end any size may follow."""
+    if saved.next_batch > 0 and saved.global_batch_size and saved.global_batch_size != global_batch_size:
+        raise ValueError(
+            f"trainer.global_batch_size={global_batch_size}: {path} was saved mid-epoch (epoch {saved.epoch}, batch "
+            f"{saved.next_batch}) with trainer.global_batch_size={saved.global_batch_size}; with another size the rest "
+            f"of the epoch would not be exactly its unseen examples. Resume with trainer.global_batch_size="
+            f"{saved.global_batch_size} (the size may change at an epoch end), or start over with trainer.resume=none"
+        )
 
 
 def _maybe_inject_fault(cfg: Config, env: DistEnv, step: int) -> None:
@@ -200,7 +257,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
 
     ckpt_root = run_dir / "checkpoints"
     fingerprint = config_fingerprint(cfg)
-    state = TrainerState(fingerprint=fingerprint, world_size=env.world_size)
+    state = TrainerState(fingerprint=fingerprint, world_size=env.world_size, global_batch_size=tcfg.global_batch_size)
     resume_from = _resume_path(cfg, ckpt_root, env)
     done = completed_results(run_dir, resume_from, fingerprint, tcfg.epochs) if tcfg.resume == "auto" else None
     if done is not None:  # a finished run is not trained again (the same answer on every rank: same files)
@@ -208,13 +265,16 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             print(format_results_table(done, result_ks(done)), flush=True)
         return sharded, done
     if resume_from is not None:
-        saved = read_trainer_state(resume_from).fingerprint  # before loading: other shapes would fail inside DCP
+        saved_state = read_trainer_state(resume_from)
+        saved = saved_state.fingerprint  # before loading: other shapes would fail inside DCP
         if saved != fingerprint:
             raise ValueError(
                 f"{resume_from}: saved for another data/model config (fingerprint {saved}, "
                 f"now {fingerprint}); use trainer.resume=none or another run_name"
             )
+        _check_same_batches(saved_state, resume_from, tcfg.global_batch_size)
         state = load_checkpoint(sharded, resume_from, env=env)
+        state.global_batch_size = tcfg.global_batch_size
         if env.is_main:
             log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
         if cfg.data.shard_by_user and state.next_batch > 0 and state.world_size != env.world_size and env.is_main:
@@ -222,6 +282,8 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                         "changed, so the rest of epoch %d is not exactly the remainder of the interrupted one",
                         env.world_size, state.world_size, state.epoch)
         state.world_size = env.world_size
+    elif tcfg.init_from:
+        _init_from(sharded, Path(tcfg.init_from), fingerprint, env)
 
     config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
@@ -249,9 +311,13 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
     )
     pipeline, train_step = make_train_step(cfg, sharded, env)
     steps_per_epoch = len(batches) if tcfg.max_steps_per_epoch <= 0 else min(len(batches), tcfg.max_steps_per_epoch)
+    if resume_from is not None and env.is_main:
+        drop_records_after(run_dir / "metrics.jsonl", state.step)  # logged after the checkpoint, before a crash
     metrics_log = MetricsLog(run_dir, enabled=env.is_main)
     valid_metric = cfg.eval.valid_metric
+    preemption = PreemptionHandler(tcfg.preemption_grace_s, rank=env.rank, world_size=env.world_size, device=env.device)
     try:
+        preemption.install()  # SIGTERM now sets a flag; checked after every step
         while not state.early_stopped and state.epoch < tcfg.epochs:
             epoch = state.epoch
             dmp.train()
@@ -285,6 +351,10 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                     state.train_seconds += time.perf_counter() - epoch_start
                     epoch_start = time.perf_counter()
                     checkpoint()
+                if preemption.should_stop():  # SIGTERM: this step is done, checkpoint it and stop
+                    state.train_seconds += time.perf_counter() - epoch_start
+                    checkpoint()
+                    raise Preempted(state.step, str(ckpt_root / f"step_{state.step:08d}"))
                 _maybe_inject_fault(cfg, env, state.step)
             progress.close()
             state.train_seconds += time.perf_counter() - epoch_start
@@ -307,12 +377,16 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
                         log.info("early stop: no better valid %s for %d epochs", valid_metric, state.bad_epochs)
                     state.early_stopped = True
             checkpoint()
-        best = ckpt_root / "best"
-        if is_complete_checkpoint(best):
+            if preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written
+                raise Preempted(state.step, str(ckpt_root / f"step_{state.step:08d}"))
+        preemption.restore()  # the test evaluation is not resumable work: SIGTERM stops it at once again
+        best = _best_weights(ckpt_root, state)
+        if best is not None:
             load_checkpoint(sharded, best, env=env, with_optimizer=False)
         valid = evaluator.evaluate(two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
         test = evaluator.evaluate(two_tower, "test", device=env.device, rank=env.rank, world_size=env.world_size, with_popularity=True)
     finally:
+        preemption.restore()
         metrics_log.close()
 
     results = {
@@ -332,7 +406,7 @@ def _fit(cfg: Config, run_dir: Path, env: DistEnv):
             "protocol": data.meta.get("protocol"),
             "counts": {**{s: int(data.meta.get("counts", {}).get(s, len(v))) for s, v in data.splits.items()}, "users": data.num_users, "items": data.num_items, "categories": data.num_categories},
         },
-        "checkpoint": str(ckpt_root / "best"),
+        "checkpoint": str(best) if best is not None else "",  # the weights tested ("": the last step's)
     }
     if env.is_main:
         write_json_atomic(run_dir / "results.json", results)

@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from recsys.data.dataset_checks import check_meta_counts
+
 SPLITS = ("train", "valid", "test")
 
 
@@ -161,6 +163,7 @@ def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None)
     except json.JSONDecodeError as e:
         raise ValueError(f"{meta_path}: not valid JSON ({e})") from None
     num_users, num_items, num_categories = (_meta_count(meta_path, meta, k) for k in ("num_users", "num_items", "num_categories"))
+    check_meta_counts(root, meta)  # every count in meta.json against its file, and an empty train split by name
     splits = {s: _read_split(root / f"{s}.parquet", num_users, num_items, user_range) for s in SPLITS}
 
     items_path = root / "items.parquet"

@@ -29,7 +29,7 @@ def open_pretrained(path: str | Path, *, table: str, num_rows: int, dim: int) ->
         raise FileNotFoundError(f"{where}: no such file")
     if path.suffix == ".npy":
         try:
-            array = np.load(path, mmap_mode="r")
+            array = np.load(path, mmap_mode="r", allow_pickle=False)  # a pickle is refused, never run
         except ValueError as e:
             raise ValueError(f"{where}: not a readable .npy file ({e})") from None
         if array.shape != (num_rows, dim):

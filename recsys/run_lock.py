@@ -1,0 +1,104 @@
+"""One training at a time per run dir: an exclusive lock on ``<run_dir>/.lock``.
+
+Two trainings in one run dir (same ``run_name``) would interleave their checkpoints and report each
+other's weights. The first takes the lock; a second fails at once, naming the dir and the owner.
+
+The lock is an ``flock`` on the file, held while the run lives: the kernel drops it when the owner
+exits however it dies (SIGKILL, OOM), so a lock left by a dead run is stale by construction and is
+taken over (with a warning naming the old owner). The file's content (host, pid, start time) is
+only for the messages. On several hosts the run dir must be on a shared file system whose locks
+reach every host (NFSv4, Lustre, GPFS do).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
+
+class RunDirLockedError(RuntimeError):
+    pass
+
+
+class RunLock:
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunDirLockedError(
+                f"{self.path.parent}: another training holds this run dir ({_describe(self.path)}); "
+                "wait for it to finish, or use another run_name"
+            ) from None
+        previous = _read(self.path)
+        if previous:  # its owner exited without releasing (killed): the kernel dropped its flock
+            log.warning("%s: taking over a stale lock of %s (that process is gone)", self.path.parent, _describe(self.path))
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)  # an empty lock file: released cleanly (a non-empty one was left by a dead run)
+        finally:
+            os.close(self._fd)  # drops the flock
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe(path: Path) -> str:
+    owner = _read(path)
+    if not owner:
+        return f"lock file {path}"
+    return f"pid {owner.get('pid')} on host {owner.get('host')}, since {owner.get('started')}; lock file {path}"
+
+
+def lock_run_dir(run_dir: Path, env) -> Optional[RunLock]:
+    """Collective: rank 0 locks the run dir (the only rank that writes there); every rank raises if it could not."""
+    lock, error = None, ""
+    if env.is_main:
+        try:
+            lock = RunLock(run_dir).acquire()
+        except RunDirLockedError as e:
+            error = str(e)
+    if env.world_size > 1:
+        import torch.distributed as dist
+
+        holder = [error]
+        dist.broadcast_object_list(holder, src=0)
+        error = holder[0]
+    if error:
+        raise RunDirLockedError(error)
+    return lock
