@@ -80,6 +80,7 @@ class ModelConfig:
     tower_dims: List[int] = field(default_factory=lambda: [128, 64])  # MLP widths of each tower; last = output dim
     temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
+    logq_weight: float = 1.0  # the correction subtracts this times log q(i): 1 = the unbiased estimate, < 1 keeps some popularity
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
     # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)

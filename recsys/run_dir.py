@@ -59,13 +59,18 @@ def completed_results(run_dir: Path, checkpoint: Optional[Path], fingerprint: st
     """The results of the finished run in ``run_dir`` whose newest checkpoint is ``checkpoint``.
 
     None: no checkpoint, weights of another data/model config (resuming refuses them, naming both),
-    not finished, or its results were never written (the final test evaluation then runs again).
+    not finished, its results were never written, or the checkpoint they were tested with is gone
+    (the final test evaluation then runs again).
     """
     results = run_dir / RESULTS_FILE
     if checkpoint is None or not results.is_file():
         return None
     state = read_trainer_state(checkpoint)
     if state.fingerprint != fingerprint or not is_finished(state, epochs):
+        return None
+    saved = json.loads(results.read_text())
+    tested = saved.get("checkpoint")
+    if tested and not Path(tested).is_dir():  # the weights it describes are gone: test again (the trainer rebuilds or names them)
         return None
     written = datetime.datetime.fromtimestamp(results.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
     if state.early_stopped:
@@ -74,7 +79,6 @@ def completed_results(run_dir: Path, checkpoint: Optional[Path], fingerprint: st
         how, options = f"{state.epoch} epochs", "a larger trainer.epochs trains further, trainer.resume=none starts over"
     log.info("run already complete (results from %s; %s, %d steps): nothing trained, %s printed again; %s",
              written, how, state.step, results, options)
-    saved = json.loads(results.read_text())
     for split in ("valid", "test"):  # the file's keys are sorted: the model first again, as the trainer prints it
         saved[split] = dict(sorted(saved[split].items(), key=lambda item: item[0] != "two_tower"))
     return saved

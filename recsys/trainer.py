@@ -85,6 +85,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarra
         item_counts=torch.from_numpy(data.item_counts() if item_counts is None else item_counts),
         temperature=cfg.model.temperature,
         logq_correction=cfg.model.logq_correction,
+        logq_weight=cfg.model.logq_weight,
         num_uniform_negatives=cfg.model.num_uniform_negatives,
     )
 

@@ -160,12 +160,14 @@ class RetrievalTask(nn.Module):
         item_counts: torch.Tensor,
         temperature: float,
         logq_correction: bool,
+        logq_weight: float = 1.0,
         num_uniform_negatives: int,
     ) -> None:
         super().__init__()
         self.model = model
         self.temperature = temperature
         self.logq_correction = logq_correction
+        self.logq_weight = logq_weight
         self.num_uniform_negatives = num_uniform_negatives
         counts = item_counts.to(torch.float64)
         self.register_buffer("item_probs", (counts / counts.sum()).to(torch.float32), persistent=False)
@@ -189,6 +191,8 @@ class RetrievalTask(nn.Module):
         all_ids = torch.cat([positive_ids, batch.candidate_item_ids[n:]])
         labels = torch.arange(offset, offset + n, device=queries.device)
         log_q = self.candidate_log_q(all_ids, positives.shape[0]) if self.logq_correction else None
+        if log_q is not None and self.logq_weight != 1.0:
+            log_q = log_q * self.logq_weight
         loss = sampled_softmax_loss(
             queries,
             all_candidates,
