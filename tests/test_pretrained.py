@@ -29,7 +29,8 @@ def item_vectors(tmp_path_factory):
 def test_pretrained_item_table_frozen_or_trainable(tmp_path, data_root, process_group, item_vectors, frozen, caplog):
     path, vectors = item_vectors
     cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=8",
-                       f"model.tables.item.pretrained_path={path}", f"model.tables.item.frozen={str(frozen).lower()}"])
+                       f"model.tables.item.pretrained_path={path}", f"model.tables.item.frozen={str(frozen).lower()}",
+                       "model.query_user_id=true"])  # a user table beside the pretrained one
     caplog.set_level(logging.INFO, logger="recsys")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
