@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any, Dict
 
 SPLIT = "test"
-ROWS = (("two_tower", "two-tower"), ("ease", "EASE (λ = {lam:g}, tuned on valid)"), ("popularity", "popularity"))
+ROWS = (
+    ("two_tower", "two-tower"),
+    ("ease", "EASE (λ = {lam:g}, tuned on valid)"),
+    ("ials", "iALS (λ = {reg:g}, α = {alpha:g}, tuned on valid)"),
+    ("popularity", "popularity"),
+)
 METRICS = (("Recall@10", "recall@10"), ("Recall@20", "recall@20"), ("Recall@50", "recall@50"),
            ("Recall@100", "recall@100"), ("NDCG@10", "ndcg@10"), ("NDCG@20", "ndcg@20"))
 TAIL = ("tail-item Recall@20", "recall@20")  # from the item-popularity breakdown's tail bucket
@@ -30,11 +35,13 @@ def results_table(report: Dict[str, Any]) -> str:
     metrics = report["splits"][SPLIT]["metrics"]
     lines = [HEADER, "|---" * (len(METRICS) + 2) + "|"]
     for model, label in ROWS:
-        if model not in metrics:  # EASE skipped (too many items, or disabled)
+        if model not in metrics:  # EASE / iALS skipped (too many items, or disabled)
             continue
         lam = (report.get("ease") or {}).get("lambda", float("nan"))
+        ials = report.get("ials") or {}
+        reg, alpha = ials.get("regularization", float("nan")), ials.get("alpha", float("nan"))
         cells = [f"{metrics[model][key]:.4f}" for _, key in METRICS] + [f"{_tail(report, model):.4f}"]
-        lines.append(f"| {label.format(lam=lam)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label.format(lam=lam, reg=reg, alpha=alpha)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
