@@ -27,6 +27,9 @@ STAMP := $(VENV)/.installed-$(FBGEMM)
 PIP_CHECK_EXPECTED := ^torchrec [0-9.]* requires fbgemm-gpu, which is not installed
 ARGS ?=
 PYTEST_ARGS ?=
+# -qq: pip prints errors only. A machine whose pip.conf names local package folders that do not
+# exist (seen on the CI-like boxes) otherwise prints a "Location ... is ignored" WARNING per package.
+PIP_QUIET := --quiet --quiet
 
 .PHONY: run test setup clean
 
@@ -38,16 +41,16 @@ $(STAMP): pyproject.toml Makefile
 # Both wheels own fbgemm_gpu/, and an installed 2.13.0+cpu torch satisfies torch==2.13.0.
 	if ls $(VENV)/.installed-* >/dev/null 2>&1 && [ ! -e $(STAMP) ]; then \
 		$(PY) -m pip uninstall --quiet -y torch fbgemm-gpu fbgemm-gpu-cpu && rm -f $(VENV)/.installed-*; fi
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(FBGEMM_PACKAGE) $(TORCH_PIP_ARGS)
+	$(PY) -m pip install $(PIP_QUIET) --upgrade pip
+	$(PY) -m pip install $(PIP_QUIET) torch==$(TORCH_VERSION) $(FBGEMM_PACKAGE) $(TORCH_PIP_ARGS)
 # torchrec's metadata asks for the CUDA fbgemm-gpu wheel, which would overwrite the CPU one
-	$(PY) -m pip install --quiet --no-deps torchrec==$(TORCHREC_VERSION)
+	$(PY) -m pip install $(PIP_QUIET) --no-deps torchrec==$(TORCHREC_VERSION)
 # pip's conflict check would print "ERROR: ... torchrec 1.8.0 requires fbgemm-gpu, which is not
 # installed" on every fresh install: expected, fbgemm-gpu-cpu provides the same fbgemm_gpu package
 # under another name. Skip that check here; pip check then shows any other conflict.
 # PYTHONWARNINGS: setuptools' 10-line "Editable installation ... be careful with folders named like
 # your package" notice (recsys/ is that folder, on purpose: the install points at it).
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --no-warn-conflicts -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install $(PIP_QUIET) --no-warn-conflicts -e '.[test]'
 	$(PY) -m pip check | grep -v -e '$(PIP_CHECK_EXPECTED)' -e '^No broken requirements found' || true
 	$(PY) -c "import torch, fbgemm_gpu, torchrec; print('torch', torch.__version__, '| torchrec', torchrec.__version__, '| fbgemm: $(FBGEMM)')"
 	rm -f $(VENV)/.installed-*
