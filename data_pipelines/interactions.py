@@ -278,7 +278,8 @@ def _source_paths(cfg: InteractionsDataConfig, protocol: str) -> dict[str, Path]
     paths = {k: Path(v) for k, v in named.items() if v}
     for key, p in paths.items():
         if not p.exists():
-            raise DatasetError(f"{p}: no such file or folder (data.interactions.{key if key != 'log' else ''}{'_path' if key != 'log' else 'path'})")
+            setting = "path" if key == "log" else f"{key}_path"
+            raise DatasetError(f"{p}: no such file or folder (data.interactions.{setting})")
     return paths
 
 

@@ -167,7 +167,7 @@ def test_ials_block_and_its_numbers(written):
     assert "% of iALS's" in report["gaps"][1]
     md = (out / "report.md").read_text()
     assert "## iALS" in md and "| iALS |" in md and f"λ = {ials['regularization']:g}, α = {ials['alpha']:g} (8 factors" in md
-    assert f"Inverse in float64 on cpu: estimated peak" in md and report["ease"]["dtype"] == "float64"
+    assert "Inverse in float64 on cpu: estimated peak" in md and report["ease"]["dtype"] == "float64"
 
 
 def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
