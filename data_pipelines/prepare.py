@@ -25,6 +25,13 @@ from recsys.config import DataConfig, register_configs, to_config
 PIPELINES = ("synthetic", "movielens", "interactions")
 
 
+def _split_options(cfg: DataConfig) -> dict:
+    """What the MovieLens and generic sources share: where, the name, the protocol, seed and filters."""
+    return dict(root=Path(cfg.root), name=cfg.name, protocol=cfg.protocol, seed=cfg.split_seed,
+                min_rating=cfg.min_rating, min_user_interactions=cfg.min_user_interactions,
+                min_item_interactions=cfg.min_item_interactions, num_heldout_users=cfg.num_heldout_users)
+
+
 def prepare_dataset(cfg: DataConfig) -> Path:
     """Return the absolute path of the prepared dataset dir for ``cfg``, preparing it if needed."""
     if cfg.source == "synthetic":
@@ -53,34 +60,11 @@ def prepare_dataset(cfg: DataConfig) -> Path:
         from data_pipelines.movielens import prepare_movielens
 
         m = cfg.movielens
-        return prepare_movielens(
-            m.release,
-            root=Path(cfg.root),
-            name=cfg.name,
-            protocol=cfg.protocol,
-            seed=cfg.split_seed,
-            min_rating=cfg.min_rating,
-            min_user_interactions=cfg.min_user_interactions,
-            min_item_interactions=cfg.min_item_interactions,
-            num_heldout_users=cfg.num_heldout_users,
-            url=m.url,
-            md5=m.md5,
-            allow_download=m.download,
-        ).resolve()
+        return prepare_movielens(m.release, **_split_options(cfg), url=m.url, md5=m.md5, allow_download=m.download).resolve()
     if cfg.source == "interactions":
         from data_pipelines.interactions import prepare_interactions
 
-        return prepare_interactions(
-            cfg.interactions,
-            root=Path(cfg.root),
-            name=cfg.name,
-            protocol=cfg.protocol,
-            seed=cfg.split_seed,
-            min_rating=cfg.min_rating,
-            min_user_interactions=cfg.min_user_interactions,
-            min_item_interactions=cfg.min_item_interactions,
-            num_heldout_users=cfg.num_heldout_users,
-        ).resolve()
+        return prepare_interactions(cfg.interactions, **_split_options(cfg)).resolve()
     raise ValueError(f"data.source={cfg.source!r}: unknown pipeline; known: {', '.join(PIPELINES)}")
 
 
