@@ -178,10 +178,14 @@ def _frame(log: pa.Table, users: pa.Array, items: pa.Array) -> pd.DataFrame:
 def _compact(parts: list[pd.DataFrame], users: pa.Array, items: pa.Array) -> tuple[pa.Array, pa.Array]:
     """Renumber ids so that every user and item left in ``parts`` is used (in place); the kept raw ids."""
     for column, vocab in (("user_id", users), ("item_id", items)):
-        used = np.unique(np.concatenate([p[column].to_numpy() for p in parts]))
-        if len(used) < len(vocab):
+        present = np.zeros(len(vocab), dtype=bool)  # O(rows), not a sort: ids are already < len(vocab)
+        for p in parts:
+            present[p[column].to_numpy()] = True
+        if not present.all():
+            used = np.flatnonzero(present)
+            new_id = np.cumsum(present) - 1
             for p in parts:
-                p[column] = np.searchsorted(used, p[column].to_numpy()).astype(np.int64)
+                p[column] = new_id[p[column].to_numpy()].astype(np.int64)
             vocab = vocab.take(pa.array(used))
         if column == "user_id":
             users = vocab

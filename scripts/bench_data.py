@@ -13,7 +13,8 @@ process (so peak RSS is its own):
 
 1. ``pyarrow.csv.read_csv(ratings.csv)`` with default options (the bare read);
 2. ``prepare_movielens("ml-25m", protocol=recbole, min_rating=3)``: checksum, parse,
-   filter, ids, split, features, parquet (its previous output removed first: no cache hit).
+   filter, ids, split, features, parquet (its previous output removed first: no cache hit);
+   with ``--source interactions`` the generic source (``data=interactions``) on the same file.
 
 The two alternate, so a busy machine slows both alike; the figure is the median over rounds
 of prepare / read. Peak RSS is the child's ``ru_maxrss``. Target: ratio <= 2, peak < 6 GiB.
@@ -82,6 +83,13 @@ CHILD = {  # kind -> (imports, untimed; the timed statement)
         "print(prepare_movielens('ml-25m', root=sys.argv[1], protocol='recbole', min_rating=3.0, "
         "allow_download=False, progress=False))",
     ),
+    # the generic source (data=interactions) on the same file, configured by column names
+    "interactions": (
+        "from data_pipelines.interactions import prepare_interactions; from data_pipelines.config import InteractionsDataConfig",
+        "print(prepare_interactions(InteractionsDataConfig(path=sys.argv[1] + '/ml-25m/ratings.csv', user_column='userId', "
+        "item_column='movieId', timestamp_column='timestamp', rating_column='rating'), root=sys.argv[1], "
+        "name='ml-25m', protocol='recbole', min_rating=3.0))",
+    ),
 }
 
 
@@ -103,6 +111,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=25_000_000, help="ratings to generate (ml-25m has 25,000,095)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of (read, prepare); the median is reported")
+    parser.add_argument("--source", choices=["movielens", "interactions"], default="movielens",
+                        help="which pipeline prepares the file: the MovieLens reader or the generic data=interactions source")
     parser.add_argument("--data", type=Path, default=None,
                         help="folder for the generated files, kept (default: a temporary folder, removed)")
     args = parser.parse_args()
@@ -121,7 +131,7 @@ def main() -> None:
             for old in root.glob("ml-25m-recbole-*"):
                 shutil.rmtree(old)
             reads.append(run_child("read", root)[:2])
-            prepare_s, prepare_rss, out = run_child("prepare", root)
+            prepare_s, prepare_rss, out = run_child("prepare" if args.source == "movielens" else "interactions", root)
             prepares.append((prepare_s, prepare_rss))
             meta = json.loads((Path(out.splitlines()[0]) / "meta.json").read_text())
             print(f"round {r + 1}: read {reads[-1][0]:.2f}s ({reads[-1][1]:.2f} GiB), prepare {prepare_s:.2f}s "
@@ -133,6 +143,7 @@ def main() -> None:
     prepare_peak = max(p[1] for p in prepares)
     result = {
         "rows": args.rows,
+        "source": args.source,
         "csv_mib": round(csv_bytes / 2**20, 1),
         "repeats": args.repeats,
         "read_s": [round(r[0], 3) for r in reads],
