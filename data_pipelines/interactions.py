@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.dataset_dir import CODE_VERSION, is_prepared, write_dataset_dir
-from data_pipelines.download import sha256_file
+from data_pipelines.download import file_digests
 from data_pipelines.errors import DatasetError
 from data_pipelines.readers import detect_format, read_adjacency, read_columns
 from data_pipelines.splits import PROTOCOLS, carve_valid, filter_interactions, split, strong_generalization_users
@@ -49,10 +49,15 @@ __all__ = ["PIPELINE_VERSION", "prepare_interactions"]
 
 PIPELINE_VERSION = "interactions/1"  # bump when this module's output for the same input changes
 NO_CATEGORY = "(none)"  # the category of an item the items file lists without one
-_MD5_BLOCK = 1 << 24
 
 
 # ---------------------------------------------------------------- reading one log
+
+
+def _refuse_nulls(column: pa.ChunkedArray, label: str, field: str) -> None:
+    if column.null_count:
+        row = int(pc.index(pc.is_null(column), True).as_py())
+        raise DatasetError(f"{label}: row {row + 1}: field {field!r} is empty")
 
 
 def _timestamps(column: pa.ChunkedArray | None, n: int, label: str, field: str) -> np.ndarray:
@@ -60,9 +65,7 @@ def _timestamps(column: pa.ChunkedArray | None, n: int, label: str, field: str) 
     position when there is no column."""
     if column is None:
         return np.arange(n, dtype=np.int64)
-    if column.null_count:
-        row = int(pc.index(pc.is_null(column), True).as_py())
-        raise DatasetError(f"{label}: row {row + 1}: field {field!r} is empty")
+    _refuse_nulls(column, label, field)
     kind = column.type
     if pa.types.is_integer(kind):
         return column.to_numpy().astype(np.int64)
@@ -99,9 +102,7 @@ def _ratings(column: pa.ChunkedArray | None, n: int, label: str, field: str) -> 
 
 
 def _ids(column: pa.ChunkedArray, label: str, field: str) -> pa.ChunkedArray:
-    if column.null_count:
-        row = int(pc.index(pc.is_null(column), True).as_py())
-        raise DatasetError(f"{label}: row {row + 1}: field {field!r} is empty")
+    _refuse_nulls(column, label, field)
     if pa.types.is_floating(column.type):
         raise DatasetError(f"{label}: field {field!r} holds decimals; ids must be integers or strings")
     if pa.types.is_integer(column.type):
@@ -291,27 +292,23 @@ def _files(path: Path) -> list[Path]:
     return sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
 
 
-def _md5(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        while chunk := f.read(_MD5_BLOCK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _check_md5(paths: dict[str, Path], expected: dict[str, str]) -> None:
-    by_name = {f.name: f for p in paths.values() for f in _files(p)}
-    for name, want in expected.items():
-        if name not in by_name:
-            raise DatasetError(f"data.interactions.md5 names {name!r}, which is none of the source files {sorted(by_name)}")
-        got = _md5(by_name[name])
-        if got != want.lower():
-            raise DatasetError(f"{by_name[name]}: md5 {got}, expected {want} (data.interactions.md5): "
-                               "the file is damaged or another version; nothing was written")
-
-
-def _sources(paths: dict[str, Path]) -> list[dict[str, str]]:
-    return [{"role": role, "file": str(f), "sha256": sha256_file(f)} for role, p in paths.items() for f in _files(p)]
+def _sources(paths: dict[str, Path], expected_md5: dict[str, str]) -> list[dict[str, str]]:
+    """Each source file's role, path and sha256 (the cache key), the files named in ``expected_md5``
+    checked against it on the same read."""
+    by_name = {f.name for p in paths.values() for f in _files(p)}
+    unknown = sorted(set(expected_md5) - by_name)
+    if unknown:
+        raise DatasetError(f"data.interactions.md5 names {unknown[0]!r}, which is none of the source files {sorted(by_name)}")
+    sources = []
+    for role, p in paths.items():
+        for f in _files(p):
+            want = expected_md5.get(f.name)
+            digests = file_digests(f, ("md5", "sha256") if want else ("sha256",))
+            if want and digests["md5"] != want.lower():
+                raise DatasetError(f"{f}: md5 {digests['md5']}, expected {want} (data.interactions.md5): "
+                                   "the file is damaged or another version; nothing was written")
+            sources.append({"role": role, "file": str(f), "sha256": digests["sha256"]})
+    return sources
 
 
 def cache_key(sources: list[dict[str, str]], options: dict[str, Any]) -> str:
@@ -331,7 +328,6 @@ def cache_key(sources: list[dict[str, str]], options: dict[str, Any]) -> str:
 def _split_log(cfg: InteractionsDataConfig, path: Path, protocol: str, seed: int, filters: dict[str, Any],
                num_heldout_users: int):
     log = read_log(cfg, str(path))
-    log = log.set_column(0, "user", _same_type(log["user"])[0]).set_column(1, "item", _same_type(log["item"])[0])
     users, items = _vocabulary(log["user"]), _vocabulary(log["item"])
     kept = filter_interactions(_frame(log, users, items), **filters)
     if len(kept) == 0:
@@ -381,7 +377,8 @@ def _given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int,
         raise DatasetError(f"{paths['train']}: no interactions left after the filters {filters}")
     dropped: dict[str, dict[str, int]] = {}
     parts: dict[str, pd.DataFrame] = {"train": train}
-    train_pairs = set(zip(train["user_id"].to_numpy().tolist(), train["item_id"].to_numpy().tolist()))
+    num_items = len(items)  # a (user, item) pair as one int64, for vectorised membership
+    train_pairs = train["user_id"].to_numpy() * num_items + train["item_id"].to_numpy()
     train_users = np.zeros(len(users), dtype=bool)
     train_users[train["user_id"].to_numpy()] = True
     train_items = np.zeros(len(items), dtype=bool)
@@ -395,7 +392,7 @@ def _given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int,
         unknown_item = ~unknown_user & ((i < 0) | ~train_items[np.maximum(i, 0)])
         known = ~unknown_user & ~unknown_item
         in_train = np.zeros(len(frame), dtype=bool)
-        in_train[known] = [(a, b) in train_pairs for a, b in zip(u[known].tolist(), i[known].tolist())]
+        in_train[known] = np.isin(u[known] * num_items + i[known], train_pairs)
         usable = frame[known & ~in_train].reset_index(drop=True)
         parts[name] = filter_interactions(usable, min_rating=filters["min_rating"])  # duplicates: the latest kept
         dropped[name] = {"rows": int(logs[name].num_rows), "user_not_in_train": int(unknown_user.sum()),
@@ -447,8 +444,7 @@ def prepare_interactions(
     if min_rating > 0 and not cfg.rating_column:
         raise DatasetError(f"data.min_rating={min_rating} needs ratings: set data.interactions.rating_column (or min_rating=0)")
     paths = _source_paths(cfg, protocol)
-    _check_md5(paths, cfg.md5)
-    sources = _sources(paths)
+    sources = _sources(paths, cfg.md5)
     filters = {"min_rating": float(min_rating), "min_user_interactions": int(min_user_interactions),
                "min_item_interactions": int(min_item_interactions)}
     options = {"protocol": protocol, "seed": seed, "filters": filters, "num_heldout_users": num_heldout_users,

@@ -156,6 +156,7 @@ class TrainBatches:
         if query_history not in ("recent", "profile"):
             raise ValueError(f"data.query_history={query_history!r}: expected 'recent' or 'profile'")
         self.query_history = query_history
+        self.uses_profile = query_history == "profile" and history_length > 0
         self.history_dropout = history_dropout
         # first row of each row's user and one past its last (rows are sorted by user); O(rows), never O(num_users)
         users = self.train.user_ids
@@ -208,7 +209,7 @@ class TrainBatches:
     ) -> Batch:
         t = self.train
         hist_categories = None
-        if self.query_history == "profile" and self.history_length > 0:
+        if self.uses_profile:
             if profile_order is None:
                 raise ValueError("TrainBatches.batch: query_history='profile' needs the epoch's profile_order")
             hist_lengths, hist_items = self.profile_bags(rows, profile_order)
@@ -245,7 +246,7 @@ class TrainBatches:
         per_rank = self.rank_example_counts is not None
         seed = [self.seed, epoch, self.rank] if per_rank else [self.seed, epoch]
         order = self.example_rows[np.random.default_rng(seed).permutation(len(self.example_rows))]
-        profile = self.profile_order(epoch) if self.query_history == "profile" and self.history_length > 0 else None
+        profile = self.profile_order(epoch) if self.uses_profile else None
         num_batches = len(self)
         for b in range(start_batch, num_batches):
             rank_sizes = None

@@ -498,18 +498,14 @@ def _gap_statements(splits_out: dict, model: str, k: int, ease_info: dict, ials_
         metrics = split["metrics"]
         r = metrics[model][key]
         parts = []
-        if "ease" in metrics:
-            e = metrics["ease"][key]
-            if math.isfinite(e) and e > 0:
-                parts.append(f"{100 * r / e:.1f}% of EASE's ({e:.4f})")
-        else:
-            parts.append(f"EASE not run: {ease_info.get('skipped', 'n/a')}")
-        if "ials" in metrics:
-            a = metrics["ials"][key]
-            if math.isfinite(a) and a > 0:
-                parts.append(f"{100 * r / a:.1f}% of iALS's ({a:.4f})")
-        else:
-            parts.append(f"iALS not run: {ials_info.get('skipped', 'n/a')}")
+        for baseline, info in (("ease", ease_info), ("ials", ials_info)):
+            label = MODEL_LABELS[baseline]
+            if baseline in metrics:
+                b = metrics[baseline][key]
+                if math.isfinite(b) and b > 0:
+                    parts.append(f"{100 * r / b:.1f}% of {label}'s ({b:.4f})")
+            else:
+                parts.append(f"{label} not run: {info.get('skipped', 'n/a')}")
         p = metrics["popularity"][key]
         if math.isfinite(p) and p > 0:
             parts.append(f"{r / p:.2f}× popularity's ({p:.4f})")
