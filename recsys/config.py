@@ -77,11 +77,14 @@ class TableConfig:
 @dataclass
 class ModelConfig:
     tables: Dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables
-    tower_dims: List[int] = field(default_factory=lambda: [128, 64])  # MLP widths of each tower; last = output dim
+    tower_dims: List[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
     temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
     logq_weight: float = 1.0  # the correction subtracts this times log q(i): 1 = the unbiased estimate, < 1 keeps some popularity
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
+    loss: str = "softmax"  # "softmax": in-batch sampled softmax (temperature, logQ); "ccl": SimpleX's cosine contrastive loss
+    margin: float = 0.9  # ccl: negatives with cosine below this cost nothing
+    negative_weight: float = 150.0  # ccl: weight of the mean negative term
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
     # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)
     query_user_id: Optional[bool] = None
@@ -238,6 +241,9 @@ def check_values(cfg: Config) -> None:
     need(t.preemption_grace_s >= 0, "trainer.preemption_grace_s", t.preemption_grace_s, "must be >= 0 (0 disables)")
     need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")
     need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
+    need(m.loss in ("softmax", "ccl"), "model.loss", m.loss, "must be 'softmax' or 'ccl'")
+    need(-1.0 <= m.margin < 1.0, "model.margin", m.margin, "must be a cosine in [-1, 1)")
+    need(m.negative_weight >= 0, "model.negative_weight", m.negative_weight, "must be >= 0")
     need(all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0, "model.tower_dims", m.tower_dims, "must be widths >= 1")
     for name, table in m.tables.items():
         need(table.embedding_dim >= 1, f"model.tables.{name}.embedding_dim", table.embedding_dim, "must be >= 1")

@@ -87,6 +87,9 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarra
         logq_correction=cfg.model.logq_correction,
         logq_weight=cfg.model.logq_weight,
         num_uniform_negatives=cfg.model.num_uniform_negatives,
+        loss=cfg.model.loss,
+        margin=cfg.model.margin,
+        negative_weight=cfg.model.negative_weight,
     )
 
 

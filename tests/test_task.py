@@ -133,3 +133,25 @@ def test_backward_twice_is_an_error():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
+
+
+def test_cosine_contrastive_loss_matches_naive_reference():
+    """SimpleX's CCL: (1 - cos+) + w * mean over non-hit negatives of max(0, cos - m)."""
+    from recsys.model.task import cosine_contrastive_loss
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.nn.functional.normalize(torch.randn(4, 3, generator=g), dim=-1)
+    c = torch.nn.functional.normalize(torch.randn(7, 3, generator=g), dim=-1)
+    pos_items = torch.tensor([5, 6, 5, 8])  # queries 0 and 2 share item 5: an accidental hit
+    c_items = torch.cat([pos_items, torch.tensor([6, 9, 10])])  # column 4 is query 1's positive item
+    labels = torch.arange(4)
+    margin, weight = 0.1, 3.0
+    expected = 0.0
+    for u in range(4):
+        negatives = [j for j in range(7) if j != u and c_items[j] != pos_items[u]]
+        hinge = sum(max(0.0, float(q[u] @ c[j]) - margin) for j in negatives) / len(negatives)
+        expected += (1.0 - float(q[u] @ c[u])) + weight * hinge
+    got = cosine_contrastive_loss(q, c, labels=labels, query_item_ids=pos_items, candidate_item_ids=c_items,
+                                  margin=margin, negative_weight=weight)
+    assert got.item() == pytest.approx(expected / 4, rel=1e-5)
+    assert 0.0 < got.item()

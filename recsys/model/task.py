@@ -152,6 +152,36 @@ def sampled_softmax_loss(
     )
 
 
+@torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward()
+def cosine_contrastive_loss(
+    queries: torch.Tensor,
+    candidates: torch.Tensor,
+    *,
+    labels: torch.Tensor,
+    query_item_ids: torch.Tensor,
+    candidate_item_ids: torch.Tensor,
+    margin: float,
+    negative_weight: float,
+) -> torch.Tensor:
+    """SimpleX's cosine contrastive loss (Mao et al., CIKM 2021), mean over queries:
+
+        (1 - cos(q, c+)) + negative_weight * mean_j max(0, cos(q, c_j) - margin)
+
+    over every other candidate j (accidental hits excluded). Queries and candidates are unit-norm,
+    so the dot product is the cosine; no temperature and no logQ: negatives below the margin cost
+    nothing, which is what lets many easy negatives in without drowning the hard ones.
+    """
+    sims = torch.mm(queries, candidates.t())
+    rows = torch.arange(labels.numel(), device=labels.device)
+    with torch.no_grad():
+        excluded = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)  # the positive and its hits
+        excluded[rows, labels] = True
+        num_negatives = (~excluded).sum(1).clamp_min(1)
+    positive = sims[rows, labels]
+    negative = torch.relu(sims - margin).masked_fill(excluded, 0.0).sum(1) / num_negatives
+    return ((1.0 - positive) + negative_weight * negative).mean()
+
+
 class RetrievalTask(nn.Module):
     def __init__(
         self,
@@ -162,8 +192,14 @@ class RetrievalTask(nn.Module):
         logq_correction: bool,
         logq_weight: float = 1.0,
         num_uniform_negatives: int,
+        loss: str = "softmax",
+        margin: float = 0.9,
+        negative_weight: float = 150.0,
     ) -> None:
         super().__init__()
+        if loss not in ("softmax", "ccl"):
+            raise ValueError(f"model.loss={loss!r}: expected 'softmax' or 'ccl'")
+        self.loss, self.margin, self.negative_weight = loss, margin, negative_weight
         self.model = model
         self.temperature = temperature
         self.logq_correction = logq_correction
@@ -190,6 +226,13 @@ class RetrievalTask(nn.Module):
         all_candidates = torch.cat([positives, candidates[n:]])
         all_ids = torch.cat([positive_ids, batch.candidate_item_ids[n:]])
         labels = torch.arange(offset, offset + n, device=queries.device)
+        if self.loss == "ccl":
+            loss = cosine_contrastive_loss(
+                queries, all_candidates, labels=labels, query_item_ids=batch.candidate_item_ids[:n],
+                candidate_item_ids=all_ids, margin=self.margin, negative_weight=self.negative_weight,
+            )
+            loss = loss * (n * self.gather_candidates.world_size / global_n)
+            return loss, loss.detach()
         log_q = self.candidate_log_q(all_ids, positives.shape[0]) if self.logq_correction else None
         if log_q is not None and self.logq_weight != 1.0:
             log_q = log_q * self.logq_weight
