@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    create .venv, install the pinned stack, train on the embedded default dataset
 #   make test   the same set-up, then the whole test suite
+#   make lint   ruff: lint rules and formatting (pyproject.toml [tool.ruff]); .ci/run runs it before the tests
 #
 # torch, fbgemm and torchrec are pinned together: each fbgemm release is built against one torch
 # minor version, and nothing in their metadata stops pip from mixing them.
@@ -31,7 +32,7 @@ PYTEST_ARGS ?=
 # exist (seen on the CI-like boxes) otherwise prints a "Location ... is ignored" WARNING per package.
 PIP_QUIET := --quiet --quiet
 
-.PHONY: run test setup clean
+.PHONY: run test lint setup clean
 
 setup: $(STAMP)
 
@@ -61,6 +62,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# `ruff check --fix` and `ruff format` apply what these two report
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 clean:
 	rm -rf $(VENV) runs outputs

@@ -1,24 +1,32 @@
-"""Shared fixtures: the tiny experiment's config and dataset, and one in-process gloo group."""
+"""Session fixtures: the tiny experiment's dataset, one in-process gloo group, one trained tiny run
+(trained once, shared read-only: a test that changes it works on a copy), and the 2-rank trainings
+of the multi-process tests, run in one torchrun launch. Helpers live in tests/helpers/."""
 
 from __future__ import annotations
 
+import os
+
+# One OpenMP thread in this process, as launch() gives every child (tests/helpers/launch.py): the tiny
+# model's tensors are too small for a second thread to help, and on a busy 2-core machine the threads
+# spin waiting for each other (30 tiny training steps: 1.0 CPU s on 1 thread, 9-11 CPU s on 2).
+os.environ["OMP_NUM_THREADS"] = "1"
+
+# ruff: noqa: E402 (the imports follow the thread count: OpenMP reads it when torch loads)
+import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import Any
 
 import pytest
-from hydra import compose, initialize_config_dir
+import torch
+from omegaconf import OmegaConf
 
-from recsys.config import Config, register_configs, to_config
+from recsys.config import Config
+from tests.helpers.config import tiny_config
+from tests.helpers.launch import launch
+from tests.helpers.two_rank import JOBS
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-def tiny_config(overrides: List[str] = ()) -> Config:
-    """The real Hydra config tree with ``+experiment=tiny`` and ``overrides`` applied."""
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["+experiment=tiny", *overrides])
-    return to_config(cfg)
+torch.set_num_threads(1)  # the same, should torch have been loaded before this file
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +51,42 @@ def process_group():
     env = init_distributed("cpu", "gloo")
     yield env
     destroy_distributed()
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    run_dir: Path  # read-only: copy it (shutil.copytree) to change anything
+    cfg: Config
+    results: dict[str, Any]  # what fit() returned
+
+    @property
+    def bundle(self) -> Path:
+        return self.run_dir / "export"
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, data_root, process_group) -> TrainedRun:
+    """``+experiment=tiny`` trained to the end in this process, its config saved as ``python -m
+    recsys.train`` saves it, and exported (``<run_dir>/export``): what evaluate / export / serving tests read."""
+    from recsys.export import ExportConfig, export_run
+    from recsys.trainer import fit
+
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    cfg = tiny_config([f"data.root={data_root}"])
+    results = fit(cfg, run_dir)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")
+    export_run(ExportConfig(run_dir=str(run_dir)))
+    return TrainedRun(run_dir, cfg, results)
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(request, tmp_path_factory, data_root, tiny_data) -> dict[str, Path]:
+    """Run dirs of the 2-rank trainings of tests/helpers/two_rank.py that this session's tests name
+    (``@pytest.mark.two_rank_runs(...)``), all trained in one torchrun launch. Read-only."""
+    names = sorted({name for item in request.session.items for mark in item.iter_markers("two_rank_runs") for name in mark.args})
+    root = tmp_path_factory.mktemp("two_rank")
+    jobs = [{"fit": [*JOBS[name], f"data.root={data_root}"], "run_dir": str(root / name)} for name in names]
+    (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
+    launch(["tests/helpers/run_jobs.py", str(root / "jobs.json")], nproc=2)
+    return {name: root / name for name in names}

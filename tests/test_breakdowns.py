@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from recsys.evaluation.breakdowns import activity_breakdown, activity_buckets, breakdowns, popularity_breakdown, popularity_buckets
+from recsys.evaluation.breakdowns import (
+    activity_breakdown,
+    activity_buckets,
+    breakdowns,
+    popularity_breakdown,
+    popularity_buckets,
+)
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics, per_user_metrics
 

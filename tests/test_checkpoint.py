@@ -4,31 +4,13 @@ import json
 import shutil
 
 import pytest
-import torch
 from omegaconf import OmegaConf
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import recsys.checkpoint as checkpoint_module
 from recsys.checkpoint import TrainerState, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
 from recsys.trainer import fit
-from tests.conftest import tiny_config
-
-
-def full_state(ckpt_dir, tmp_path):
-    """Every tensor of a DCP checkpoint, unsharded, loaded without a process group."""
-    out = tmp_path / f"{ckpt_dir.parent.parent.name}-{ckpt_dir.name}.pt"
-    dcp_to_torch_save(str(ckpt_dir), str(out))
-    return torch.load(out, weights_only=False)
-
-
-def assert_same_tensors(a, b, path=""):
-    assert a.keys() == b.keys(), path
-    for key in a:
-        if isinstance(a[key], dict):
-            assert_same_tensors(a[key], b[key], f"{path}.{key}")
-        elif isinstance(a[key], torch.Tensor):
-            assert torch.equal(a[key], b[key]), f"{path}.{key}"
-
+from tests.helpers.checkpoints import assert_same_tensors, full_state
+from tests.helpers.config import tiny_config
 
 SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.num_uniform_negatives=8"]
 

@@ -1,45 +1,43 @@
 """`python -m recsys.evaluate` on a trained tiny run: the report is complete, and 1 and 2 ranks agree."""
 
+import io
 import json
-import os
-import subprocess
+import logging
+import runpy
+import shutil
 import sys
-from pathlib import Path
+from contextlib import redirect_stderr, redirect_stdout
 
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
+from tests.helpers.launch import ROOT, launch
+
 pytestmark = pytest.mark.multiprocess
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def launch(args, nproc=1):
-    prefix = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([*prefix, *args], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, data_root, tiny_data):
-    run_dir = tmp_path_factory.mktemp("trained")
-    common = ["-m", "recsys.train", "+experiment=tiny", "trainer.epochs=2", "trainer.max_steps_per_epoch=15",
-              f"hydra.run.dir={run_dir}", f"data.root={data_root}"]
-    launch(common)
+def run_copy(trained_run, tmp_path_factory, data_root):
+    """The shared tiny run, copied (this module's evaluations write into it), after a refused training in it."""
+    run_dir = tmp_path_factory.mktemp("evaluated") / "run"
+    shutil.copytree(trained_run.run_dir, run_dir)
     # a second run in the same dir with other tower widths is refused, but Hydra has already rewritten
     # .hydra/config.yaml by then: evaluation must still rebuild the model the checkpoint holds
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    refused = subprocess.run([sys.executable, *common, "model.tower_dims=[24,8]"], env=env, capture_output=True, text=True,
-                             timeout=600, cwd=ROOT)
-    assert refused.returncode != 0 and "saved for another data/model config" in refused.stdout + refused.stderr
+    argv = ["recsys.train", "+experiment=tiny", f"hydra.run.dir={run_dir}", f"data.root={data_root}",
+            "model.tower_dims=[24,8]", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(out), pytest.raises(SystemExit) as exited:
+        mp.setattr(sys, "argv", argv)
+        runpy.run_module("recsys.train", run_name="__main__", alter_sys=True)  # as `python -m recsys.train`, in this process
+    logging.captureWarnings(False)  # its setup_logging() sent Python warnings to logging for good: give them back to pytest
+    assert exited.value.code != 0 and "saved for another data/model config" in out.getvalue()
     assert list(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model.tower_dims) == [24, 8]
     return run_dir
 
 
-def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
+def test_report_from_one_and_two_ranks_is_identical(run_copy, tmp_path):
+    trained_run = run_copy
     args = ["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[flat]", "ks=[10,20,50]"]
     proc = launch(args)
     assert f"report written to {trained_run / 'eval'}" in proc.stdout + proc.stderr
@@ -56,17 +54,22 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     full_report = (eval_dir / "report.json").read_bytes()
 
     # as if trained on GPUs (fused Adam, row-wise UVM-cached tables, NCCL): still loads on this CPU machine
-    config_path = trained_run / "checkpoints" / "best" / "config.yaml"
-    trained_config = config_path.read_text()
+    gpu_run = tmp_path / "gpu_run"
+    shutil.copytree(trained_run, gpu_run)
+    config_path = gpu_run / "checkpoints" / "best" / "config.yaml"
     gpu_config = OmegaConf.load(config_path)
     gpu_config.optim.sparse.name = "adam"
     gpu_config.sharding.backend = "nccl"
     gpu_config.sharding.tables = {"item": {"sharding_types": ["row_wise"], "compute_kernels": ["fused_uvm_caching"], "cache_load_factor": 0.2}}
     OmegaConf.save(gpu_config, config_path)
-    try:
-        launch([*args, f"out_dir={tmp_path / 'two'}"], nproc=2)  # out_dir: the report goes there instead of eval/
-    finally:
-        config_path.write_text(trained_config)
+    # two evaluations on 2 ranks, one launch (tests/helpers/run_jobs.py): the GPU run's report to out_dir
+    # (instead of eval/), and max_users: a seeded sample of users, each ranked exactly as in the full
+    # evaluation, reported beside the full report (never over it)
+    jobs = [{"evaluate": {"run_dir": str(gpu_run), "ann_kinds": ["flat"], "ks": [10, 20, 50], "out_dir": str(tmp_path / "two")}},
+            {"evaluate": {"run_dir": str(trained_run), "ann_kinds": [], "ease": False, "ks": [10, 20, 50], "max_users": 40, "seed": 3}}]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    launch(["tests/helpers/run_jobs.py", str(tmp_path / "jobs.json")], nproc=2)
+
     two = json.loads((tmp_path / "two" / "report.json").read_text())
     assert one["run"]["world_size"] == 1 and two["run"]["world_size"] == 2
     for split in ("valid", "test"):
@@ -76,11 +79,7 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     results = json.loads((trained_run / "results.json").read_text())
     assert results["test"]["two_tower"]["recall@20"] == pytest.approx(one["splits"]["test"]["metrics"]["two_tower"]["recall@20"], abs=1e-6)
 
-    # max_users: a seeded sample of users, each ranked exactly as in the full evaluation, reported
-    # beside the full report (never over it)
     full_recs = pd.read_parquet(eval_dir / "recommendations.parquet")
-    launch(["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[]", "ease=false", "ks=[10,20,50]", "max_users=40", "seed=3"],
-           nproc=2)
     assert (eval_dir / "report.json").read_bytes() == full_report
     sample_dir = trained_run / "eval_sample_40_seed_3"
     sampled = json.loads((sample_dir / "report.json").read_text())
@@ -95,8 +94,8 @@ def test_report_from_one_and_two_ranks_is_identical(trained_run, tmp_path):
     pd.testing.assert_frame_equal(sampled_recs[cols].reset_index(drop=True), expected)
 
 
-def test_script_wrapper_finds_the_config(tmp_path):
-    proc = subprocess.run([sys.executable, "scripts/evaluate_recall.py", f"run_dir={tmp_path}", "ks=[5]", "--cfg", "job"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"run_dir: {tmp_path}" in proc.stdout and "- 5" in proc.stdout
+def test_script_wrapper_finds_the_config(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["scripts/evaluate_recall.py", f"run_dir={tmp_path}", "ks=[5]", "--cfg", "job"])
+    runpy.run_path(str(ROOT / "scripts" / "evaluate_recall.py"), run_name="__main__")  # as `python scripts/evaluate_recall.py`
+    out = capsys.readouterr().out
+    assert f"run_dir: {tmp_path}" in out and "- 5" in out

@@ -1,22 +1,14 @@
 """Serving bundle round trip: a plain process without torchrec reproduces the trained model's scores."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.evaluate import load_trained
 from recsys.evaluation.evaluator import Evaluator, embed
-from recsys.export import ExportConfig, export_run
-from recsys.trainer import fit
-from tests.conftest import tiny_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.launch import launch
 
 SERVE = """
 import sys, numpy as np
@@ -29,13 +21,8 @@ assert not any(m.startswith("torchrec") or m.startswith("fbgemm") for m in sys.m
 """
 
 
-def test_exported_bundle_reproduces_training_time_scores(tmp_path, data_root, process_group):
-    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=10"])
-    run_dir = tmp_path / "run"
-    fit(cfg, run_dir)
-    (run_dir / ".hydra").mkdir()
-    OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")  # as `python -m recsys.train` writes it
-    bundle = export_run(ExportConfig(run_dir=str(run_dir)))
+def test_exported_bundle_reproduces_training_time_scores(tmp_path, trained_run, process_group):
+    cfg, run_dir, bundle = trained_run.cfg, trained_run.run_dir, trained_run.bundle  # export_run(ExportConfig(run_dir=...))
 
     # training-time embeddings of the test users and of every item, from the sharded model
     data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
@@ -48,9 +35,7 @@ def test_exported_bundle_reproduces_training_time_scores(tmp_path, data_root, pr
 
     lengths, items = latest_items(timeline, users, data.num_users, cfg.data.history_length)
     np.savez(tmp_path / "inputs.npz", users=users, lengths=lengths, items=items)
-    proc = subprocess.run([sys.executable, "-c", SERVE, str(bundle), str(tmp_path / "inputs.npz"), str(tmp_path / "scores.npy")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch(["-c", SERVE, str(bundle), str(tmp_path / "inputs.npz"), str(tmp_path / "scores.npy")], timeout=300)
     served = np.load(tmp_path / "scores.npy")
     assert served.shape == (len(users), data.num_items)
     np.testing.assert_allclose(served, expected.numpy(), rtol=1e-5, atol=1e-6)

@@ -6,30 +6,23 @@ Each test runs the real command line in a subprocess, so it gets its own NCCL pr
 """
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers.launch import launch
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: run scripts/gpu_check.sh on a GPU machine"),
 ]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def train(run_dir, data_root, *overrides, nproc=1):
-    prefix = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd = [*prefix, "-m", "recsys.train", "+experiment=tiny", "sharding.device=cuda", "trainer.epochs=2",
-           "trainer.log_every_steps=1", "trainer.early_stopping_patience=0", f"hydra.run.dir={run_dir}", f"data.root={data_root}", *overrides]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)  # within gpu_check's budget
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    losses = [json.loads(l)["loss"] for l in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
+    launch(["-m", "recsys.train", "+experiment=tiny", "sharding.device=cuda", "trainer.epochs=2", "trainer.log_every_steps=1",
+            "trainer.early_stopping_patience=0", f"hydra.run.dir={run_dir}", f"data.root={data_root}", *overrides],
+           nproc=nproc, timeout=120)  # within gpu_check's budget
+    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     return losses, json.loads((run_dir / "results.json").read_text())
 
 
@@ -57,11 +50,9 @@ def test_gpu_trained_run_evaluates_and_exports(tmp_path, data_root, tiny_data):
 
     run_dir = tmp_path / "run"
     train(run_dir, data_root, "sharding=gpu_row_wise", "optim/sparse=adam", "trainer.max_steps_per_epoch=10")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     for args in (["-m", "recsys.export", f"run_dir={run_dir}"],
                  ["-m", "recsys.evaluate", f"run_dir={run_dir}", "ann_kinds=[]", "device=cpu"]):
-        proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        launch(args, timeout=120)
         if args[1] == "recsys.evaluate":
             report = json.loads((run_dir / "eval" / "report.json").read_text())
             recall = report["splits"]["test"]["metrics"]["two_tower"]["recall@20"]

@@ -202,7 +202,7 @@ def test_config_mistakes_are_named(tmp_path):
 def test_readme_examples_compose_and_prepare(tmp_path):
     """The README's "Your own data" commands, as Hydra overrides on fixture files."""
     from data_pipelines.prepare import prepare_dataset
-    from tests.conftest import tiny_config
+    from tests.helpers.config import tiny_config
 
     log = _log()
     log.to_csv(tmp_path / "clicks.csv.gz", index=False, compression="gzip")

@@ -42,8 +42,8 @@ def _emit_a_run():
     logging.getLogger("torchrec.distributed.planner.storage_reservations").warning("There is a known issue with dry run")
     logging.getLogger("torch.fx._symbolic_trace").warning("is_fx_tracing will return true")
     logging.getLogger("torchrec.distributed").error("a library error still shows")
-    warnings.warn("Please use DTensor instead and we are deprecating ShardedTensor.", FutureWarning)
-    warnings.warn("an unknown library warning", UserWarning)
+    warnings.warn("Please use DTensor instead and we are deprecating ShardedTensor.", FutureWarning, stacklevel=1)
+    warnings.warn("an unknown library warning", UserWarning, stacklevel=1)
 
 
 def test_rank0_console_shows_recsys_lines_and_errors_only(hydra_like_logging):

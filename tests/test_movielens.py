@@ -1,6 +1,6 @@
 """MovieLens pipelines on generated files in each release's real format (never a download).
 
-Expected counts on ``tests.fixtures.movielens.hand_ratings()`` (6 users, n_u good ratings + one
+Expected counts on ``tests.helpers.movielens.hand_ratings()`` (6 users, n_u good ratings + one
 1-2 star rating of movie 21 each; see data_pipelines/README.md "Expected counts"):
 
 - recbole (rating >= 3): n_u = 10, 3, 4, 2, 20, 5 -> 8/1/1, 1/1/1, 2/1/1, 2/0/0, 16/2/2, 3/1/1
@@ -14,23 +14,20 @@ Expected counts on ``tests.fixtures.movielens.hand_ratings()`` (6 users, n_u goo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from data_pipelines.dataset_dir import read_meta
 from data_pipelines.movielens import RELEASES, MovieLensError, prepare_movielens
-from tests.fixtures.movielens import random_ratings, release_files, write_folder, write_zip
+from tests.helpers.launch import launch
+from tests.helpers.movielens import random_ratings, release_files, write_folder, write_zip
 
 PROTOCOLS = {  # protocol -> (filters as in conf/data/protocol/*.yaml, expected train/valid/test, users, items)
     "recbole": (dict(min_rating=3.0), (32, 6, 6), 6, 20),
     "loo": (dict(), (38, 6, 6), 6, 21),
     "strong_generalization": (dict(min_rating=4.0, min_user_interactions=5), (13, 1, 1), 3, 5),
 }
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _prepare(root, release="ml-100k", protocol="recbole", **kw):
@@ -215,12 +212,9 @@ def test_no_copy_and_no_download_says_where_to_put_the_file(tmp_path):
 
 
 def test_cli_without_network_exits_nonzero_with_one_message(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "data_pipelines.prepare", "data=movielens_1m", f"data.root={tmp_path}",
-         "data.movielens.url=http://127.0.0.1:9/ml-1m.zip", "hydra.run.dir=" + str(tmp_path / "run"),
-         "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    result = launch(["-m", "data_pipelines.prepare", "data=movielens_1m", f"data.root={tmp_path}",
+                     "data.movielens.url=http://127.0.0.1:9/ml-1m.zip", "hydra.run.dir=" + str(tmp_path / "run"),
+                     "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"], check=False, timeout=120)
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("error: cannot download http://127.0.0.1:9/ml-1m.zip")
     assert "put ml-1m.zip (from https://files.grouplens.org/datasets/movielens/ml-1m.zip)" in result.stderr
@@ -229,7 +223,7 @@ def test_cli_without_network_exits_nonzero_with_one_message(tmp_path):
 
 def test_fit_trains_on_an_ml100k_format_fixture(tmp_path, process_group):
     from recsys.trainer import fit
-    from tests.conftest import tiny_config
+    from tests.helpers.config import tiny_config
 
     files = release_files("ml-100k", random_ratings(120, 150, seed=0), num_movies=150, num_users=120)
     write_folder(tmp_path / "data", "ml-100k", files)
@@ -245,7 +239,7 @@ def test_fit_trains_on_an_ml100k_format_fixture(tmp_path, process_group):
 def test_fit_strong_generalization_trains_on_training_users_only(tmp_path, process_group):
     from recsys.data.dataset import load_dataset
     from recsys.trainer import fit
-    from tests.conftest import tiny_config
+    from tests.helpers.config import tiny_config
 
     files = release_files("ml-100k", random_ratings(120, 150, seed=0), num_movies=150, num_users=120)
     write_folder(tmp_path / "data", "ml-100k", files)

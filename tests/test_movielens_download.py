@@ -10,7 +10,7 @@ import pytest
 
 from data_pipelines.dataset_dir import read_meta
 from data_pipelines.movielens import MovieLensError, prepare_movielens
-from tests.fixtures.movielens import md5_of, zip_bytes
+from tests.helpers.movielens import md5_of, zip_bytes
 
 ZIP = zip_bytes("ml-100k")
 

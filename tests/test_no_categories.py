@@ -15,7 +15,7 @@ from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
 from recsys.serving import load_bundle
 from recsys.trainer import fit
-from tests.conftest import tiny_config
+from tests.helpers.config import tiny_config
 
 
 def _write_split(folder, num_users=120, num_items=90, seed=0):

@@ -6,8 +6,8 @@ import pytest
 
 from recsys.checkpoint import latest_checkpoint
 from recsys.trainer import fit
-from tests.conftest import tiny_config
-from tests.test_checkpoint import assert_same_tensors, full_state
+from tests.helpers.checkpoints import assert_same_tensors, full_state
+from tests.helpers.config import tiny_config
 
 
 def losses(run_dir):

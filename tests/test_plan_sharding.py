@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
+import runpy
 import sys
-from pathlib import Path
-from typing import List
+from dataclasses import dataclass
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -14,22 +13,42 @@ from omegaconf import OmegaConf
 
 from recsys.config import reject_unknown_keys
 from recsys.distributed.plan_config import GB, PlanConfig, plan_dry_run, register_plan_configs
+from tests.helpers.launch import ROOT, launch
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "plan_sharding.py"
 
 
-def run_script(*overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *overrides], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+@dataclass
+class ScriptRun:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def last_json(proc: subprocess.CompletedProcess) -> dict:
+@pytest.fixture
+def run_script(monkeypatch, capsys):
+    """``python scripts/plan_sharding.py OVERRIDES`` in this process (no torch import to pay again): exit status and output."""
+
+    def run(*overrides: str) -> ScriptRun:
+        monkeypatch.setenv("PYTHONHASHSEED", "0")  # what the script re-executes itself with otherwise (it pins the seed)
+        monkeypatch.setattr(sys, "argv", [str(SCRIPT), *overrides])
+        capsys.readouterr()
+        try:
+            runpy.run_path(str(SCRIPT), run_name="__main__")
+            code = 0
+        except SystemExit as exited:
+            code = exited.code
+        out, err = capsys.readouterr()
+        return ScriptRun(code, out, err)
+
+    return run
+
+
+def last_json(proc) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def plan_config(overrides: List[str]) -> PlanConfig:
+def plan_config(overrides: list[str]) -> PlanConfig:
     register_plan_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="plan", overrides=overrides)
@@ -39,7 +58,7 @@ def plan_config(overrides: List[str]) -> PlanConfig:
     return obj
 
 
-def test_64_gpu_example_spreads_the_billion_row_table_over_every_rank():
+def test_64_gpu_example_spreads_the_billion_row_table_over_every_rank(run_script):
     proc = run_script("+plan_example=64x80gb_user_1e9")
     assert proc.returncode == 0, proc.stderr
     out = last_json(proc)
@@ -52,7 +71,7 @@ def test_64_gpu_example_spreads_the_billion_row_table_over_every_rank():
     assert out["max_rank_ddr_gb"] == 0.0  # fused kernels keep everything in HBM
 
 
-def test_impossible_cluster_reports_no_fit_and_names_the_table():
+def test_impossible_cluster_reports_no_fit_and_names_the_table(run_script):
     proc = run_script(
         "+plan_example=64x80gb_user_1e9", "cluster.world_size=2", "cluster.local_world_size=2", "cluster.hbm_gb=1"
     )
@@ -64,7 +83,7 @@ def test_impossible_cluster_reports_no_fit_and_names_the_table():
     assert "DOES NOT FIT" in proc.stdout
 
 
-def test_typo_in_a_cluster_key_fails_with_hydras_error():
+def test_typo_in_a_cluster_key_fails_with_hydras_error(run_script):
     proc = run_script("cluster.hbm_gbb=1")
     assert proc.returncode == 1
     assert "Key 'hbm_gbb' not in 'ClusterConfig'" in proc.stderr
@@ -106,13 +125,9 @@ def test_default_planner_keeps_the_user_table_inside_one_host():
 def test_dry_run_prints_the_same_plan_whatever_the_callers_hash_seed():
     """Equal-cost options tie in torchrec's set-ordered enumerator; in-process, hash seeds 1 and 2 label
     the 8 x 80 GB plan table_wise and table_column_wise. The script pins the seed: one answer."""
-    import os
-
     outputs = []
     for seed in ("1", "2"):
-        proc = subprocess.run([sys.executable, str(SCRIPT), "+plan_example=8x80gb_item_1e8"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": seed})
-        assert proc.returncode == 0, proc.stderr
+        proc = launch([str(SCRIPT), "+plan_example=8x80gb_item_1e8"], timeout=300, env={"PYTHONHASHSEED": seed})
         outputs.append(last_json(proc))
     assert outputs[0] == outputs[1]
     assert outputs[0]["tables"]["item"]["sharding_type"] == "table_wise"

@@ -11,8 +11,8 @@ import pytest
 from recsys.checkpoint import latest_checkpoint
 from recsys.distributed.pretrained import open_pretrained
 from recsys.trainer import fit
-from tests.conftest import tiny_config
-from tests.test_checkpoint import full_state
+from tests.helpers.checkpoints import full_state
+from tests.helpers.config import tiny_config
 
 ITEM_ROWS, ITEM_DIM = 300, 16  # the tiny experiment's item table
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from recsys.data.batches import TrainBatches
-from tests.conftest import tiny_config
+from tests.helpers.config import tiny_config
 
 
 @pytest.mark.parametrize(

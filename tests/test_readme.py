@@ -6,11 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
-
-from recsys.export import ExportConfig, export_run
-from recsys.trainer import fit
-from tests.conftest import tiny_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -22,14 +17,10 @@ def readme_python_block(containing: str) -> str:
     return matching[0]
 
 
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory, data_root, process_group):
-    run_dir = tmp_path_factory.mktemp("readme_run")
-    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=5"])
-    fit(cfg, run_dir)
-    (run_dir / ".hydra").mkdir()
-    OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")  # as `python -m recsys.train` writes it
-    return export_run(ExportConfig(run_dir=str(run_dir)))
+@pytest.fixture
+def bundle(trained_run):
+    """The shared tiny run's bundle (tests/conftest.py): export_run(ExportConfig(run_dir=...))."""
+    return trained_run.bundle
 
 
 def test_readme_serving_example_runs(bundle):

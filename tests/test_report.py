@@ -9,11 +9,18 @@ import pandas as pd
 import pytest
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
 from recsys.evaluation.ease import ease_peak_bytes
 from recsys.evaluation.ials import fit_ials, ials_topk
-from recsys.evaluation.report import EvalInputs, ReportOptions, SplitInputs, compute_report, evaluate_and_report, format_markdown
+from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.metrics import compute_metrics
+from recsys.evaluation.report import (
+    EvalInputs,
+    ReportOptions,
+    SplitInputs,
+    compute_report,
+    evaluate_and_report,
+    format_markdown,
+)
 from recsys.evaluation.retrieval import exact_topk, popularity_topk
 
 NUM_USERS, NUM_ITEMS, DIM, KS = 120, 80, 8, [5, 10, 20]

@@ -1,26 +1,21 @@
 """`-m` sweeps: jobs in runs/<run_name>/<n>, one summary table of overrides and metrics; a quiet console."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from recsys.sweep_summary import SweepSummary, collect_jobs
+from tests.helpers.launch import launch
 
-ROOT = Path(__file__).resolve().parents[1]
 LIBRARY_CHATTER = ("Planner Statistics", "TBE=", "faiss", "FutureWarning", "UserWarning", "known issue", "is_fx_tracing",
                    "ERROR", "Traceback")
 
 
 def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
-    out = subprocess.run(
-        [sys.executable, "-m", "recsys.train", "-m", "+experiment=tiny", "run_name=sw", f"data.root={data_root}",
-         "trainer.epochs=1", "trainer.max_steps_per_epoch=3", "model.temperature=0.05,0.1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )
+    out = launch(["-m", "recsys.train", "-m", "+experiment=tiny", "run_name=sw", f"data.root={data_root}",
+                  "trainer.epochs=1", "trainer.max_steps_per_epoch=3", "model.temperature=0.05,0.1"],
+                 cwd=tmp_path, check=False, timeout=300)
     console = out.stdout + out.stderr
     assert out.returncode == 0, console
     sweep = tmp_path / "runs" / "sw"

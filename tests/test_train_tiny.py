@@ -7,16 +7,15 @@ from hydra.errors import ConfigCompositionException
 
 from recsys.config import TableShardingConfig
 from recsys.trainer import fit
-from tests.conftest import tiny_config
+from tests.helpers.config import tiny_config
 
 METRIC_KEYS = {"recall@10", "recall@20", "recall@50", "ndcg@10", "ndcg@20"}
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, data_root, process_group):
-    run_dir = tmp_path_factory.mktemp("tiny_run")
-    results = fit(tiny_config([f"data.root={data_root}"]), run_dir)
-    return run_dir, results
+@pytest.fixture
+def tiny_run(trained_run):
+    """The shared tiny run (tests/conftest.py): +experiment=tiny trained to the end by fit()."""
+    return trained_run.run_dir, trained_run.results
 
 
 def test_results_json_contract(tiny_run, data_root):

@@ -16,7 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from recsys.trainer import fit
-from tests.conftest import tiny_config
+from tests.helpers.config import tiny_config
 
 SHORT = ["trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.early_stopping_patience=0"]
 
@@ -195,7 +195,6 @@ def test_a_second_training_in_a_locked_run_dir_fails_at_once_naming_dir_and_owne
     import time
 
     import recsys.run_lock as run_lock_module
-
     from recsys.run_lock import RunDirLockedError, RunLock
 
     run_dir = tmp_path / "run"
@@ -221,15 +220,12 @@ def test_a_second_training_in_a_locked_run_dir_fails_at_once_naming_dir_and_owne
 
 
 def test_prepare_writes_nothing_into_run_dirs(tmp_path, data_root):
-    import subprocess
-    import sys
+    from tests.helpers.launch import launch
 
     run = tmp_path / "runs" / "tiny"  # a training run named like the experiment
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text("the run's config\n")
-    proc = subprocess.run([sys.executable, "-m", "data_pipelines.prepare", "+experiment=tiny", f"data.root={data_root}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = launch(["-m", "data_pipelines.prepare", "+experiment=tiny", f"data.root={data_root}"], cwd=tmp_path, timeout=120)
     assert Path(proc.stdout.strip().splitlines()[-1]).is_dir()
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [Path("runs"), run.relative_to(tmp_path),
                                                                            Path("runs/tiny/.hydra"), Path("runs/tiny/.hydra/config.yaml")]
