@@ -10,10 +10,10 @@ import torch
 from omegaconf import OmegaConf
 
 from recsys.data.batches import FeatureBuilder, latest_items
-from recsys.evaluate import load_trained
-from recsys.evaluation.evaluator import Evaluator, embed
+from recsys.run import load_trained
+from recsys.evaluation.sharded import Evaluator, embed
 from recsys.export import ExportConfig, export_run
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from recsys.checkpoint import latest_checkpoint
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.conftest import tiny_config
 from tests.test_checkpoint import assert_same_tensors, full_state
 

@@ -10,7 +10,7 @@ import pytest
 
 from recsys.checkpoint import latest_checkpoint
 from recsys.distributed.pretrained import open_pretrained
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.conftest import tiny_config
 from tests.test_checkpoint import full_state
 

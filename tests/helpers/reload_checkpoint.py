@@ -11,7 +11,7 @@ from recsys.data.dataset import load_dataset
 from data_pipelines.prepare import prepare_dataset
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.distributed.sharding import shard_model
-from recsys.trainer import build_task
+from recsys.model.build import build_task
 from tests.conftest import tiny_config
 
 
