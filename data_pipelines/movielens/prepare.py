@@ -83,18 +83,11 @@ def prepare_movielens(
         key = cache_key(rel.name, sources, protocol, seed, {**options, **protocol_options})
         return key, root / f"{rel.name}-{protocol}-{key}"
 
-    # The key needs the sources' sha256 (~0.5 s for ml-25m). Only a complete dir of this release and
-    # protocol can be a cache hit: without one, hash on a second thread once the CSV reader (which
-    # uses every core) is done.
-    pending_sources: Future | None = None
-    if any(is_complete(d) for d in root.glob(f"{rel.name}-{protocol}-*")):
-        sources = src.checksums()
-        key, out_dir = key_and_dir(sources)
+    pending_sources = _hashed_if_maybe_cached(src, root.glob(f"{rel.name}-{protocol}-*"))
+    if pending_sources is not None:
+        key, out_dir = key_and_dir(pending_sources.result())
         if is_prepared(out_dir, key):
             return out_dir
-        pending_sources = Future()
-        pending_sources.set_result(sources)
-
     kept, movies, users, num_raw, pending_sources = _read_and_filter(src, rel, options, pending_sources)
     raw_users, raw_items, parts, heldout = _split_ids(kept, rel, protocol, seed, options, protocol_options, num_heldout_users)
     ratings_label = src.describe(rel.ratings)
@@ -114,6 +107,17 @@ def prepare_movielens(
     train, valid, test = parts
     return write_dataset_dir(out_dir, train=train, valid=valid, test=test, items=items, users=users_table,
                              meta=meta, extra_tables=extra)
+
+
+def _hashed_if_maybe_cached(src, candidates) -> Future | None:
+    """The sources' checksums now (a done Future) when a complete dir of this release and protocol exists;
+    else None. The key needs the sources' sha256 (~0.5 s for ml-25m); only such a dir can be a cache hit,
+    and without one the hash runs on a second thread once the CSV reader (which uses every core) is done."""
+    if not any(is_complete(d) for d in candidates):
+        return None
+    done: Future = Future()
+    done.set_result(src.checksums())
+    return done
 
 
 def _meta(rel, name: str | None, protocol: str, seed: int, options: dict[str, Any], protocol_options: dict[str, Any],

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recsys.data.dataset import Vocabularies, read_dataset_meta, read_vocabularies
+from recsys.data.dataset import read_dataset_meta, read_vocabularies
 from recsys.evaluation.ann import compare_ann
 from recsys.evaluation.breakdowns import breakdowns
 from recsys.evaluation.ease import ease_topk
@@ -47,26 +47,19 @@ def recall_curve(topk_ids: np.ndarray, relevant: UserItemCSR) -> np.ndarray:
 
 @dataclass
 class _Names:
-    vocab: Vocabularies
+    """What the dataset dir says of the ids (each None where it does not) and its meta.json ({} without one)."""
+
+    user_raw: np.ndarray | None  # object [num_users]
+    item_raw: np.ndarray | None  # object [I]
+    titles: np.ndarray | None  # object [I]
     meta: dict
-
-    @property
-    def user_raw(self):
-        return self.vocab.user_raw
-
-    @property
-    def item_raw(self):
-        return self.vocab.item_raw
-
-    @property
-    def titles(self):
-        return self.vocab.titles
 
 
 def _load_names(dataset_dir: str | Path | None, num_users: int, num_items: int) -> _Names:
     if dataset_dir is None:
-        return _Names(Vocabularies(None, None, None), {})
-    return _Names(read_vocabularies(dataset_dir, num_users, num_items), read_dataset_meta(Path(dataset_dir), required=False))
+        return _Names(None, None, None, {})
+    vocab = read_vocabularies(dataset_dir, num_users, num_items)
+    return _Names(vocab.user_raw, vocab.item_raw, vocab.titles, read_dataset_meta(Path(dataset_dir), required=False))
 
 
 def _item_label(i: int, names: _Names) -> str:
