@@ -1,13 +1,73 @@
-"""Typed settings of the generic interactions source (``data.interactions.*`` in the Hydra config).
+"""Typed settings of the data pipelines (``data.*`` in the Hydra config), and the one DictConfig -> dataclass step.
 
-Defined here, beside the code that reads them, so that data_pipelines needs nothing from recsys;
-``recsys.config.DataConfig`` embeds this class.
+Defined here, beside the code that reads them, so that data_pipelines needs nothing of the recsys package;
+``recsys.config.Config`` embeds :class:`DataConfig` and converts with the same :func:`to_typed`.
+Names that must be one of a set are ``StrEnum`` fields: a wrong name fails when Hydra composes
+the config (and an enum member compares and formats as its plain string).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict
+from enum import StrEnum
+from typing import Any, Dict, Type, TypeVar
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+T = TypeVar("T")
+
+
+class Choice(StrEnum):
+    """A config value that must be one of a set; shown as its plain string, in messages too."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Source(Choice):
+    """Which pipeline prepares the dataset dir."""
+
+    synthetic = "synthetic"
+    movielens = "movielens"
+    interactions = "interactions"  # any log, data_pipelines/interactions.py
+
+
+class Protocol(Choice):
+    """The split protocol (data_pipelines/splits.py; ``given``: the interactions source only)."""
+
+    recbole = "recbole"
+    loo = "loo"
+    strong_generalization = "strong_generalization"
+    given = "given"
+
+
+class QueryHistory(Choice):
+    """Which items a training query sees (README "Query features")."""
+
+    recent = "recent"
+    profile = "profile"
+
+
+@dataclass
+class SyntheticDataConfig:
+    """The generator's knobs; the one place of their defaults (``synthetic.DEFAULT_SPEC`` is built from them)."""
+
+    num_users: int = 6040  # users; MovieLens-1M has 6040
+    num_items: int = 3706  # items; MovieLens-1M has 3706 rated movies
+    num_categories: int = 18  # categories (genres); MovieLens-1M has 18
+    num_interactions: int = 1_000_000  # total interactions before the split
+    latent_dim: int = 16  # dimension of the planted user / item factors
+    min_interactions_per_user: int = 20  # floor on each user's count; MovieLens-1M keeps users with >= 20
+    seed: int = 0  # generator seed (the split has its own, data.split_seed)
+
+
+@dataclass
+class MovieLensDataConfig:
+    release: str = "ml-1m"  # "ml-100k" | "ml-1m" | "ml-10m" | "ml-20m" | "ml-25m" | "ml-latest-small"
+    url: str = ""  # zip fetched when data.root has no copy; "" = https://files.grouplens.org/datasets/movielens/<release>.zip
+    md5: str = ""  # expected md5 of a downloaded zip; "" = GroupLens' published one (none for ml-latest-small), "skip" = no check
+    download: bool = True  # false: never download; a missing copy is an error saying where to put it
 
 
 @dataclass
@@ -34,3 +94,78 @@ class InteractionsDataConfig:
     users_path: str = ""
     users_id_column: str = "user_id"
     md5: Dict[str, str] = field(default_factory=dict)  # expected md5 by file name (data=gowalla pins the published ones)
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING  # dataset name, also names the prepared dir ("synthetic", "movielens_1m")
+    source: Source = Source.synthetic  # which pipeline prepares it
+    root: str = "data"  # folder for prepared dataset dirs and MovieLens zips / extracted folders (relative to the launch dir)
+    protocol: Protocol = Protocol.recbole  # split protocol: recbole (random 8:1:1 per user) | loo | strong_generalization | given (interactions only)
+    split_seed: int = 0  # seed of the split protocol
+    history_length: int = 20  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
+    # which items a training query sees (the protocol's config sets it; README "Query features"):
+    # "recent": the history_length items just before the target in time (sequential protocols, loo);
+    # "profile": up to history_length of the user's OTHER training items, resampled every epoch, the
+    # target never among them (random splits: recbole, given, strong_generalization)
+    query_history: QueryHistory = QueryHistory.recent
+    history_dropout: float = 0.0  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
+    min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
+    min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
+    min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
+    # true: each rank reads only its own users' rows (contiguous user ranges of ~equal training rows)
+    # and trains / evaluates on them, instead of every rank holding the whole dataset; the epoch's
+    # order then depends on the world size (docs: README "Data across ranks")
+    shard_by_user: bool = False
+    num_heldout_users: int = 0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+    movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)
+    interactions: InteractionsDataConfig = field(default_factory=InteractionsDataConfig)
+
+
+@dataclass
+class PrepareConfig:
+    """What ``python -m data_pipelines.prepare`` composes: the training config tree (so that the same
+    groups, overrides and experiments apply), of which only ``data`` is read and typed here."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Dict[str, Any] = field(default_factory=dict)
+    optim: Dict[str, Any] = field(default_factory=dict)
+    sharding: Dict[str, Any] = field(default_factory=dict)
+    trainer: Dict[str, Any] = field(default_factory=dict)
+    eval: Dict[str, Any] = field(default_factory=dict)
+    run_name: str = "default"
+
+
+def reject_unknown_keys(cfg: DictConfig, path: str = "") -> None:
+    """Raise on a key no schema declares, e.g. one appended with '+' (``+cluster.hbm_gbb=1``).
+
+    Hydra's ``+`` adds keys even to a structured node, and ``OmegaConf.to_object`` then drops
+    them silently; this makes an appended typo fail like a plain one.
+    """
+    schema = OmegaConf.get_type(cfg)
+    if dataclasses.is_dataclass(schema):
+        known = {f.name for f in dataclasses.fields(schema)}
+        for key in cfg.keys():
+            if key not in known:
+                raise ValueError(f"Key '{key}' not in '{schema.__name__}'\n    full_key: {path}{key}")
+    for key in cfg.keys():
+        child = cfg._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            reject_unknown_keys(child, f"{path}{key}.")
+
+
+def to_typed(cfg: DictConfig, schema: Type[T]) -> T:
+    """A composed ``DictConfig`` -> an instance of the dataclass ``schema`` it was built on.
+
+    Raises on keys no schema declares and on required (``???``) values left unset; types and enum
+    names were checked by Hydra when it composed the config.
+    """
+    reject_unknown_keys(cfg)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(f"config values required but not set: {', '.join(missing)}")
+    obj: Any = OmegaConf.to_object(cfg)
+    if not isinstance(obj, schema):
+        raise TypeError(f"expected a config built on the {schema.__name__} schema, got {type(obj).__name__}")
+    return obj

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,15 +32,35 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_pipelines.atomic import staged
 from data_pipelines.file_sizes import damaged_files, file_sizes
 from data_pipelines.splits import lexsort_order
 
-__all__ = ["CODE_VERSION", "SPLITS", "is_complete", "read_meta", "write_dataset_dir"]
+__all__ = [
+    "CODE_VERSION", "CATEGORIES_VOCAB", "HELDOUT_USERS_FILE", "ITEMS_FILE", "ITEMS_VOCAB", "META_FILE", "OCCUPATIONS_VOCAB",
+    "PARQUET_FILES", "SPLITS", "USERS_FILE", "USERS_VOCAB", "VOCAB_DIR", "is_complete", "read_meta", "split_file",
+    "write_dataset_dir",
+]
 
 CODE_VERSION = "recsys-data/2"  # bump when any writer's output for the same input changes
+# The file names of the layout above, here once: the pipelines write them, recsys/data/dataset.py reads them.
 SPLITS = ("train", "valid", "test")
-PARQUET_FILES = ("train.parquet", "valid.parquet", "test.parquet", "items.parquet", "users.parquet")
 META_FILE = "meta.json"
+ITEMS_FILE = "items.parquet"
+USERS_FILE = "users.parquet"
+HELDOUT_USERS_FILE = "heldout_users.parquet"  # strong_generalization: user_id, split ("valid" | "test")
+VOCAB_DIR = "vocab"
+USERS_VOCAB = f"{VOCAB_DIR}/users.parquet"  # raw_id -> user_id
+ITEMS_VOCAB = f"{VOCAB_DIR}/items.parquet"  # raw_id -> item_id (+ title, genres where known)
+CATEGORIES_VOCAB = f"{VOCAB_DIR}/categories.parquet"  # category_id -> name
+OCCUPATIONS_VOCAB = f"{VOCAB_DIR}/occupations.parquet"  # occupation -> name (ml-100k, ml-1m)
+
+
+def split_file(split: str) -> str:
+    return f"{split}.parquet"
+
+
+PARQUET_FILES = (*(split_file(s) for s in SPLITS), ITEMS_FILE, USERS_FILE)
 REQUIRED_META = ("name", "protocol", "seed", "num_users", "num_items", "num_categories", "sources", "code_version", "cache_key")
 
 INTERACTION_SCHEMA = pa.schema(
@@ -236,11 +254,11 @@ def write_dataset_dir(
         raise ValueError(f"meta.num_categories: must be >= 0 (0: items have no categories), got {num_categories}")
 
     frames = {"train": train, "valid": valid, "test": test}
-    tables = {f"{s}.parquet": _interactions_table(df, s, num_users, num_items) for s, df in frames.items()}
+    tables = {split_file(s): _interactions_table(df, s, num_users, num_items) for s, df in frames.items()}
     interaction_files = set(tables)
-    tables["items.parquet"] = _items_table(items, num_items, num_categories)
+    tables[ITEMS_FILE] = _items_table(items, num_items, num_categories)
     _check_dense_ids(users, "users", "user_id", num_users)
-    tables["users.parquet"] = _side_table(users, "user_id")
+    tables[USERS_FILE] = _side_table(users, "user_id")
     for rel, df in (extra_tables or {}).items():
         if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel.endswith(".parquet"):
             raise ValueError(f"extra_tables: {rel!r} must be a relative path ending in .parquet")
@@ -251,48 +269,33 @@ def write_dataset_dir(
         raise ValueError(f"meta.counts {meta['counts']} disagrees with the frames {counts}")
     meta["counts"] = counts
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f"{out_dir.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
+    with staged(out_dir, "tmp") as tmp:
         tmp.mkdir()
-        for rel in tables:
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        # Arrow encodes a file on one thread: the largest file, when large, is written on a second one
-        largest = max(tables, key=lambda rel: tables[rel].num_rows)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            background = None
-            options = {rel: _INTERACTION_WRITE_OPTIONS if rel in interaction_files else _WRITE_OPTIONS for rel in tables}
-            if tables[largest].num_rows >= _BACKGROUND_WRITE_ROWS:
-                background = pool.submit(pq.write_table, tables[largest], tmp / largest, **options[largest])
-            for rel, table in tables.items():
-                if background is None or rel != largest:
-                    pq.write_table(table, tmp / rel, **options[rel])
-            if background is not None:
-                background.result()
+        _write_tables(tmp, tables, interaction_files)
         meta["files"] = file_sizes(tmp, tables)  # what the cache check verifies (a truncated file is rebuilt)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
-        _swap_into_place(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
+
+
+def _write_tables(tmp: Path, tables: dict[str, pa.Table], interaction_files: set[str]) -> None:
+    """Every table to its relative path under ``tmp``, with the fixed writer settings."""
+    for rel in tables:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+    # Arrow encodes a file on one thread: the largest file, when large, is written on a second one
+    largest = max(tables, key=lambda rel: tables[rel].num_rows)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        background = None
+        options = {rel: _INTERACTION_WRITE_OPTIONS if rel in interaction_files else _WRITE_OPTIONS for rel in tables}
+        if tables[largest].num_rows >= _BACKGROUND_WRITE_ROWS:
+            background = pool.submit(pq.write_table, tables[largest], tmp / largest, **options[largest])
+        for rel, table in tables.items():
+            if background is None or rel != largest:
+                pq.write_table(table, tmp / rel, **options[rel])
+        if background is not None:
+            background.result()
 
 
 def _json_default(value: Any) -> Any:
     if isinstance(value, np.generic):  # numpy scalars (np.int64 counts etc.) -> Python numbers
         return value.item()
     raise TypeError(f"meta: {type(value).__name__} is not JSON serializable")
-
-
-def _swap_into_place(tmp: Path, out_dir: Path) -> None:
-    if not out_dir.exists():
-        tmp.rename(out_dir)
-        return
-    old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-    out_dir.rename(old)
-    try:
-        tmp.rename(out_dir)
-    except BaseException:
-        old.rename(out_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import secrets
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+from data_pipelines.atomic import staged
 
 __all__ = ["DownloadError", "Downloaded", "download", "file_digests", "sha256_file"]
 
@@ -73,11 +74,9 @@ def download(
     reject the content; its message is kept.
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}-{secrets.token_hex(4)}")
     h_md5, h_sha = hashlib.md5(), hashlib.sha256()
     received = 0
-    try:
+    with staged(dest, "part", hidden=True) as tmp:
         try:
             response = urllib.request.urlopen(url, timeout=timeout_s)
         except (urllib.error.URLError, OSError, ValueError) as e:
@@ -117,7 +116,4 @@ def download(
             )
         if validate is not None:
             validate(tmp)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
     return Downloaded(dest, received, got_md5, h_sha.hexdigest())

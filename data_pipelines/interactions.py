@@ -1,4 +1,5 @@
 """Any interaction log -> a dataset dir, by configuration alone (``data=interactions``, ``data=gowalla``).
+(Over 400 lines: one source's read -> ids -> split -> side files, each step a short function; a package is next.)
 
     $ python -m data_pipelines.prepare data=interactions data.interactions.path=logs/clicks.csv.gz \\
           data.interactions.user_column=visitor data.interactions.item_column=sku \\
@@ -39,7 +40,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_pipelines.config import InteractionsDataConfig
-from data_pipelines.dataset_dir import CODE_VERSION, is_prepared, write_dataset_dir
+from data_pipelines.dataset_dir import (
+    CATEGORIES_VOCAB, CODE_VERSION, HELDOUT_USERS_FILE, ITEMS_VOCAB, USERS_VOCAB, is_prepared, write_dataset_dir,
+)
 from data_pipelines.download import file_digests
 from data_pipelines.errors import DatasetError
 from data_pipelines.readers import detect_format, read_adjacency, read_columns
@@ -350,7 +353,7 @@ def _split_log(cfg: InteractionsDataConfig, path: Path, protocol: str, seed: int
         # held-out users by raw id, then renumbered as the compacted vocabulary numbers them
         valid_u, test_u = (_index(pa.chunked_array([old_users.take(pa.array(h))]), users) for h in heldout)
         valid_u, test_u = valid_u[valid_u >= 0], test_u[test_u >= 0]
-        extra_tables["heldout_users.parquet"] = pd.DataFrame({
+        extra_tables[HELDOUT_USERS_FILE] = pd.DataFrame({
             "user_id": np.concatenate([valid_u, test_u]).astype(np.int64),
             "split": ["valid"] * len(valid_u) + ["test"] * len(test_u),
         })
@@ -460,9 +463,9 @@ def prepare_interactions(
         parts, users, items, extra_meta, extra_tables = _split_log(cfg, paths["log"], protocol, seed, filters, num_heldout_users)
     items_table, item_vocab, category_vocab = _items_table(cfg, items)
     users_table, user_vocab = _users_table(cfg, users)
-    extra_tables.update({"vocab/users.parquet": user_vocab, "vocab/items.parquet": item_vocab})
+    extra_tables.update({USERS_VOCAB: user_vocab, ITEMS_VOCAB: item_vocab})
     if category_vocab is not None:
-        extra_tables["vocab/categories.parquet"] = category_vocab
+        extra_tables[CATEGORIES_VOCAB] = category_vocab
     meta: dict[str, Any] = {
         "name": name,
         "protocol": protocol,

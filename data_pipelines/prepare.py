@@ -15,14 +15,15 @@ dataset dir (conf/prepare.yaml: no Hydra run dir, so never into runs/<run_name>/
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import hydra
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from recsys.config import DataConfig, register_configs, to_config
-
-PIPELINES = ("synthetic", "movielens", "interactions")
+from data_pipelines.config import DataConfig, PrepareConfig, Source, to_typed
+from data_pipelines.errors import DatasetError
 
 
 def _split_options(cfg: DataConfig) -> dict:
@@ -34,7 +35,7 @@ def _split_options(cfg: DataConfig) -> dict:
 
 def prepare_dataset(cfg: DataConfig) -> Path:
     """Return the absolute path of the prepared dataset dir for ``cfg``, preparing it if needed."""
-    if cfg.source == "synthetic":
+    if cfg.source == Source.synthetic:
         from data_pipelines.synthetic import SyntheticSpec, prepare_synthetic
 
         unsupported = {
@@ -45,38 +46,29 @@ def prepare_dataset(cfg: DataConfig) -> Path:
         if unsupported:
             raise ValueError(f"data.source=synthetic: {unsupported} apply to MovieLens only; set them to 0")
 
-        s = cfg.synthetic
-        spec = SyntheticSpec(
-            num_users=s.num_users,
-            num_items=s.num_items,
-            num_categories=s.num_categories,
-            num_interactions=s.num_interactions,
-            latent_dim=s.latent_dim,
-            min_interactions_per_user=s.min_interactions_per_user,
-            seed=s.seed,
-        )
+        spec = SyntheticSpec(**asdict(cfg.synthetic))
         return Path(prepare_synthetic(spec, protocol=cfg.protocol, split_seed=cfg.split_seed, root=Path(cfg.root))).resolve()
-    if cfg.source == "movielens":
+    if cfg.source == Source.movielens:
         from data_pipelines.movielens import prepare_movielens
 
         m = cfg.movielens
         return prepare_movielens(m.release, **_split_options(cfg), url=m.url, md5=m.md5, allow_download=m.download).resolve()
-    if cfg.source == "interactions":
+    if cfg.source == Source.interactions:
         from data_pipelines.interactions import prepare_interactions
 
         return prepare_interactions(cfg.interactions, **_split_options(cfg)).resolve()
-    raise ValueError(f"data.source={cfg.source!r}: unknown pipeline; known: {', '.join(PIPELINES)}")
+    raise ValueError(f"data.source={cfg.source!r}: unknown pipeline; known: {', '.join(Source)}")
 
 
-register_configs()
+def register_configs() -> None:
+    """The schema conf/config.yaml names, as this entry point reads it (recsys registers its own)."""
+    ConfigStore.instance().store(name="config_schema", node=PrepareConfig)
 
 
 @hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from data_pipelines.errors import DatasetError
-
     try:
-        path = prepare_dataset(to_config(cfg).data)
+        path = prepare_dataset(to_typed(cfg, PrepareConfig).data)
     except DatasetError as e:  # bad or missing input: one message, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -84,4 +76,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_configs()
     main()

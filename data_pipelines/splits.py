@@ -1,4 +1,5 @@
 """Split protocols: interactions -> (train, valid, test).
+(Over 400 lines: the protocols share the canonical sort and the per-user count helpers defined here.)
 
 Every function here is pure: it takes a DataFrame with columns
 ``user_id, item_id, timestamp, rating`` (one row per interaction, any row order) and returns

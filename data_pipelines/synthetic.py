@@ -36,12 +36,13 @@ import dataclasses
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from data_pipelines.config import SyntheticDataConfig
 from data_pipelines.dataset_dir import CODE_VERSION, is_prepared, write_dataset_dir
 from data_pipelines.splits import PROTOCOLS, split
 
@@ -102,9 +103,7 @@ class SyntheticSpec:
 
 
 # Shaped like MovieLens-1M (6040 users, 3706 rated movies, 18 genres, 1,000,209 ratings, >= 20 each).
-DEFAULT_SPEC = SyntheticSpec(
-    num_users=6040, num_items=3706, num_categories=18, num_interactions=1_000_000, min_interactions_per_user=20, seed=0
-)
+DEFAULT_SPEC = SyntheticSpec(**asdict(SyntheticDataConfig()))  # its numbers are data.synthetic's defaults
 # For unit and end-to-end tests: generates in well under a second.
 TINY_SPEC = SyntheticSpec(num_users=400, num_items=300, num_categories=8, num_interactions=20_000, seed=0)
 

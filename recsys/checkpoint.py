@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from recsys.atomic import replace_dir
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
 from recsys.safe_load import SafeFileSystemReader, UnsafeFileError, torch_load_weights
@@ -159,12 +160,7 @@ def save_checkpoint(
             (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
         except OSError as e:
             raise _write_error(tmp, e) from e
-        old = final.with_name(final.name + ".old")
-        if final.exists():  # only for named checkpoints ("best"): swap, then drop the old one
-            shutil.rmtree(old, ignore_errors=True)
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, final)  # an existing one only for named checkpoints ("best")
         if name is None and keep_last > 0:
             for stale in complete_checkpoints(root)[:-keep_last]:
                 shutil.rmtree(stale, ignore_errors=True)

@@ -1,75 +1,75 @@
-"""Typed configuration schemas.
+"""Typed configuration schemas of every entry point, and their registration with Hydra.
 
-Only the entry points (``recsys.train``, ``recsys.evaluate``, ``data_pipelines.prepare``) see a Hydra
-``DictConfig``; they turn it into these dataclasses with :func:`to_config`. The schemas are
-registered in Hydra's ConfigStore as ``config_schema`` so a typo in any key (``trainer.epoch=3``)
-fails at start-up with the key's full path, before any work is done.
+Only the entry points (``recsys.train``, ``recsys.evaluate``, ``recsys.export``,
+``scripts/plan_sharding.py``, ``data_pipelines.prepare``) see a Hydra ``DictConfig``; each calls
+:func:`register_configs` first and turns the composed config into these dataclasses with
+``to_typed`` (:func:`to_config` for the training config, which also checks values). A typo in any
+key (``trainer.epoch=3``) or a name outside its set (``data.protocol=lo``) fails at start-up with
+the key's full path, before any work is done.
 
 Required values are ``???`` (``MISSING``), never ``None``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
-from data_pipelines.config import InteractionsDataConfig
-
-
-@dataclass
-class SyntheticDataConfig:
-    num_users: int = 6040  # users; MovieLens-1M has 6040
-    num_items: int = 3706  # items; MovieLens-1M has 3706 rated movies
-    num_categories: int = 18  # categories (genres); MovieLens-1M has 18
-    num_interactions: int = 1_000_000  # total interactions before the split
-    latent_dim: int = 16  # dimension of the planted user / item factors
-    min_interactions_per_user: int = 20  # floor on each user's count; MovieLens-1M keeps users with >= 20
-    seed: int = 0  # generator seed (the split has its own, data.split_seed)
+from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema is part of Config)
+    Choice, DataConfig, InteractionsDataConfig, MovieLensDataConfig, Protocol, QueryHistory, Source, SyntheticDataConfig,
+    reject_unknown_keys, to_typed,
+)
+from recsys.evaluation.ann import ANN_KINDS
+from recsys.evaluation.ease import DEFAULT_LAMBDAS
 
 
-@dataclass
-class MovieLensDataConfig:
-    release: str = "ml-1m"  # "ml-100k" | "ml-1m" | "ml-10m" | "ml-20m" | "ml-25m" | "ml-latest-small"
-    url: str = ""  # zip fetched when data.root has no copy; "" = https://files.grouplens.org/datasets/movielens/<release>.zip
-    md5: str = ""  # expected md5 of a downloaded zip; "" = GroupLens' published one (none for ml-latest-small), "skip" = no check
-    download: bool = True  # false: never download; a missing copy is an error saying where to put it
+class RetrievalLoss(Choice):
+    """The training loss of recsys.model.task.RetrievalTask."""
+
+    softmax = "softmax"  # in-batch sampled softmax with temperature and logQ correction
+    ccl = "ccl"  # SimpleX's cosine contrastive loss (margin, negative weight)
 
 
-@dataclass
-class DataConfig:
-    name: str = MISSING  # dataset name, also names the prepared dir ("synthetic", "movielens_1m")
-    source: str = "synthetic"  # which pipeline prepares it: "synthetic" | "movielens" | "interactions" (any log, data_pipelines/interactions.py)
-    root: str = "data"  # folder for prepared dataset dirs and MovieLens zips / extracted folders (relative to the launch dir)
-    protocol: str = "recbole"  # split protocol: "recbole" (random 8:1:1 per user) | "loo" | "strong_generalization" | "given" (interactions only)
-    split_seed: int = 0  # seed of the split protocol
-    history_length: int = 20  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
-    # which items a training query sees (the protocol's config sets it; README "Query features"):
-    # "recent": the history_length items just before the target in time (sequential protocols, loo);
-    # "profile": up to history_length of the user's OTHER training items, resampled every epoch, the
-    # target never among them (random splits: recbole, given, strong_generalization)
-    query_history: str = "recent"
-    history_dropout: float = 0.0  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
-    min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
-    min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
-    min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
-    # true: each rank reads only its own users' rows (contiguous user ranges of ~equal training rows)
-    # and trains / evaluates on them, instead of every rank holding the whole dataset; the epoch's
-    # order then depends on the world size (docs: README "Data across ranks")
-    shard_by_user: bool = False
-    num_heldout_users: int = 0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
-    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
-    movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)
-    interactions: InteractionsDataConfig = field(default_factory=InteractionsDataConfig)
+class SparseOptimizer(Choice):
+    """Fused into backward by fbgemm; the Adam / LAMB family has CUDA kernels only."""
+
+    rowwise_adagrad = "rowwise_adagrad"
+    adagrad = "adagrad"
+    sgd = "sgd"
+    adam = "adam"
+    partial_rowwise_adam = "partial_rowwise_adam"
+    lamb = "lamb"
+    partial_rowwise_lamb = "partial_rowwise_lamb"
+
+
+class DenseOptimizer(Choice):
+    adam = "adam"
+    adamw = "adamw"
+    adagrad = "adagrad"
+    sgd = "sgd"
+
+
+class Device(Choice):
+    auto = "auto"  # cuda if available
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Backend(Choice):
+    auto = "auto"  # nccl on cuda, gloo on cpu
+    gloo = "gloo"
+    nccl = "nccl"
 
 
 @dataclass
 class TableConfig:
     embedding_dim: int = 64  # columns of the table
-    pooling: str = "mean"  # "sum" | "mean": how a bag of ids becomes one vector
+    pooling: str = "mean"  # "sum" | "mean" (POOLINGS): how a bag of ids becomes one vector
     pretrained_path: str = ""  # initial rows from a .npy (num_rows x dim) or parquet (id, vector); "" = random init
     frozen: bool = False  # true: the rows never change (the table's fused optimizer gets lr 0)
 
@@ -82,7 +82,7 @@ class ModelConfig:
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
     logq_weight: float = 1.0  # the correction subtracts this times log q(i): 1 = the unbiased estimate, < 1 keeps some popularity
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
-    loss: str = "softmax"  # "softmax": in-batch sampled softmax (temperature, logQ); "ccl": SimpleX's cosine contrastive loss
+    loss: RetrievalLoss = RetrievalLoss.softmax  # softmax: in-batch sampled softmax (temperature, logQ); ccl: SimpleX's cosine contrastive loss
     margin: float = 0.9  # ccl: negatives with cosine below this cost nothing
     negative_weight: float = 150.0  # ccl: weight of the mean negative term
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
@@ -92,7 +92,7 @@ class ModelConfig:
 
 @dataclass
 class SparseOptimConfig:
-    name: str = "rowwise_adagrad"  # fused: "rowwise_adagrad" | "adagrad" | "sgd"; GPU only: "adam" | "partial_rowwise_adam" | "lamb" | "partial_rowwise_lamb"
+    name: SparseOptimizer = SparseOptimizer.rowwise_adagrad  # fused: rowwise_adagrad | adagrad | sgd; GPU only: adam | partial_rowwise_adam | lamb | partial_rowwise_lamb
     lr: float = 0.05  # table learning rate
     eps: float = 1e-8  # Adagrad / Adam epsilon
     beta1: float = 0.9  # Adam / LAMB first-moment decay
@@ -102,7 +102,7 @@ class SparseOptimConfig:
 
 @dataclass
 class DenseOptimConfig:
-    name: str = "adam"  # tower optimizer: "adam" | "adamw" | "adagrad" | "sgd"
+    name: DenseOptimizer = DenseOptimizer.adam  # tower optimizer
     lr: float = 1e-3  # tower learning rate
     weight_decay: float = 0.0  # 0 disables
 
@@ -123,8 +123,8 @@ class TableShardingConfig:
 @dataclass
 class ShardingConfig:
     tables: Dict[str, TableShardingConfig] = field(default_factory=dict)  # per-table planner constraints
-    device: str = "auto"  # "auto" (cuda if available) | "cpu" | "cuda"
-    backend: str = "auto"  # process-group backend: "auto" (nccl on cuda, gloo on cpu) | "gloo" | "nccl"
+    device: Device = Device.auto
+    backend: Backend = Backend.auto  # process-group backend
     hbm_cap_gb: float = 0.0  # GPU memory per device the planner may use, GB (2**30 bytes); 0 = the device's total memory
     ddr_cap_gb: float = 0.0  # host memory per rank the planner may use (CPU tables, UVM), GB; 0 = this host's RAM / local ranks
 
@@ -138,7 +138,7 @@ class TrainerConfig:
     log_every_steps: int = 50  # steps between loss / samples-per-second log lines
     progress_bar: bool = True  # tqdm on rank 0
     max_steps_per_epoch: int = 0  # cap on steps per epoch (smoke tests); 0 = the whole epoch
-    pipeline: str = "none"  # "none": plain loop | "sparse_dist": torchrec's TrainPipelineSparseDist (next batch's input all-to-all overlaps this step)
+    pipeline: str = "none"  # one of PIPELINES: "none": plain loop | "sparse_dist": torchrec's TrainPipelineSparseDist (next batch's input all-to-all overlaps this step)
     resume: str = "auto"  # "auto": newest complete checkpoint in the run dir, if any | "none": start over | a path
     init_from: str = ""  # a new run starts from these weights (a checkpoint dir, e.g. another run's checkpoints/best): fresh optimizer, step 0; "" = random / pretrained init; a resumed run ignores it
     checkpoint_every_steps: int = 0  # also checkpoint every N steps inside an epoch; 0 = at epoch ends only
@@ -179,42 +179,19 @@ def query_uses_user_id(cfg: Config) -> bool:
     return cfg.data.query_history != "profile" or cfg.data.history_length <= 0
 
 
-def register_configs() -> None:
-    ConfigStore.instance().store(name="config_schema", node=Config)
+def config_fingerprint(cfg: Config) -> str:
+    """What the weights depend on (data and model), not where or how they are trained."""
+    data = asdict(cfg.data)
+    data.pop("root")
+    data.pop("shard_by_user")  # how the rows are read, not which
+    blob = json.dumps({"data": data, "model": asdict(cfg.model)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def reject_unknown_keys(cfg: DictConfig, path: str = "") -> None:
-    """Raise on a key no schema declares, e.g. one appended with '+' (``+cluster.hbm_gbb=1``).
-
-    Hydra's ``+`` adds keys even to a structured node, and ``OmegaConf.to_object`` then drops
-    them silently; this makes an appended typo fail like a plain one.
-    """
-    schema = OmegaConf.get_type(cfg)
-    if dataclasses.is_dataclass(schema):
-        known = {f.name for f in dataclasses.fields(schema)}
-        for key in cfg.keys():
-            if key not in known:
-                raise ValueError(f"Key '{key}' not in '{schema.__name__}'\n    full_key: {path}{key}")
-    for key in cfg.keys():
-        child = cfg._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
-            reject_unknown_keys(child, f"{path}{key}.")
-
-
-
-def to_config(cfg: DictConfig) -> Config:
-    """Validated ``DictConfig`` -> plain dataclasses (raises on missing ``???`` values and unknown keys)."""
-    reject_unknown_keys(cfg)
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ValueError(f"config values required but not set: {', '.join(missing)}")
-    obj: Any = OmegaConf.to_object(cfg)
-    if not isinstance(obj, Config):
-        raise TypeError(f"expected a config built on the 'config_schema' schema, got {type(obj).__name__}")
-    check_values(obj)
-    return obj
-
-
+# Two names checked by check_values rather than typed as enums: their refusals say which values are allowed
+# in the words users already know (and "none" would be no good enum member name for Hydra's parser).
+PIPELINES = ("none", "sparse_dist")  # trainer.pipeline
+POOLINGS = ("sum", "mean")  # model.tables.<name>.pooling
 # metric names eval.valid_metric may use, with "@K" for a K in eval.ks (recsys/evaluation/metrics.py)
 VALID_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr", "coverage")
 
@@ -241,15 +218,14 @@ def check_values(cfg: Config) -> None:
     need(t.preemption_grace_s >= 0, "trainer.preemption_grace_s", t.preemption_grace_s, "must be >= 0 (0 disables)")
     need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")
     need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
-    need(m.loss in ("softmax", "ccl"), "model.loss", m.loss, "must be 'softmax' or 'ccl'")
     need(-1.0 <= m.margin < 1.0, "model.margin", m.margin, "must be a cosine in [-1, 1)")
     need(m.negative_weight >= 0, "model.negative_weight", m.negative_weight, "must be >= 0")
     need(all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0, "model.tower_dims", m.tower_dims, "must be widths >= 1")
     for name, table in m.tables.items():
         need(table.embedding_dim >= 1, f"model.tables.{name}.embedding_dim", table.embedding_dim, "must be >= 1")
-        need(table.pooling in ("sum", "mean"), f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")
+        need(table.pooling in POOLINGS, f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")
     need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
-    need(d.query_history in ("recent", "profile"), "data.query_history", d.query_history, "must be 'recent' or 'profile'")
+    need(t.pipeline in PIPELINES, "trainer.pipeline", t.pipeline, "expected 'none' or 'sparse_dist'")
     need(0.0 <= d.history_dropout < 1.0, "data.history_dropout", d.history_dropout, "must be in [0, 1)")
     need(len(e.ks) > 0 and all(k >= 1 for k in e.ks), "eval.ks", e.ks, "cut-offs must be >= 1")
     metric, _, k = e.valid_metric.partition("@")
@@ -259,3 +235,84 @@ def check_values(cfg: Config) -> None:
     need(e.batch_size >= 1 and e.chunk_size >= 1, "eval.batch_size / eval.chunk_size", (e.batch_size, e.chunk_size), "must be >= 1")
     if problems:
         raise ValueError("bad config values: " + "; ".join(problems))
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """The training config: ``to_typed`` on the ``Config`` schema, then the values checked."""
+    obj = to_typed(cfg, Config)
+    check_values(obj)
+    return obj
+
+
+@dataclass
+class EvaluateConfig:
+    """``python -m recsys.evaluate`` (conf/evaluate.yaml): the run's own data / model come from its checkpoint."""
+
+    run_dir: str = MISSING  # the training run to evaluate (holds .hydra/ and checkpoints/)
+    checkpoint: str = ""  # checkpoint dir to load; "" = <run_dir>/checkpoints/best
+    ks: List[int] = field(default_factory=lambda: [10, 20, 50, 100])  # cut-offs reported
+    splits: List[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
+    ease: bool = True  # EASE baseline (float64, else float32 by the memory free, else skipped with the reason; and up to ease_max_items)
+    ease_max_items: int = 50_000  # EASE needs an items x items inverse
+    # λ grid tuned on valid; each value is one O(items³) factorisation (~1 min at 8k items, tens of
+    # minutes at Gowalla's 41k on 2 CPU cores), so large catalogs may want one or two values
+    ease_lambdas: List[float] = field(default_factory=lambda: list(DEFAULT_LAMBDAS))
+    ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
+    ann_kinds: List[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
+    max_users: int = 0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed
+    # where the report goes; "" = <run_dir>/eval, or <run_dir>/eval_sample_<max_users>_seed_<seed> for a
+    # sample (max_users), so that a sampled report never replaces the full one
+    out_dir: str = ""
+    seed: int = 0  # seed of the user sample (max_users)
+    batch_size: int = 4096  # users / items embedded per forward pass
+    chunk_size: int = 4096  # query rows per chunked score matmul
+    device: Device = Device.auto
+
+
+@dataclass
+class ExportConfig:
+    """``python -m recsys.export`` (conf/export.yaml)."""
+
+    run_dir: str = MISSING  # the training run to export
+    checkpoint: str = ""  # checkpoint dir; "" = <run_dir>/checkpoints/best
+    out_dir: str = ""  # bundle dir; "" = <run_dir>/export (replaced atomically, and only if it holds a bundle export wrote)
+    batch_size: int = 4096  # items embedded per forward pass
+    device: Device = Device.auto  # where the tables are loaded to embed the items (the bundle is CPU either way)
+
+
+@dataclass
+class ClusterConfig:
+    world_size: int = MISSING  # ranks = devices in the whole cluster
+    local_world_size: int = MISSING  # devices per host; must divide world_size
+    hbm_gb: float = MISSING  # device memory per device, GB (2**30 bytes)
+    ddr_gb: float = MISSING  # host memory per device (the host's RAM / local_world_size), GB
+    compute_device: str = "cuda"  # "cuda" | "cpu": which sharding types and kernels the planner may use
+    batch_size_per_rank: int = 512  # examples per rank per step, for the planner's perf model and input reservation; 512 = torchrec's default; training plans with trainer.global_batch_size / world_size
+
+
+@dataclass
+class TableRowsConfig:
+    user: int = MISSING  # rows of the user table (users)
+    item: int = MISSING  # rows of the item table (items)
+    category: int = MISSING  # rows of the category table (categories)
+
+
+@dataclass
+class PlanConfig:
+    """``scripts/plan_sharding.py`` (conf/plan.yaml): a planner dry run for a declared cluster."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)  # table dims / poolings and towers (the `model` group)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # per-table constraints (the `sharding` group); its device / backend / hbm_cap_gb / ddr_cap_gb are ignored: the cluster says
+    optim: OptimConfig = field(default_factory=OptimConfig)  # the fused sparse optimizer's state is part of each shard's storage
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # the cluster planned for (the `cluster` group)
+    num_rows: TableRowsConfig = field(default_factory=TableRowsConfig)  # rows per table
+    history_length: int = 20  # as data.history_length: 0 drops the query-side history features (fewer inputs to reserve for)
+
+
+def register_configs() -> None:
+    """Every entry point's schema, by the name its conf/*.yaml lists first; called by each entry point before Hydra runs."""
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    store.store(name="evaluate_schema", node=EvaluateConfig)
+    store.store(name="export_schema", node=ExportConfig)
+    store.store(name="plan_schema", node=PlanConfig)

@@ -153,7 +153,7 @@ def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncod
     poolings = manifest.get("poolings", {})
     with_history = manifest.get("history_length", 0) > 0
     needed = ("item",) if with_history else ("user",)  # a query is its history bag, its user id, or both
-    tables = [t for t in ("user", "item", "category") if f"{t}.weight" in state]  # e.g. no category table without categories
+    tables = [t for t in ("user", "item", "category") if f"{t}.weight" in state]  # recsys.data.features.TABLES (not imported: no torchrec here)
     for table in (*needed, *tables):
         if f"{table}.weight" not in state:
             raise ValueError(f"{path}: no weights for table {table!r}")

@@ -19,12 +19,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from data_pipelines.errors import DatasetError
 from recsys.config import register_configs, to_config
-from recsys.preemption import PREEMPTED_EXIT_CODE, Preempted
-from recsys.trainer import fit
 from recsys.logs import setup_logging
-
-register_configs()
+from recsys.preemption import PREEMPTED_EXIT_CODE, Preempted
+from recsys.run import fit
 
 
 @record
@@ -33,8 +32,6 @@ def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
         logging.getLogger().setLevel(logging.WARNING)
-    from data_pipelines.errors import DatasetError
-
     try:
         fit(to_config(cfg), HydraConfig.get().runtime.output_dir)
     except DatasetError as e:  # missing or bad input files: one message, no traceback
@@ -46,4 +43,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_configs()
     main()

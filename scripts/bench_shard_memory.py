@@ -42,15 +42,14 @@ def child(dataset_dir: str, world_size: int, rank: int, history_length: int) -> 
     import numpy as np  # noqa: PLC0415
 
     from recsys.data.batches import TrainBatches  # noqa: PLC0415
-    from recsys.data.dataset import load_dataset, user_boundaries  # noqa: PLC0415
+    from recsys.data.dataset import load_dataset  # noqa: PLC0415
+    from recsys.distributed.rank_data import user_range  # noqa: PLC0415
 
     if world_size > 0:
         if world_size == 1:
             data, counts = load_dataset(dataset_dir), None
         else:
-            num_users = json.loads((Path(dataset_dir) / "meta.json").read_text())["num_users"]
-            bounds = user_boundaries(Path(dataset_dir) / "train.parquet", world_size, num_users)
-            data = load_dataset(dataset_dir, (bounds[rank], bounds[rank + 1]))
+            data = load_dataset(dataset_dir, user_range(dataset_dir, rank, world_size))
             data = type(data)(**{**data.__dict__, "global_item_counts": np.bincount(data.splits["train"].item_ids, minlength=data.num_items)})
             n = len(data.splits["train"])
             counts = [n] * world_size  # the real counts differ by a few rows; the memory does not

@@ -1,4 +1,5 @@
 """Training throughput of recsys vs. what a user would otherwise write, interleaved in one run.
+(Over 400 lines: a standalone script; the plain-PyTorch rival it measures against has to be written out here.)
 
     $ .venv/bin/python scripts/bench_train.py --shape softmax     # batch 8192, the score matrix dominates
     $ .venv/bin/python scripts/bench_train.py --shape embedding   # batch 2048, 1e6-row tables, bags of 100
@@ -11,7 +12,8 @@ logQ correction, temperature 0.05) trained three ways on the same pre-built synt
 
     (a) recsys     TwoTower + RetrievalTask, ``shard_model`` (table_wise, fbgemm's fused row-wise
                    Adagrad inside backward, Adam for the towers) in a one-process gloo group;
-                   the step is the trainer's: dmp(batch), backward, optimizer.step, zero_grad
+                   built by the trainer's builder (recsys.model.build) and stepped by its own
+                   step (trainer.make_train_step): dmp(batch), backward, optimizer.step, zero_grad
     (b) plain      ``nn.EmbeddingBag(sparse=True)`` per table, ``torch.optim.SparseAdam`` for the
                    tables, Adam for the towers, the loss written inline as a user would
     (c) unfused    the same TwoTower with torchrec's EmbeddingBagCollection materialised on CPU,
@@ -23,10 +25,9 @@ Shapes::
                 no history: query = user_id; candidate = item_id + item_categories (1-3)
     embedding   batch 2048, users 1e6 x 64, items 1e6 x 64, 1000 categories x 32, history bags of
                 100 items (+ their categories), and 6 further categorical query features
-                side_0..side_5 (one id each, tables of 1e5 x 16, sum). recsys's TwoTower takes
-                them through its constructor (extra EmbeddingBagConfigs + query_tables); the
-                trainer's build_task and TrainBatches don't, so the loader measurement leaves
-                them out.
+                side_0..side_5 (one id each, tables of 1e5 x 16, sum). The model builder takes
+                them as ``extra_tables``; the trainer's config and TrainBatches don't, so the
+                loader measurement leaves them out.
     movielens   batch 1024, 6040 users, 3706 items, 18 categories, history bags of 20: the default
                 dataset's (MovieLens-1M) shape with the default trainer, i.e. what `make run` trains
 
@@ -66,15 +67,18 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig, TableShardingConfig
+from recsys.config import (
+    DenseOptimConfig, ModelConfig, ShardingConfig, SparseOptimConfig, TableConfig, TableShardingConfig,
+)  # fmt: skip
 from recsys.data.batch import Batch
+from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import TrainBatches
 from recsys.data.dataset import Interactions, RetrievalData
-from recsys.data.features import CANDIDATE_TABLES, query_tables
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.distributed.sharding import shard_model
+from recsys.model.build import build_retrieval_task
 from recsys.model.task import RetrievalTask
-from recsys.model.two_tower import TwoTower, table_configs
+from recsys.trainer import make_train_step
 
 
 @dataclass(frozen=True)
@@ -96,11 +100,13 @@ SHAPES = {
     # the default dataset's (MovieLens-1M) shape and the default trainer: what `make run` trains
     "movielens": Shape(1024, 6040, 3706, 18, 20, 0, 0, 6040, 132),
 }
-DIMS = {"user": 64, "item": 64, "category": 32}
-POOLINGS = {"user": "sum", "item": "mean", "category": "mean"}
 SIDE_DIM = 16
 TOWER_DIMS = [128, 64]
 TEMPERATURE = 0.05
+MODEL = ModelConfig(
+    tables={"user": TableConfig(64, "sum"), "item": TableConfig(64, "mean"), "category": TableConfig(32, "mean")},
+    tower_dims=TOWER_DIMS, temperature=TEMPERATURE, logq_correction=True, num_uniform_negatives=0,
+)
 
 
 def rss_mb() -> float:
@@ -176,23 +182,16 @@ def to_plain_inputs(batch: Batch) -> Dict[Tuple[str, str], Tuple[torch.Tensor, t
 # ---------------------------------------------------------------- models
 
 
-def model_tables(shape: Shape, data: RetrievalData) -> Tuple[List[EmbeddingBagConfig], List[str]]:
-    """(table configs, the query tower's tables): recsys's three tables plus the side tables."""
-    configs = table_configs(num_rows=data.table_num_rows, dims=DIMS, poolings=POOLINGS)
-    for key in side_keys(shape):
-        configs.append(EmbeddingBagConfig(
-            name=key, num_embeddings=shape.side_rows, embedding_dim=SIDE_DIM, feature_names=[key],
-            pooling=PoolingType.SUM,
-        ))
-    return configs, query_tables(shape.history_length) + side_keys(shape)
+def side_tables(shape: Shape) -> List[EmbeddingBagConfig]:
+    """The bench's further categorical query features: one table each, looked up by the key of its name."""
+    return [EmbeddingBagConfig(name=key, num_embeddings=shape.side_rows, embedding_dim=SIDE_DIM, feature_names=[key],
+                               pooling=PoolingType.SUM) for key in side_keys(shape)]
 
 
 def build_task(shape: Shape, data: RetrievalData) -> RetrievalTask:
-    torch.manual_seed(0)
-    configs, qt = model_tables(shape, data)
-    model = TwoTower(configs, query_tables=qt, tower_dims=TOWER_DIMS)
-    return RetrievalTask(model, item_counts=torch.from_numpy(data.item_counts()), temperature=TEMPERATURE,
-                         logq_correction=True, num_uniform_negatives=0)
+    """recsys's model for ``shape``, from the builder the trainer uses (plus the side tables)."""
+    return build_retrieval_task(MODEL, num_rows=data.table_num_rows, history_length=shape.history_length,
+                                item_counts=torch.from_numpy(data.item_counts()), seed=0, extra_tables=side_tables(shape))
 
 
 def build_recsys(shape: Shape, data: RetrievalData, env):
@@ -202,9 +201,8 @@ def build_recsys(shape: Shape, data: RetrievalData, env):
         tables={t: TableShardingConfig(sharding_types=["table_wise"], compute_kernels=["fused"]) for t in names},
         device=env.device.type, backend=env.backend,
     )
-    sharded = shard_model(task, sharding=sharding, sparse=SparseOptimConfig(), dense=DenseOptimConfig(), env=env, seed=0)
     # one process: the task's default (local candidates) is what the trainer installs for world size 1
-    return sharded
+    return shard_model(task, sharding=sharding, sparse=SparseOptimConfig(), dense=DenseOptimConfig(), env=env, seed=0)
 
 
 def table_weights(sharded) -> Dict[str, torch.Tensor]:
@@ -268,110 +266,111 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> Dict:
-    args = parse_args(argv)
-    logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    shape = SHAPES[args.shape]
-    ways = args.ways.split(",")
-    env = init_distributed(args.device, "auto")
-    device = env.device
+@dataclass
+class Inputs:
+    """The pre-built batches every way trains on, on the bench's device, and the loader they came from."""
 
-    def sync() -> None:  # a step's time includes its kernels, not just their launch
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    source: TrainBatches
+    batches: List[Batch]  # recsys / unfused input: one KJT
+    plain: List[Dict]  # the same batches as nn.EmbeddingBag (ids, offsets) per (side, table)
 
-    data = synthetic_data(shape)
-    B = shape.batch_size
-    source = TrainBatches(data, history_length=shape.history_length, global_batch_size=B,
+
+def prepare_inputs(shape: Shape, data: RetrievalData, args, device: torch.device) -> Inputs:
+    source = TrainBatches(data, history_length=shape.history_length, global_batch_size=shape.batch_size,
                           num_uniform_negatives=0, seed=0)
     rng = np.random.default_rng(1)
     batches = [with_side_features(b, shape, rng) for _, b in zip(range(args.num_batches), source.epoch(0))]
     plain_inputs = [{k: (v.to(device), o.to(device)) for k, (v, o) in to_plain_inputs(b).items()} for b in batches]
     batches = [b.to(device) for b in batches]  # once, before timing (the trainer overlaps the copy)
-    mean_hist = (batches[0].features["item"].lengths()[:B].float().mean().item()
-                 if shape.history_length else 0.0)
+    B = shape.batch_size
+    mean_hist = batches[0].features["item"].lengths()[:B].float().mean().item() if shape.history_length else 0.0
     print(f"shape {args.shape}: {shape}; mean history bag {mean_hist:.1f}; torch threads {torch.get_num_threads()}",
           flush=True)
+    return Inputs(source, batches, plain_inputs)
 
+
+def recsys_way(sharded, inputs: Inputs, env) -> Callable[[int], torch.Tensor]:
+    """The trainer's own step (``make_train_step``) on batch ``i`` of the pre-built ones."""
+    sharded.module.train()
+    _, train_step = make_train_step("none", sharded, env)
+    return lambda i: train_step(iter([inputs.batches[i % len(inputs.batches)]]))
+
+
+def plain_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers, log_q, device):
+    reference = build_task(shape, data).model  # the same tables and towers, read by the plain model
+    plain = PlainTwoTower(reference.ebc.embedding_bag_configs(), reference.query_keys, reference.candidate_keys).to(device)
+    with torch.no_grad():
+        for t, w in weights.items():
+            plain.tables[t].weight.copy_(w)
+        plain.load_state_dict(towers, strict=False)
+    sparse_opt = torch.optim.SparseAdam(list(plain.tables.parameters()), lr=1e-3)
+    dense_opt = torch.optim.Adam(list(plain.query_tower.parameters()) + list(plain.candidate_tower.parameters()), lr=1e-3)
+
+    def plain_step(i: int) -> torch.Tensor:
+        plain_inputs, batch = inputs.plain[i % len(inputs.batches)], inputs.batches[i % len(inputs.batches)]
+        q, c = plain(plain_inputs, batch.num_queries)
+        loss = plain_loss(q, c, batch.candidate_item_ids, log_q, batch.num_queries)
+        loss.backward()
+        sparse_opt.step()
+        dense_opt.step()
+        sparse_opt.zero_grad()
+        dense_opt.zero_grad()
+        return loss.detach()
+
+    return plain_step
+
+
+def unfused_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers, device):
+    task = build_task(shape, data)
+    configs = task.model.ebc.embedding_bag_configs()
+    task.model.ebc = EmbeddingBagCollection(tables=configs, device=device)
+    task.to(device)
+    with torch.no_grad():
+        for t, w in weights.items():
+            task.model.ebc.embedding_bags[t].weight.copy_(w)
+        task.model.load_state_dict(towers, strict=False)
+    table_opt = torch.optim.Adagrad(task.model.ebc.parameters(), lr=0.05)
+    tower_opt = torch.optim.Adam(list(task.model.query_tower.parameters()) + list(task.model.candidate_tower.parameters()), lr=1e-3)
+
+    def unfused_step(i: int) -> torch.Tensor:
+        loss, _ = task(inputs.batches[i % len(inputs.batches)])
+        loss.backward()
+        table_opt.step()
+        tower_opt.step()
+        table_opt.zero_grad()
+        tower_opt.zero_grad()
+        return loss.detach()
+
+    return unfused_step
+
+
+def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: List[str], env):
+    """(step function per way, parameters + optimizer state in MB per way); every way starts from recsys's weights."""
     steps: Dict[str, Callable[[int], torch.Tensor]] = {}
     state_mb: Dict[str, float] = {}
-    rss_before = current_rss_mb()
-
     sharded = build_recsys(shape, data, env)
     weights = table_weights(sharded)
     towers = {k: v for k, v in sharded.module.module.model.state_dict().items() if "_tower." in k}
     if "recsys" in ways:
-        dmp, opt = sharded.module, sharded.optimizer
-        dmp.train()
-
-        def recsys_step(i: int) -> torch.Tensor:
-            batch = batches[i % len(batches)]
-            loss, _ = dmp(batch)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-
-        steps["recsys"] = recsys_step
+        steps["recsys"] = recsys_way(sharded, inputs, env)
         # weights + row-wise Adagrad's one float per row
         state_mb["recsys"] = sum(w.numel() * 4 + w.shape[0] * 4 for w in weights.values()) / 2**20
     else:
         del sharded
-    log_q = build_task(shape, data).candidate_log_q(torch.arange(shape.num_items), B).to(device)
-
+    log_q = build_task(shape, data).candidate_log_q(torch.arange(shape.num_items), shape.batch_size).to(env.device)
     if "plain" in ways:
-        configs, qt = model_tables(shape, data)
-        plain = PlainTwoTower(configs, qt, CANDIDATE_TABLES).to(device)
-        with torch.no_grad():
-            for t, w in weights.items():
-                plain.tables[t].weight.copy_(w)
-            plain.load_state_dict(towers, strict=False)
-        sparse_opt = torch.optim.SparseAdam(list(plain.tables.parameters()), lr=1e-3)
-        dense_opt = torch.optim.Adam(list(plain.query_tower.parameters()) + list(plain.candidate_tower.parameters()), lr=1e-3)
-
-        def plain_step(i: int) -> torch.Tensor:
-            inputs, batch = plain_inputs[i % len(batches)], batches[i % len(batches)]
-            q, c = plain(inputs, batch.num_queries)
-            loss = plain_loss(q, c, batch.candidate_item_ids, log_q, batch.num_queries)
-            loss.backward()
-            sparse_opt.step()
-            dense_opt.step()
-            sparse_opt.zero_grad()
-            dense_opt.zero_grad()
-            return loss.detach()
-
-        steps["plain"] = plain_step
+        steps["plain"] = plain_way(shape, data, inputs, weights, towers, log_q, env.device)
         state_mb["plain"] = 3 * sum(w.numel() * 4 for w in weights.values()) / 2**20  # weights + 2 Adam moments
-
     if "unfused" in ways:
-        task = build_task(shape, data)
-        configs = task.model.ebc.embedding_bag_configs()
-        task.model.ebc = EmbeddingBagCollection(tables=configs, device=device)
-        task.to(device)
-        with torch.no_grad():
-            for t, w in weights.items():
-                task.model.ebc.embedding_bags[t].weight.copy_(w)
-            task.model.load_state_dict(towers, strict=False)
-        table_opt = torch.optim.Adagrad(task.model.ebc.parameters(), lr=0.05)
-        tower_opt = torch.optim.Adam(list(task.model.query_tower.parameters()) + list(task.model.candidate_tower.parameters()), lr=1e-3)
-
-        def unfused_step(i: int) -> torch.Tensor:
-            loss, _ = task(batches[i % len(batches)])
-            loss.backward()
-            table_opt.step()
-            tower_opt.step()
-            table_opt.zero_grad()
-            tower_opt.zero_grad()
-            return loss.detach()
-
-        steps["unfused"] = unfused_step
+        steps["unfused"] = unfused_way(shape, data, inputs, weights, towers, env.device)
         state_mb["unfused"] = 3 * sum(w.numel() * 4 for w in weights.values()) / 2**20  # weights + grads + Adagrad sum
     del weights
     gc.collect()
+    return steps, state_mb
 
+
+def time_rounds(steps, args, batch_size: int, sync) -> Tuple[Dict[str, List[float]], Dict[str, float], Dict[str, int]]:
+    """(step times per way, first-step loss per way, steps taken per way): ``args.rounds`` rounds, the order rotating."""
     times: Dict[str, List[float]] = {w: [] for w in steps}
     first_loss: Dict[str, float] = {}
     counters = {w: 0 for w in steps}
@@ -387,12 +386,16 @@ def main(argv=None) -> Dict:
                 if counters[w] == 0:
                     first_loss[w] = float(loss)
                 counters[w] += 1
-        print(f"round {r}: " + ", ".join(f"{w} {B / statistics.median(times[w][-args.steps:]):,.0f}/s" for w in order),
+        print(f"round {r}: " + ", ".join(f"{w} {batch_size / statistics.median(times[w][-args.steps:]):,.0f}/s" for w in order),
               flush=True)
-    samples_per_s = {w: B / statistics.median(t[args.warmup:]) for w, t in times.items()}
-    # paired: per round, the other way's mean step time over recsys's (adjacent in time, so a
-    # background job that slows the machine for a while slows both); median over rounds
-    first_round = -(-args.warmup // args.steps)
+    print("first-step loss (same weights, same batch): " + ", ".join(f"{w} {v:.5f}" for w, v in first_loss.items()))
+    return times, first_loss, counters
+
+
+def paired_ratios(times: Dict[str, List[float]], args) -> Dict[str, float]:
+    """Per round, the other way's mean step time over recsys's (adjacent in time, so a background job
+    that slows the machine for a while slows both); median over rounds."""
+    first_round = ceil_div(args.warmup, args.steps)
     paired = {}
     if "recsys" in times:
         for w in times:
@@ -404,55 +407,90 @@ def main(argv=None) -> Dict:
                 ]
                 if per_round:
                     paired[w] = statistics.median(per_round)
-    print("first-step loss (same weights, same batch): " + ", ".join(f"{w} {v:.5f}" for w, v in first_loss.items()))
+    return paired
 
-    if args.profile:  # where each way's step goes: torch.profiler, operators by self CPU time
-        from torch.profiler import ProfilerActivity, profile
 
-        for w in names:
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-            with profile(activities=activities) as prof:
-                for _ in range(args.profile):
-                    steps[w](counters[w])
-                    counters[w] += 1
-                sync()
-            print(f"--- {w}: {args.profile} steps")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_rows, max_name_column_width=60))
+def profile_ways(steps, counters, args, device: torch.device, sync) -> None:
+    """Where each way's step goes: torch.profiler, operators by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
 
-    # the loader: batches/s of what the trainer iterates, vs. the recsys step rate
-    # (prefetch=0: the building itself; the first batch also draws the epoch's permutation)
+    for w in steps:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(args.profile):
+                steps[w](counters[w])
+                counters[w] += 1
+            sync()
+        print(f"--- {w}: {args.profile} steps")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_rows, max_name_column_width=60))
+
+
+def measure_loader(source: TrainBatches, num_batches: int) -> Tuple[float, float]:
+    """(batches/s of what the trainer iterates, seconds of the first batch): prefetch=0, the building itself;
+    the first batch also draws the epoch's permutation."""
     source.prefetch = 0
     t0 = time.perf_counter()
     it = source.epoch(1)
     next(it)
-    loader_first_batch_s = time.perf_counter() - t0
+    first_batch_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for _ in range(args.loader_batches):
+    for _ in range(num_batches):
         next(it)
-    loader_batches_per_s = args.loader_batches / (time.perf_counter() - t0)
+    return num_batches / (time.perf_counter() - t0), first_batch_s
 
+
+def summarize(args, B: int, samples_per_s, paired, state_mb, rss_before, loader, device: torch.device) -> Dict:
+    """The last line's JSON object."""
     result = {"shape": args.shape, "batch_size": B}
-    for w, key in (("recsys", "recsys"), ("plain", "plain"), ("unfused", "unfused")):
+    for w in ("recsys", "plain", "unfused"):
         if w in samples_per_s:
-            result[f"{key}_samples_per_s"] = round(samples_per_s[w], 1)
-    if "recsys" in samples_per_s and "plain" in samples_per_s:
-        result["ratio_vs_plain"] = round(samples_per_s["recsys"] / samples_per_s["plain"], 3)
-    if "recsys" in samples_per_s and "unfused" in samples_per_s:
-        result["ratio_vs_unfused"] = round(samples_per_s["recsys"] / samples_per_s["unfused"], 3)
-    for w, key in (("plain", "paired_ratio_vs_plain"), ("unfused", "paired_ratio_vs_unfused")):
+            result[f"{w}_samples_per_s"] = round(samples_per_s[w], 1)
+    for w in ("plain", "unfused"):
+        if "recsys" in samples_per_s and w in samples_per_s:
+            result[f"ratio_vs_{w}"] = round(samples_per_s["recsys"] / samples_per_s[w], 3)
+    for w in ("plain", "unfused"):
         if w in paired:
-            result[key] = round(paired[w], 3)
+            result[f"paired_ratio_vs_{w}"] = round(paired[w], 3)
     result["peak_rss_mb"] = round(rss_mb(), 1)
     if device.type == "cuda":
         result["device"] = torch.cuda.get_device_name(device)
         result["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     result["rss_before_models_mb"] = round(rss_before, 1)
     result.update({f"{w}_state_mb": round(v, 1) for w, v in state_mb.items()})
+    loader_batches_per_s, loader_first_batch_s = loader
     result["loader_batches_per_s"] = round(loader_batches_per_s, 2)
     result["loader_first_batch_s"] = round(loader_first_batch_s, 3)
     if "recsys" in samples_per_s:
         result["loader_vs_step"] = round(loader_batches_per_s / (samples_per_s["recsys"] / B), 2)
     result["torch_threads"] = torch.get_num_threads()
+    return result
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shape = SHAPES[args.shape]
+    env = init_distributed(args.device, "auto")
+    device = env.device
+
+    def sync() -> None:  # a step's time includes its kernels, not just their launch
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    data = synthetic_data(shape)
+    inputs = prepare_inputs(shape, data, args, device)
+    rss_before = current_rss_mb()
+    steps, state_mb = build_ways(shape, data, inputs, args.ways.split(","), env)
+    times, _, counters = time_rounds(steps, args, shape.batch_size, sync)
+    samples_per_s = {w: shape.batch_size / statistics.median(t[args.warmup:]) for w, t in times.items()}
+    paired = paired_ratios(times, args)
+    if args.profile:
+        profile_ways(steps, counters, args, device, sync)
+    loader = measure_loader(inputs.source, args.loader_batches)
+    result = summarize(args, shape.batch_size, samples_per_s, paired, state_mb, rss_before, loader, device)
     print(json.dumps(result), flush=True)
     steps.clear()
     gc.collect()

@@ -41,18 +41,10 @@ if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from recsys.distributed.plan_config import (
-    GB,
-    PlanConfig,
-    PlanReport,
-    plan_dry_run,
-    register_plan_configs,
-)
-from recsys.config import reject_unknown_keys
-
-register_plan_configs()
+from recsys.config import PlanConfig, register_configs, to_typed
+from recsys.distributed.dry_run import GB, PlanReport, plan_dry_run
 
 
 def rank_ranges(ranks) -> str:
@@ -113,13 +105,7 @@ def render(report: PlanReport) -> str:
 
 @hydra.main(config_path="../conf", config_name="plan", version_base="1.3")
 def main(dcfg: DictConfig) -> None:
-    reject_unknown_keys(dcfg)
-    missing = sorted(OmegaConf.missing_keys(dcfg))
-    if missing:
-        raise ValueError(f"config values required but not set: {', '.join(missing)}")
-    cfg = OmegaConf.to_object(dcfg)
-    assert isinstance(cfg, PlanConfig), type(cfg).__name__
-    report = plan_dry_run(cfg)
+    report = plan_dry_run(to_typed(dcfg, PlanConfig))
     print(render(report))
     print(json.dumps(report.summary()), flush=True)
     if not report.fits:
@@ -127,4 +113,5 @@ def main(dcfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_configs()
     main()

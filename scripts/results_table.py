@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict
 
+from recsys.markdown import markdown_table
+
 SPLIT = "test"
 ROWS = (
     ("two_tower", "two-tower"),
@@ -23,7 +25,8 @@ ROWS = (
 METRICS = (("Recall@10", "recall@10"), ("Recall@20", "recall@20"), ("Recall@50", "recall@50"),
            ("Recall@100", "recall@100"), ("NDCG@10", "ndcg@10"), ("NDCG@20", "ndcg@20"))
 TAIL = ("tail-item Recall@20", "recall@20")  # from the item-popularity breakdown's tail bucket
-HEADER = f"| {SPLIT} split | " + " | ".join([name for name, _ in METRICS] + [TAIL[0]]) + " |"
+COLUMNS = [f"{SPLIT} split", *(name for name, _ in METRICS), TAIL[0]]
+HEADER = markdown_table(COLUMNS, [])[0]
 
 
 def _tail(report: Dict[str, Any], model: str) -> float:
@@ -33,7 +36,7 @@ def _tail(report: Dict[str, Any], model: str) -> float:
 
 def results_table(report: Dict[str, Any]) -> str:
     metrics = report["splits"][SPLIT]["metrics"]
-    lines = [HEADER, "|---" * (len(METRICS) + 2) + "|"]
+    rows = []
     for model, label in ROWS:
         if model not in metrics:  # EASE / iALS skipped (too many items, or disabled)
             continue
@@ -41,8 +44,8 @@ def results_table(report: Dict[str, Any]) -> str:
         ials = report.get("ials") or {}
         reg, alpha = ials.get("regularization", float("nan")), ials.get("alpha", float("nan"))
         cells = [f"{metrics[model][key]:.4f}" for _, key in METRICS] + [f"{_tail(report, model):.4f}"]
-        lines.append(f"| {label.format(lam=lam, reg=reg, alpha=alpha)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([label.format(lam=lam, reg=reg, alpha=alpha), *cells])
+    return "\n".join(markdown_table(COLUMNS, rows))
 
 
 def main(argv: list) -> None:

@@ -87,7 +87,7 @@ def test_every_example_is_seen_exactly_once_per_epoch(tiny_data, world_size):
 
 
 def test_batch_bounds_merge_a_remainder_smaller_than_the_world():
-    from recsys.data.shares import batch_bounds, rank_shares
+    from recsys.data.batch_bounds import batch_bounds, rank_shares
 
     assert batch_bounds(10, 4, 3).tolist() == [0, 4, 10]  # 2 leftover rows < 3 ranks: merged
     assert batch_bounds(11, 4, 3).tolist() == [0, 4, 8, 11]

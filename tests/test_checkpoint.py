@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 import recsys.checkpoint as checkpoint_module
 from recsys.checkpoint import TrainerState, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.helpers.checkpoints import assert_same_tensors, full_state
 from tests.helpers.config import tiny_config
 
@@ -66,7 +66,7 @@ def test_interrupted_write_leaves_the_previous_checkpoint_loadable(tmp_path, dat
     from data_pipelines.prepare import prepare_dataset
     from recsys.data.dataset import load_dataset
     from recsys.distributed.sharding import shard_model
-    from recsys.trainer import build_task
+    from recsys.model.build import build_task
 
     cfg = tiny_config([f"data.root={data_root}"])
     sharded = shard_model(build_task(cfg, load_dataset(prepare_dataset(cfg.data))), sharding=cfg.sharding,

@@ -6,8 +6,10 @@ import numpy as np
 import torch
 
 from recsys.data.batches import FeatureBuilder, latest_items
-from recsys.evaluate import load_trained
-from recsys.evaluation.evaluator import Evaluator, embed
+from recsys.run import load_trained
+from recsys.evaluation.sharded import Evaluator, embed
+from recsys.export import ExportConfig, export_run
+from recsys.run import fit
 from tests.helpers.launch import launch
 
 SERVE = """

@@ -14,7 +14,7 @@ from recsys.data.dataset import load_dataset
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
 from recsys.serving import load_bundle
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.helpers.config import tiny_config
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from recsys.checkpoint import latest_checkpoint
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.helpers.checkpoints import assert_same_tensors, full_state
 from tests.helpers.config import tiny_config
 

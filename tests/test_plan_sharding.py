@@ -11,8 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from recsys.config import reject_unknown_keys
-from recsys.distributed.plan_config import GB, PlanConfig, plan_dry_run, register_plan_configs
+from recsys.config import PlanConfig, reject_unknown_keys
+from recsys.config import register_configs as register_plan_configs
+from recsys.distributed.dry_run import GB, plan_dry_run
 from tests.helpers.launch import ROOT, launch
 
 SCRIPT = ROOT / "scripts" / "plan_sharding.py"

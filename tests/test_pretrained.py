@@ -10,7 +10,7 @@ import pytest
 
 from recsys.checkpoint import latest_checkpoint
 from recsys.distributed.pretrained import open_pretrained
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.helpers.checkpoints import full_state
 from tests.helpers.config import tiny_config
 

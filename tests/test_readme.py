@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from recsys.export import ExportConfig, export_run
+from recsys.run import fit
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -74,7 +76,10 @@ def test_help_lists_the_entry_points_own_keys_only(entry, keys, capsys):
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 
-    importlib.import_module(f"recsys.{entry}")  # registers its schema
+    from recsys.config import register_configs
+
+    importlib.import_module(f"recsys.{entry}")
+    register_configs()  # what the entry point does before Hydra runs
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.helpers.config import tiny_config
 
 SHORT = ["trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.early_stopping_patience=0"]
@@ -50,7 +50,7 @@ def copy_run(short_run, tmp_path) -> Path:
 
 
 def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, process_group):
-    from recsys.evaluate import load_run_config, load_trained
+    from recsys.run import load_run_config, load_trained
     from recsys.safe_load import UnsafeFileError
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
@@ -63,7 +63,7 @@ def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, proce
 def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path, process_group):
     """DCP itself reads .metadata with plain pickle.load: every checkpoint load goes through the allow-list."""
     from recsys.checkpoint import load_checkpoint
-    from recsys.evaluate import load_run_config, load_trained
+    from recsys.run import load_run_config, load_trained
     from recsys.safe_load import UnsafeFileError
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
@@ -78,7 +78,7 @@ def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path,
 
 
 def test_planted_config_yaml_is_refused_without_running_it(short_run, tmp_path):
-    from recsys.evaluate import load_run_config
+    from recsys.run import load_run_config
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
     (run_dir / "checkpoints" / "best" / "config.yaml").write_text(f"data: !!python/object/apply:builtins.open ['{marker}', 'w']\n")
@@ -342,7 +342,7 @@ def test_no_checkpoint_within_the_grace_period_exits_preempted_anyway(monkeypatc
 
 
 def test_evaluate_refuses_a_run_config_the_weights_were_not_trained_with(short_run, tmp_path):
-    from recsys.evaluate import load_run_config
+    from recsys.run import load_run_config
 
     run_dir, cfg = copy_run(short_run, tmp_path), short_run[1]
     (run_dir / "checkpoints" / "best" / "config.yaml").unlink()  # a checkpoint from before it carried its config
@@ -443,7 +443,7 @@ def test_a_full_disk_during_a_checkpoint_names_the_path(short_run, tmp_path, pro
     import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
     from recsys.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
-    from recsys.evaluate import load_run_config, load_trained
+    from recsys.run import load_run_config, load_trained
 
     run_dir = copy_run(short_run, tmp_path)
     _, sharded, _ = load_trained(load_run_config(run_dir), run_dir, "", process_group)

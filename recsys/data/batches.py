@@ -25,7 +25,7 @@ from recsys.data.batch import Batch
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.data.features import build_kjt, tables, validate_ids
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
-from recsys.data.shares import batch_bounds, rank_shares
+from recsys.data.batch_bounds import batch_bounds, rank_shares
 
 
 

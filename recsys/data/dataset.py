@@ -1,7 +1,9 @@
-"""Read a prepared dataset dir (see data_pipelines/README.md) into flat numpy arrays.
+"""The one reader of a prepared dataset dir (layout and file names: data_pipelines/dataset_dir.py).
 
-Every id is checked against the sizes in meta.json here, once, with an error naming the file,
-column and value; batches re-check their features before each lookup.
+:func:`read_dataset_meta` (meta.json), :func:`load_dataset` (splits and items as flat numpy
+arrays, optionally one rank's users only) and :func:`read_vocabularies` (raw ids and titles, when
+the dir has them). Every id is checked against the sizes in meta.json here, once, with an error
+naming the file, column and value; batches re-check their features before each lookup.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recsys.data.dataset_checks import check_meta_counts
+import pandas as pd
 
-SPLITS = ("train", "valid", "test")
+from data_pipelines.dataset_dir import HELDOUT_USERS_FILE, ITEMS_FILE, ITEMS_VOCAB, META_FILE, SPLITS, USERS_VOCAB, split_file
+from recsys.data.dataset_checks import check_meta_counts
 
 
 @dataclass(frozen=True)
@@ -151,22 +154,35 @@ def _meta_count(meta_path: Path, meta: dict, key: str) -> int:
     return value
 
 
-def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None) -> RetrievalData:
-    """The dataset dir at ``path``; with ``user_range=(lo, hi)`` only the rows of users lo..hi-1 of
-    every split (items, heldout users and counts in meta.json are always whole)."""
-    root = Path(path).resolve()
-    meta_path = root / "meta.json"
+def read_dataset_meta(root: Path, *, required: bool = True) -> dict:
+    """``<root>/meta.json``, its counts (num_users, num_items, num_categories) checked to be non-negative integers.
+
+    ``required=False``: what the file holds, unchecked, or ``{}`` without one (the report's optional context).
+    """
+    meta_path = root / META_FILE
+    if not required:
+        return json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     try:
         meta = json.loads(meta_path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{meta_path}: missing; is {root} a prepared dataset dir?") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{meta_path}: not valid JSON ({e})") from None
-    num_users, num_items, num_categories = (_meta_count(meta_path, meta, k) for k in ("num_users", "num_items", "num_categories"))
-    check_meta_counts(root, meta)  # every count in meta.json against its file, and an empty train split by name
-    splits = {s: _read_split(root / f"{s}.parquet", num_users, num_items, user_range) for s in SPLITS}
+    for key in ("num_users", "num_items", "num_categories"):
+        _meta_count(meta_path, meta, key)
+    return meta
 
-    items_path = root / "items.parquet"
+
+def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None) -> RetrievalData:
+    """The dataset dir at ``path``; with ``user_range=(lo, hi)`` only the rows of users lo..hi-1 of
+    every split (items, heldout users and counts in meta.json are always whole)."""
+    root = Path(path).resolve()
+    meta = read_dataset_meta(root)
+    num_users, num_items, num_categories = (meta[k] for k in ("num_users", "num_items", "num_categories"))
+    check_meta_counts(root, meta)  # every count in meta.json against its file, and an empty train split by name
+    splits = {s: _read_split(root / split_file(s), num_users, num_items, user_range) for s in SPLITS}
+
+    items_path = root / ITEMS_FILE
     items = _read_parquet(items_path, ["item_id", "categories"])
     item_ids = items.column("item_id").to_numpy()
     if not np.array_equal(item_ids, np.arange(num_items)):
@@ -176,10 +192,50 @@ def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None)
     indptr = indptr - indptr[0]
     category_ids = categories.flatten().to_numpy().astype(np.int64, copy=False)
     _check_range(items_path, "categories", category_ids, num_categories)
-    heldout_path = root / "heldout_users.parquet"
+    heldout_path = root / HELDOUT_USERS_FILE
     heldout = np.zeros(0, dtype=np.int64)
     if heldout_path.exists():
         heldout = _read_parquet(heldout_path, ["user_id"]).column("user_id").to_numpy().astype(np.int64)
         _check_range(heldout_path, "user_id", heldout, num_users)
     return RetrievalData(root, meta, num_users, num_items, num_categories, splits, indptr, category_ids, heldout,
                          user_range=None if user_range is None else (int(user_range[0]), int(user_range[1])))
+
+
+@dataclass(frozen=True)
+class Vocabularies:
+    """What the dataset dir knows of its ids beyond the indices, each ``None`` where it does not say."""
+
+    user_raw: Optional[np.ndarray]  # object [num_users]: raw user id of each index
+    item_raw: Optional[np.ndarray]  # object [num_items]: raw item id of each index
+    titles: Optional[np.ndarray]  # object [num_items]: item titles (the items vocabulary's, else items.parquet's)
+
+
+def _optional_parquet(path: Path) -> Optional[pd.DataFrame]:
+    return pd.read_parquet(path) if path.is_file() else None
+
+
+def _by_id(df: Optional[pd.DataFrame], id_col: str, value_col: str, n: int) -> Optional[np.ndarray]:
+    """``out[id] = value`` over ids [0, n), or None if the columns are missing or do not cover every id."""
+    if df is None or id_col not in df.columns or value_col not in df.columns:
+        return None
+    ids = df[id_col].to_numpy()
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= n:
+        return None
+    out = np.full(n, None, dtype=object)
+    out[ids] = df[value_col].to_numpy()
+    return out
+
+
+def read_vocabularies(root: str | Path, num_users: int, num_items: int) -> Vocabularies:
+    """Raw ids and titles from ``vocab/users.parquet``, ``vocab/items.parquet`` and ``items.parquet``, where present."""
+    root = Path(root)
+    users_vocab = _optional_parquet(root / USERS_VOCAB)
+    items_vocab = _optional_parquet(root / ITEMS_VOCAB)
+    titles = _by_id(items_vocab, "item_id", "title", num_items)
+    if titles is None:
+        titles = _by_id(_optional_parquet(root / ITEMS_FILE), "item_id", "title", num_items)
+    return Vocabularies(
+        user_raw=_by_id(users_vocab, "user_id", "raw_id", num_users),
+        item_raw=_by_id(items_vocab, "item_id", "raw_id", num_items),
+        titles=titles,
+    )

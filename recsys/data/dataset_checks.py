@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SPLITS = ("train", "valid", "test")
+from data_pipelines.dataset_dir import ITEMS_FILE, ITEMS_VOCAB, META_FILE, SPLITS, USERS_FILE, USERS_VOCAB, split_file
 
 
 def parquet_rows(path: Path) -> int:
@@ -23,12 +23,12 @@ def parquet_rows(path: Path) -> int:
 
 def check_meta_counts(root: Path, meta: dict) -> None:
     """Raise naming the file, the meta.json key and both values at the first count that does not match."""
-    meta_path = root / "meta.json"
-    expected = {f"{split}.parquet": (f"counts.{split}", meta.get("counts", {}).get(split)) for split in SPLITS}
-    expected["users.parquet"] = ("num_users", meta.get("num_users"))
-    expected["items.parquet"] = ("num_items", meta.get("num_items"))
-    expected["vocab/users.parquet"] = ("num_users", meta.get("num_users"))
-    expected["vocab/items.parquet"] = ("num_items", meta.get("num_items"))
+    meta_path = root / META_FILE
+    expected = {split_file(split): (f"counts.{split}", meta.get("counts", {}).get(split)) for split in SPLITS}
+    expected[USERS_FILE] = ("num_users", meta.get("num_users"))
+    expected[ITEMS_FILE] = ("num_items", meta.get("num_items"))
+    expected[USERS_VOCAB] = ("num_users", meta.get("num_users"))
+    expected[ITEMS_VOCAB] = ("num_items", meta.get("num_items"))
     for name, (key, count) in expected.items():
         path = root / name
         if count is None or not path.exists():  # optional files (users, vocabularies) and counts older dirs lack
@@ -37,7 +37,7 @@ def check_meta_counts(root: Path, meta: dict) -> None:
         if rows != count:
             raise ValueError(f"{meta_path}: '{key}' is {count}, but {path} has {rows} rows; the dataset dir is "
                              "inconsistent: prepare it again (python -m data_pipelines.prepare)")
-    train = root / "train.parquet"
+    train = root / split_file("train")
     if train.exists() and parquet_rows(train) == 0:
         raise ValueError(f"{train}: the train split is empty (0 rows): nothing to train on; prepare the dataset again, "
                          "or check the source data and its filters (min_rating, k-core)")

@@ -1,4 +1,4 @@
-"""Collectives the training task needs, kept out of recsys/model/."""
+"""Collectives the training task, evaluation and export need, kept out of recsys/model/."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
-
 from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from recsys.data.shares import rank_shares
+from recsys.data.batch_bounds import rank_shares
 from recsys.model.task import LocalCandidates
 
 
@@ -75,4 +75,25 @@ def all_gather_rows(
         for rank, part in enumerate(parts):
             n = min(max(sizes[rank] - lo, 0), width)
             out[starts[rank] + lo : starts[rank] + lo + n] = part[:n].to(t.device)
+    return out
+
+
+@torch.no_grad()
+def full_tables(module: nn.Module, rank: int, device: torch.device = torch.device("cpu")) -> dict:
+    """Every embedding table whole on rank 0, on the CPU (collective; other ranks get an empty dict).
+
+    The gather runs on ``device``, the process group's device: NCCL rejects CPU output buffers.
+    """
+    out = {}
+    for key, value in module.state_dict().items():
+        if ".embedding_bags." not in key:
+            continue
+        table = key.split(".")[-2]
+        if isinstance(value, ShardedTensor):
+            full = torch.empty(value.size(), device=device) if rank == 0 else None
+            value.gather(dst=0, out=full)
+        else:
+            full = value.detach()
+        if rank == 0:
+            out[table] = full.cpu().clone()
     return out

@@ -1,4 +1,5 @@
 """EASE (Steck 2019, "Embarrassingly Shallow Autoencoders for Sparse Data"): the strong linear baseline.
+(Over 400 lines: the memory plan, fit, tuning and scoring share one dtype / device policy, kept together.)
 
 With X the binary user x item training matrix [U, I] and G = XᵀX (item co-occurrence counts):
 

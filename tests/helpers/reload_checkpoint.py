@@ -14,7 +14,7 @@ from recsys.checkpoint import load_checkpoint, save_checkpoint
 from recsys.data.dataset import load_dataset
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import shard_model
-from recsys.trainer import build_task
+from recsys.model.build import build_task
 from tests.helpers.config import tiny_config
 
 

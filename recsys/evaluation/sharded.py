@@ -1,4 +1,4 @@
-"""Full-corpus evaluation of a (sharded) two-tower and of the popularity baseline.
+"""Evaluation of the sharded two-tower: embed on every rank, then rank and score (``rank_and_score``).
 
 Protocol: every item is a candidate; for the valid split a user's training items are masked,
 for the test split their training and validation items; a user's query history is their latest
@@ -12,7 +12,8 @@ metrics are combined across ranks: per-user sums and counts, and the items in an
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Sequence
+from functools import partial
+from typing import Dict, Iterator, List, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -20,12 +21,13 @@ import torch.distributed as dist
 from torch import nn
 
 from recsys.data.batch import Batch
+from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder, item_batches, query_batches
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.distributed.collectives import all_gather_rows
 from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import PER_USER_METRICS, compute_metrics, per_user_metrics
-from recsys.evaluation.retrieval import exact_topk, popularity_topk
+from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
+from recsys.evaluation.scoring import rank_and_score
 
 PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
 
@@ -39,12 +41,8 @@ def sample_users(users: np.ndarray, max_users: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(users, size=max_users, replace=False))
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _rank_share(n: int, rank: int, world_size: int) -> slice:
-    per_rank = _ceil_div(n, world_size)
+    per_rank = ceil_div(n, world_size)
     return slice(min(n, rank * per_rank), min(n, (rank + 1) * per_rank))
 
 
@@ -77,10 +75,10 @@ def embed(
     """
     if local:
         share = ids
-        num_steps = _max_over_ranks(_ceil_div(len(ids), batch_size), device, world_size)
+        num_steps = _max_over_ranks(ceil_div(len(ids), batch_size), device, world_size)
     else:
         share = ids[_rank_share(len(ids), rank, world_size)]
-        num_steps = _ceil_div(_ceil_div(len(ids), world_size), batch_size)  # the same on every rank
+        num_steps = ceil_div(ceil_div(len(ids), world_size), batch_size)  # the same on every rank
     some_id = np.zeros(1, dtype=np.int64)  # a filler batch for ranks out of ids (user / item 0 always exists)
     if side == "query":
         batches = query_batches(builder, share, timeline, batch_size)
@@ -157,8 +155,8 @@ class Evaluator:
     def _csr(self, split: Interactions) -> UserItemCSR:
         return UserItemCSR.from_pairs(split.user_ids, split.item_ids, num_users=self.data.num_users, num_items=self.data.num_items)
 
-    def protocol(self, split: str, *, max_users: int = 0, seed: int = 0):
-        """(evaluated users, relevant CSR rows, excluded CSR rows, history timeline) for a split.
+    def protocol(self, split: str, *, max_users: int = 0, seed: int = 0) -> "SplitProtocol":
+        """The evaluated users of a split, their relevant and excluded items, and the history timeline.
 
         ``max_users > 0``: at most that many users, a uniform sample without replacement drawn
         from ``seed`` (ascending ids; the same sample on every rank and every run).
@@ -169,9 +167,10 @@ class Evaluator:
         timeline = before[0] if len(before) == 1 else Interactions.concat(*before)
         relevant = self._csr(target).select_rows(users)
         exclude = self._csr(timeline).select_rows(users)
-        return users, relevant, exclude, timeline
+        return SplitProtocol(users, relevant, exclude, timeline)
 
     def evaluate(self, two_tower: nn.Module, split: str, *, device: torch.device, rank: int = 0, world_size: int = 1, with_popularity: bool = False) -> Dict[str, Dict[str, float]]:
+        """``{"two_tower": metrics[, "popularity": metrics]}`` of ``split``, the same on every rank."""
         users, relevant, exclude, timeline = self.protocol(split)
         common = dict(batch_size=self.batch_size, device=device, rank=rank, world_size=world_size)
         was_training = two_tower.training
@@ -181,30 +180,24 @@ class Evaluator:
             item_emb = embed(two_tower, self.builder, side="candidate", ids=np.arange(self.data.num_items), timeline=None, **common)
         finally:
             two_tower.train(was_training)
-        if self.per_rank_users:
-            return self._evaluate_own_users(user_emb, item_emb, relevant, exclude, device, world_size, with_popularity)
+        counts = torch.from_numpy(self.data.item_counts()).float() if with_popularity else None
+        score = dict(exclude=exclude, relevant=relevant, ks=self.ks, chunk_size=self.chunk_size, item_counts=counts)
+        if self.per_rank_users:  # every rank ranks its own users; the metrics are combined across ranks
+            return rank_and_score(user_emb, item_emb, max(self.ks), **score,
+                                  score=partial(metrics_over_ranks, device=device, world_size=world_size))[1]
         results: List[Dict[str, Dict[str, float]] | None] = [None]
         if rank == 0:
-            k = max(self.ks)
-            _, top = exact_topk(user_emb, item_emb, k, exclude=exclude, chunk_size=self.chunk_size)
-            report = {"two_tower": compute_metrics(top.numpy(), relevant, self.ks, num_items=self.data.num_items)}
-            if with_popularity:
-                counts = torch.from_numpy(self.data.item_counts()).float()
-                _, pop = popularity_topk(counts, len(users), k, exclude=exclude, chunk_size=self.chunk_size)
-                report["popularity"] = compute_metrics(pop.numpy(), relevant, self.ks, num_items=self.data.num_items)
-            results[0] = report
+            results[0] = rank_and_score(user_emb, item_emb, max(self.ks), **score)[1]
         if world_size > 1:
             dist.broadcast_object_list(results, src=0)
         assert results[0] is not None
         return results[0]
 
-    def _evaluate_own_users(self, user_emb, item_emb, relevant, exclude, device, world_size, with_popularity):
-        k = max(self.ks)
-        common = dict(num_items=self.data.num_items, device=device, world_size=world_size)
-        _, top = exact_topk(user_emb, item_emb, k, exclude=exclude, chunk_size=self.chunk_size)
-        report = {"two_tower": metrics_over_ranks(top.numpy(), relevant, self.ks, **common)}
-        if with_popularity:
-            counts = torch.from_numpy(self.data.item_counts()).float()
-            _, pop = popularity_topk(counts, user_emb.shape[0], k, exclude=exclude, chunk_size=self.chunk_size)
-            report["popularity"] = metrics_over_ranks(pop.numpy(), relevant, self.ks, **common)
-        return report
+
+class SplitProtocol(NamedTuple):
+    """What ``Evaluator.protocol`` gives for a split, rows in the order of ``users``."""
+
+    users: np.ndarray  # int64 [U], ascending: the evaluated users
+    relevant: UserItemCSR  # [U rows, I]: each user's held-out items of the split
+    exclude: UserItemCSR  # [U rows, I]: the items of the preceding splits, never ranked
+    timeline: Interactions  # the preceding splits' interactions (the users' query histories)

@@ -1,7 +1,7 @@
 """Planner dry runs: plan the model for a cluster you don't have, allocating nothing.
 
-The schema of ``conf/plan.yaml`` (registered as ``plan_schema``, so a misspelt key fails before
-any work) and :func:`plan_dry_run`, which ``scripts/plan_sharding.py`` calls::
+:func:`plan_dry_run` of a ``recsys.config.PlanConfig`` (conf/plan.yaml), which
+``scripts/plan_sharding.py`` calls::
 
     RetrievalTask(TwoTower) built on the meta device (tables, towers, buffers: no storage)
       -> EmbeddingShardingPlanner(make_topology(world_size, local_world_size, "cuda", hbm_cap, ddr_cap),
@@ -27,52 +27,18 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
 
 import torch
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.types import PlannerError, ShardingOption, Stats
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-from recsys.config import ModelConfig, OptimConfig, ShardingConfig
-from recsys.data.features import query_tables
+from recsys.config import ClusterConfig, PlanConfig
+from recsys.data.features import TABLES
 from recsys.distributed.sharding import GB, make_topology, planner_constraints, sparse_optimizer_kwargs
+from recsys.model.build import build_retrieval_task
 from recsys.model.task import RetrievalTask
-from recsys.model.two_tower import TwoTower, table_configs
 
-TABLES = ("user", "item", "category")
 WHOLE_TABLE_TYPES = {"table_wise", "data_parallel"}  # sharding types that never split a table
-
-
-@dataclass
-class ClusterConfig:
-    world_size: int = MISSING  # ranks = devices in the whole cluster
-    local_world_size: int = MISSING  # devices per host; must divide world_size
-    hbm_gb: float = MISSING  # device memory per device, GB (2**30 bytes)
-    ddr_gb: float = MISSING  # host memory per device (the host's RAM / local_world_size), GB
-    compute_device: str = "cuda"  # "cuda" | "cpu": which sharding types and kernels the planner may use
-    batch_size_per_rank: int = 512  # examples per rank per step, for the planner's perf model and input reservation; 512 = torchrec's default; training plans with trainer.global_batch_size / world_size
-
-
-@dataclass
-class TableRowsConfig:
-    user: int = MISSING  # rows of the user table (users)
-    item: int = MISSING  # rows of the item table (items)
-    category: int = MISSING  # rows of the category table (categories)
-
-
-@dataclass
-class PlanConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)  # table dims / poolings and towers (the `model` group)
-    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # per-table constraints (the `sharding` group); its device / backend / hbm_cap_gb / ddr_cap_gb are ignored: the cluster says
-    optim: OptimConfig = field(default_factory=OptimConfig)  # the fused sparse optimizer's state is part of each shard's storage
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # the cluster planned for (the `cluster` group)
-    num_rows: TableRowsConfig = field(default_factory=TableRowsConfig)  # rows per table
-    history_length: int = 20  # as data.history_length: 0 drops the query-side history features (fewer inputs to reserve for)
-
-
-def register_plan_configs() -> None:
-    ConfigStore.instance().store(name="plan_schema", node=PlanConfig)
 
 
 @dataclass
@@ -188,21 +154,9 @@ def _check(cfg: PlanConfig) -> None:
 
 def build_meta_task(cfg: PlanConfig) -> RetrievalTask:
     """The training module (towers, tables and the item-probability buffer) on the meta device."""
-    tables = cfg.model.tables
-    configs = table_configs(
-        num_rows={t: getattr(cfg.num_rows, t) for t in TABLES},
-        dims={t: c.embedding_dim for t, c in tables.items()},
-        poolings={t: c.pooling for t, c in tables.items()},
-    )
-    with torch.device("meta"):
-        model = TwoTower(configs, query_tables=query_tables(cfg.history_length), tower_dims=cfg.model.tower_dims)
-        return RetrievalTask(
-            model,
-            item_counts=torch.ones(cfg.num_rows.item),
-            temperature=cfg.model.temperature,
-            logq_correction=cfg.model.logq_correction,
-            num_uniform_negatives=cfg.model.num_uniform_negatives,
-        )
+    return build_retrieval_task(cfg.model, num_rows={t: getattr(cfg.num_rows, t) for t in TABLES},
+                                history_length=cfg.history_length, item_counts=torch.ones(cfg.num_rows.item, device="meta"),
+                                device=torch.device("meta"))
 
 
 def _no_plan_reason(cfg: PlanConfig, error: PlannerError, table_bytes: Dict[str, int], usable_hbm: Optional[int]) -> str:

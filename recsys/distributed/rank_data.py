@@ -11,7 +11,6 @@ epoch's batch count and every batch's per-rank sizes; gathered once).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import List, Tuple
 
@@ -19,16 +18,21 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from recsys.data.dataset import RetrievalData, load_dataset, user_boundaries
+from data_pipelines.dataset_dir import split_file
+from recsys.data.dataset import RetrievalData, load_dataset, read_dataset_meta, user_boundaries
 from recsys.distributed.env import DistEnv
 
 
-def rank_user_range(dataset_dir: str | Path, env: DistEnv) -> Tuple[int, int]:
-    """This rank's users ``[lo, hi)``: the same cut on every rank, from the dataset dir alone."""
+def user_range(dataset_dir: str | Path, rank: int, world_size: int) -> Tuple[int, int]:
+    """Rank ``rank``'s users ``[lo, hi)`` of ``world_size``: the same cut on every rank, from the dataset dir alone."""
     root = Path(dataset_dir)
-    num_users = int(json.loads((root / "meta.json").read_text())["num_users"])
-    bounds = user_boundaries(root / "train.parquet", env.world_size, num_users)
-    return bounds[env.rank], bounds[env.rank + 1]
+    bounds = user_boundaries(root / split_file("train"), world_size, read_dataset_meta(root)["num_users"])
+    return bounds[rank], bounds[rank + 1]
+
+
+def rank_user_range(dataset_dir: str | Path, env: DistEnv) -> Tuple[int, int]:
+    """This rank's users ``[lo, hi)``."""
+    return user_range(dataset_dir, env.rank, env.world_size)
 
 
 def load_rank_data(dataset_dir: str | Path, env: DistEnv) -> Tuple[RetrievalData, List[int]]:

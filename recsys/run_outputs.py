@@ -1,33 +1,15 @@
-"""Run outputs: metrics.jsonl + TensorBoard curves, atomic JSON files, the results table."""
+"""A training run's outputs: metrics.jsonl + TensorBoard curves, results.json, the results table."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Sequence
 
+from recsys.atomic import write_json_atomic, write_text_atomic
+from recsys.markdown import markdown_table
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600: readable like every other output
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+__all__ = ["MetricsLog", "drop_records_after", "format_results_table", "write_json_atomic"]
 
 
 def _step(line: str) -> float:
@@ -46,9 +28,7 @@ def drop_records_after(path: Path, step: int) -> None:
     kept = [line for line in lines if _step(line) <= step]
     if len(kept) == len(lines):
         return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(kept))
 
 
 class MetricsLog:
@@ -82,11 +62,9 @@ class MetricsLog:
 def format_results_table(results: Dict[str, Any], ks: Sequence[int]) -> str:
     """Markdown table: one row per (split, model), recall and NDCG at each k."""
     columns = [f"recall@{k}" for k in ks] + [f"ndcg@{k}" for k in ks]
-    lines = ["| split | model | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-    for split in ("valid", "test"):
-        for model, metrics in results[split].items():
-            cells = " | ".join(f"{metrics[c]:.4f}" for c in columns)
-            lines.append(f"| {split} | {model} | {cells} |")
+    rows = [[split, model, *(f"{metrics[c]:.4f}" for c in columns)]
+            for split in ("valid", "test") for model, metrics in results[split].items()]
+    lines = markdown_table(["split", "model", *columns], rows)
     train = results["train"]
     lines.append(f"\ntrain: {train['steps']} steps in {train['seconds']:.1f} s ({train['samples_per_s']:.0f} samples/s), best epoch {train['best_epoch']}")
     return "\n".join(lines)

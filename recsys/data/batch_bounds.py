@@ -7,6 +7,11 @@ from typing import List
 import numpy as np
 
 
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for integers, exactly (no float)."""
+    return -(-a // b)
+
+
 def rank_shares(global_size: int, world_size: int) -> List[int]:
     """Rows of each rank in a global batch of ``global_size``: equal, the first ranks one more
     when it does not divide (np.array_split's rule). Example: 7 rows, 3 ranks -> [3, 2, 2]."""

@@ -1,0 +1,105 @@
+"""Writes the serving bundle of a trained run (the layout and its reader: recsys/serving.py).
+
+Kept apart from serving.py, which a serving process imports with torch, numpy and pyarrow alone.
+The bundle is written into a temporary folder and swapped in whole; an ``out`` that holds anything
+but a bundle export wrote is refused, never deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from omegaconf import OmegaConf
+
+from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
+from recsys.atomic import replace_dir
+from recsys.config import Config
+from recsys.data.dataset import RetrievalData
+from recsys.serving import BUNDLE_FORMAT, QueryEncoder, dynamic_shapes, example_inputs
+
+BUNDLE_FILES = {"manifest.json", "query_encoder.pt", "query_encoder.pt2", "item_embeddings.npy", "items.parquet", "vocab", "config.yaml"}
+
+
+def check_replaceable(out: Path) -> None:
+    """Export replaces only a bundle it wrote: anything else at ``out`` is someone's data, never deleted."""
+    if not out.exists() and not out.is_symlink():
+        return
+    why = ""
+    if out.is_symlink() or not out.is_dir():
+        why = "it is not a folder"
+    else:
+        try:
+            fmt = json.loads((out / "manifest.json").read_text()).get("format")
+        except (OSError, ValueError, AttributeError):
+            fmt = None
+        others = sorted(p.name for p in out.iterdir() if p.name not in BUNDLE_FILES)
+        if not (isinstance(fmt, str) and fmt.startswith("recsys-bundle/")):
+            why = "it has no manifest.json of a recsys serving bundle"
+        elif others:
+            why = f"it holds files a bundle does not ({', '.join(others[:5])})"
+    if why:
+        raise FileExistsError(f"out_dir={out}: exists and {why}; recsys.export replaces only a bundle it wrote. "
+                              "Choose another out_dir (or move that one away yourself)")
+
+
+def _items_table(data: RetrievalData, embeddings: np.ndarray) -> pa.Table:
+    """item_id, categories, embedding, and raw_id / title where the dataset dir's vocabulary has them."""
+    categories = pa.ListArray.from_arrays(pa.array(data.item_category_indptr, pa.int32()), pa.array(data.item_category_ids, pa.int64()))
+    columns = {"item_id": pa.array(np.arange(data.num_items)), "categories": categories,
+               "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), embeddings.shape[1])}
+    vocab = data.dir / ITEMS_VOCAB
+    if vocab.is_file():
+        names = pq.read_table(vocab).to_pandas().set_index("item_id").reindex(np.arange(data.num_items))
+        for column in ("raw_id", "title"):
+            if column in names:
+                columns[column] = pa.array(names[column].tolist())
+    return pa.table(columns)
+
+
+def _manifest(encoder_dim: int, data: RetrievalData, cfg: Config, checkpoint: Path) -> dict:
+    return {
+        "format": BUNDLE_FORMAT,
+        "dim": encoder_dim,
+        "num_users": data.num_users,
+        "num_items": data.num_items,
+        "num_categories": data.num_categories,
+        "history_length": cfg.data.history_length,
+        "poolings": {t: c.pooling for t, c in cfg.model.tables.items()},
+        "temperature": cfg.model.temperature,
+        "score": "inner product <query, item>",
+        "checkpoint": str(checkpoint.resolve()),
+        "dataset_dir": str(data.dir),
+    }
+
+
+def write_bundle(out: Path, encoder: QueryEncoder, item_emb: torch.Tensor, data: RetrievalData, cfg: Config,
+                 checkpoint: Path) -> None:
+    """The bundle of ``encoder`` and ``item_emb`` [num_items, D] at ``out``, replacing an earlier bundle there."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        program = torch.export.export(encoder, example_inputs(), dynamic_shapes=dynamic_shapes())
+        torch.export.save(program, str(tmp / "query_encoder.pt2"))
+        torch.save(encoder.state_dict(), tmp / "query_encoder.pt")  # what load_bundle reads (weights only)
+        embeddings = item_emb.numpy().astype(np.float32)
+        np.save(tmp / "item_embeddings.npy", embeddings)
+        pq.write_table(_items_table(data, embeddings), tmp / "items.parquet")
+        if (data.dir / VOCAB_DIR).is_dir():
+            shutil.copytree(data.dir / VOCAB_DIR, tmp / "vocab")
+        (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        manifest = _manifest(int(embeddings.shape[1]), data, cfg, checkpoint)
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private
+        check_replaceable(out)  # again: something may have appeared there while the items were embedded
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

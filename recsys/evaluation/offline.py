@@ -1,0 +1,98 @@
+"""The offline evaluation of a trained run: embed users and items on every rank, report on rank 0.
+
+``recsys.run.evaluate_run`` loads the run (``load_trained``) and calls :func:`evaluate_trained`;
+the report itself (baselines, ANN, files) is ``recsys.evaluation.report``, on plain arrays.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch.distributed as dist
+
+from recsys.config import Config, EvaluateConfig, query_uses_user_id
+from recsys.data.batches import FeatureBuilder
+from recsys.data.dataset import RetrievalData
+from recsys.distributed.collectives import all_gather_rows
+from recsys.distributed.env import DistEnv
+from recsys.distributed.rank_data import rank_user_range
+from recsys.distributed.sharding import ShardedModel
+from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
+from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, embed
+
+log = logging.getLogger("recsys.evaluate")
+
+
+def check_splits(splits: Sequence[str]) -> None:
+    for split in splits:
+        if split not in PRECEDING_SPLITS:
+            raise ValueError(f"splits: {split!r} is not evaluable; choose from {sorted(PRECEDING_SPLITS)}")
+
+
+def report_dir(ecfg: EvaluateConfig, run_dir: Path) -> Path:
+    if ecfg.out_dir:
+        return Path(ecfg.out_dir)
+    # eval/ is also the evaluate entry point's Hydra run dir (conf/evaluate.yaml)
+    return run_dir / (f"eval_sample_{ecfg.max_users}_seed_{ecfg.seed}" if ecfg.max_users else EVAL_DIR)
+
+
+def _embed_split_users(ecfg: EvaluateConfig, evaluator: Evaluator, split: str, embed_users, env: DistEnv,
+                       user_range) -> Optional[SplitInputs]:
+    """Collective: one split's users embedded (each rank those in its range), gathered to rank 0 (None elsewhere)."""
+    data = evaluator.data
+    lo, hi = user_range
+    # rank 0 draws the users (all, or the sample) from the whole split; each rank embeds those in its range
+    users, relevant, exclude, timeline = evaluator.protocol(split, max_users=ecfg.max_users, seed=ecfg.seed)
+    if ecfg.max_users and env.world_size > 1:
+        holder = [users if env.is_main else None]
+        dist.broadcast_object_list(holder, src=0)
+        users = holder[0]
+    mine = users[(users >= lo) & (users < hi)]
+    user_emb = all_gather_rows(embed_users(mine, timeline), env.world_size, device=env.device)  # rank order = ascending users
+    if not env.is_main:
+        return None
+    if user_emb.shape[0] != len(users):
+        raise RuntimeError(f"{split}: gathered {user_emb.shape[0]} user embeddings for {len(users)} users")
+    num_users = len(np.unique(data.splits[split].user_ids))
+    sample = f"a uniform sample (seed {ecfg.seed}) of {len(users)} of the split's {num_users} users" if len(users) < num_users else ""
+    return SplitInputs(users=users, user_emb=user_emb, relevant=relevant, exclude=exclude,
+                       masked_splits=PRECEDING_SPLITS[split], sample=sample)
+
+
+def evaluate_trained(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv, data: RetrievalData,
+                     sharded: ShardedModel, checkpoint: Path) -> Optional[dict]:
+    """Collective: the report of ``sharded`` (the run's weights) over ``ecfg.splits``; rank 0 returns it and prints report.md."""
+    user_range = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
+    two_tower = sharded.module.module.model
+    two_tower.eval()
+    builder = FeatureBuilder(data, cfg.data.history_length, query_uses_user_id(cfg))
+    evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)
+    common = dict(batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
+
+    def embed_users(users, timeline):
+        return embed(two_tower, builder, side="query", ids=users, timeline=timeline, local=True, **common)
+
+    if env.is_main:
+        log.info("%s loaded; embedding %d items and the users of %s", checkpoint, data.num_items, ", ".join(ecfg.splits))
+    item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common)
+    splits = {split: _embed_split_users(ecfg, evaluator, split, embed_users, env, user_range) for split in ecfg.splits}
+    if not env.is_main:
+        return None
+    train = data.splits["train"]
+    inputs = EvalInputs(
+        item_emb=item_emb, splits=splits, ks=ecfg.ks,
+        train=UserItemCSR.from_pairs(train.user_ids, train.item_ids, num_users=data.num_users, num_items=data.num_items),
+        item_train_counts=data.item_counts(), dataset_dir=data.dir, checkpoint=str(checkpoint.resolve()),
+        extra={"run_dir": str(run_dir.resolve()), "world_size": env.world_size},
+    )
+    options = ReportOptions(ease=ecfg.ease, ease_max_items=ecfg.ease_max_items, ease_lambdas=tuple(ecfg.ease_lambdas),
+                            ials=ecfg.ials, ann_kinds=ecfg.ann_kinds, chunk_size=ecfg.chunk_size, device=env.device.type)
+    out_dir = report_dir(ecfg, run_dir)
+    report = evaluate_and_report(inputs, run_dir, options, out_dir=out_dir)
+    print((out_dir / "report.md").read_text(), flush=True)
+    log.info("report written to %s", out_dir)
+    return report

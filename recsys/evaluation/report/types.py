@@ -1,0 +1,138 @@
+"""The report's inputs, options and result (shared by compute, markdown and plot)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from recsys.evaluation.ann import ANN_KINDS, AnnParams
+from recsys.evaluation.breakdowns import ACTIVITY_EDGES
+from recsys.evaluation.ease import DEFAULT_LAMBDAS, MAX_EASE_ITEMS
+from recsys.evaluation.ials import DEFAULT_ALPHAS, DEFAULT_FACTORS, DEFAULT_ITERATIONS, DEFAULT_REGULARIZATIONS
+from recsys.evaluation.interactions import UserItemCSR
+
+MODEL_LABELS = {"popularity": "popularity", "ease": "EASE", "ials": "iALS"}
+EVAL_DIR = "eval"
+
+
+@dataclass
+class SplitInputs:
+    """One evaluated split, rows in the order of ``users``.
+
+    Attributes:
+        users: int64 [U], user ids (rows of ``EvalInputs.train``) of the evaluated users.
+        user_emb: [U, D] query embeddings of those users (history = the masked splits).
+        relevant: [U rows, I] CSR, each user's held-out items of this split.
+        exclude: [U rows, I] CSR, items never recommended (the user's items in ``masked_splits``);
+            also EASE's input row x_u.
+        masked_splits: names of the splits whose items are masked, e.g. ("train",) for valid,
+            ("train", "valid") for test.
+        sample: how ``users`` were sampled from the split, in words; "" = every user of the split.
+    """
+
+    users: np.ndarray
+    user_emb: np.ndarray | torch.Tensor
+    relevant: UserItemCSR
+    exclude: UserItemCSR
+    masked_splits: tuple[str, ...]
+    sample: str = ""
+
+
+@dataclass
+class EvalInputs:
+    """Everything the report needs; the entry point only assembles it.
+
+    Attributes:
+        item_emb: [I, D] candidate embeddings of every item, row = item id.
+        splits: split name -> ``SplitInputs`` ("valid" is needed to tune EASE and iALS; usually "test").
+        train: [num_users rows, I] CSR of the training interactions (EASE's X, activity counts).
+        ks: cut-offs, e.g. [10, 20, 50, 100].
+        item_train_counts: [I] training interactions per item (popularity scores and buckets);
+            None: distinct training users per item, from ``train``.
+        dataset_dir: the dataset dir (meta.json counts, vocab/*.parquet raw ids, titles); optional.
+        checkpoint: path of the checkpoint that was evaluated, recorded verbatim.
+        model_name: the label of the evaluated model in tables and plots.
+        extra: anything else to record under ``report.json["run"]`` (config, world size, ...).
+    """
+
+    item_emb: np.ndarray | torch.Tensor
+    splits: dict[str, SplitInputs]
+    train: UserItemCSR
+    ks: Sequence[int]
+    item_train_counts: np.ndarray | None = None
+    dataset_dir: str | Path | None = None
+    checkpoint: str = ""
+    model_name: str = "two_tower"
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class ReportOptions:
+    """What to compute beyond the model's own metrics.
+
+    Attributes:
+        ease: fit EASE (needs a "valid" split, num_items <= ``ease_max_items`` and the memory of
+            ``ease.plan_ease``: float64 where it fits, else float32, else skipped with the reason).
+        ease_lambdas: λ grid; the best validation recall@``ease_tune_k`` wins.
+        ease_tune_k: cut-off of the tuning metric (20); also iALS's.
+        ease_tune_users: validation users sampled for tuning (None: all); also iALS's.
+        ease_max_items: above this, EASE is skipped with the reason recorded.
+        ease_available_bytes: memory EASE may plan with; None = measured when the report runs
+            (free memory of the CUDA device, else MemAvailable).
+        ials: fit iALS (the ``implicit`` library; needs a "valid" split).
+        ials_regularizations, ials_alphas: iALS's grid (their product); best validation
+            recall@``ease_tune_k`` wins.
+        ials_factors, ials_iterations: fixed D and ALS sweeps.
+        ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
+        ann_params: their settings.
+        ann_split: split whose users are searched ("test", else the last split given).
+        recommend_split: split whose top-K goes to recommendations.parquet ("test", else the last).
+        recommend_k: rows per user in the parquet (None: max(ks)).
+        headline_k: K of the gap sentences and breakdown tables (20; max(ks) if 20 is not in ks).
+        num_seed_items / num_similar_items: "more like this": the most popular items and how many
+            nearest items (cosine of item embeddings) each.
+        chunk_size: query rows per score matrix chunk (memory ~ chunk_size x I x 4 bytes).
+        device: torch device for exact scoring, EASE (when it fits there) and iALS's scoring.
+        activity_edges, head_share, tail_share: bucket definitions (``breakdowns`` module).
+        seed: sampling seed (EASE / iALS tuning users, iALS's initial factors, latency sample).
+    """
+
+    ease: bool = True
+    ease_lambdas: Sequence[float] = DEFAULT_LAMBDAS
+    ease_tune_k: int = 20
+    ease_tune_users: int | None = 10_000
+    ease_max_items: int = MAX_EASE_ITEMS
+    ease_available_bytes: int | None = None
+    ials: bool = True
+    ials_regularizations: Sequence[float] = DEFAULT_REGULARIZATIONS
+    ials_alphas: Sequence[float] = DEFAULT_ALPHAS
+    ials_factors: int = DEFAULT_FACTORS
+    ials_iterations: int = DEFAULT_ITERATIONS
+    ann_kinds: Sequence[str] = ANN_KINDS
+    ann_params: AnnParams = field(default_factory=AnnParams)
+    ann_split: str = "test"
+    recommend_split: str = "test"
+    recommend_k: int | None = None
+    headline_k: int = 20
+    num_seed_items: int = 5
+    num_similar_items: int = 10
+    chunk_size: int = 4096
+    device: str = "cpu"
+    activity_edges: Sequence[int] = ACTIVITY_EDGES
+    head_share: float = 0.2
+    tail_share: float = 0.5
+    seed: int = 0
+
+
+@dataclass
+class EvalReport:
+    """``compute_report``'s result: the JSON-able report, the recommendations table, the curves."""
+
+    report: dict
+    recommendations: pd.DataFrame
+    curves: dict[str, dict[str, np.ndarray]]  # split -> model -> recall@K for K = 1..max(ks)

@@ -1,0 +1,53 @@
+"""Rank every candidate for each query and score the top K: the one path the in-training
+``Evaluator`` and the offline report share, so their numbers agree by construction.
+
+    rank_and_score(queries [U, D], items [I, D], k, exclude=CSR [U, I], relevant=CSR [U, I], ...)
+      -> ranked {model: (scores [U, k], ids [U, k])}, metrics {model: {"recall@10": ..., ...}}
+
+The model ranks by inner product (``exact_topk``); with ``item_counts`` the popularity baseline
+ranks too (``popularity_topk``); ``others`` adds further rankers (the report's EASE, iALS).
+Excluded items are never ranked; ids are -1 where fewer than k items remain.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.metrics import compute_metrics
+from recsys.evaluation.retrieval import exact_topk, popularity_topk
+
+Ranked = Tuple[torch.Tensor, torch.Tensor]  # (scores [U, k], item ids [U, k])
+Metrics = Dict[str, float]
+Scorer = Callable[..., Metrics]  # (topk ids [U, k] numpy, relevant CSR, ks, num_items=...) -> metrics
+
+
+def rank_and_score(
+    queries: torch.Tensor,
+    items: torch.Tensor,
+    k: int,
+    *,
+    exclude: UserItemCSR,
+    relevant: UserItemCSR,
+    ks: Sequence[int],
+    chunk_size: int,
+    item_counts: Optional[torch.Tensor] = None,
+    model: str = "two_tower",
+    others: Mapping[str, Callable[[], Ranked]] = {},
+    score: Scorer = compute_metrics,
+) -> Tuple[Dict[str, Ranked], Dict[str, Metrics]]:
+    """The top ``k`` of ``model`` (and popularity, and ``others``) for every query, and ``score``'s metrics of each.
+
+    ``item_counts``: [I] training interactions per item; None leaves popularity out. ``score``:
+    ``compute_metrics`` (all users here) or a stand-in that combines ranks' users (the Evaluator's).
+    """
+    num_items = items.shape[0]
+    ranked: Dict[str, Ranked] = {model: exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size)}
+    if item_counts is not None:
+        ranked["popularity"] = popularity_topk(item_counts, queries.shape[0], k, exclude=exclude, chunk_size=chunk_size)
+    for name, rank in others.items():
+        ranked[name] = rank()
+    metrics = {name: score(ids.cpu().numpy(), relevant, ks, num_items=num_items) for name, (_, ids) in ranked.items()}
+    return ranked, metrics

@@ -1,0 +1,89 @@
+"""The one place a ``RetrievalTask(TwoTower)`` is built from a model config.
+
+Called by the run assembly (recsys/run.py, through :func:`build_task`), the planner dry run
+(recsys/distributed/dry_run.py, on the meta device) and scripts/bench_train.py. Embedding tables
+are on the meta device either way (``recsys.distributed.shard_model`` materialises them); the
+towers are initialised from ``seed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from recsys.config import Config, ModelConfig, query_uses_user_id
+from recsys.data.dataset import RetrievalData
+from recsys.data.features import TABLES, candidate_tables, query_tables
+from recsys.model.task import RetrievalTask
+from recsys.model.two_tower import TwoTower, table_configs
+
+
+def build_retrieval_task(
+    model: ModelConfig,
+    *,
+    num_rows: Mapping[str, int],
+    history_length: int,
+    item_counts: torch.Tensor,
+    has_categories: bool = True,
+    user_id: bool = True,
+    seed: Optional[int] = None,
+    device: Optional[torch.device] = None,
+    extra_tables: Sequence[EmbeddingBagConfig] = (),
+) -> RetrievalTask:
+    """The model (``num_rows`` tables, towers ``model.tower_dims``) wrapped in its loss.
+
+    ``item_counts``: [num_items] training frequencies for logQ. ``seed``: torch's seed before the
+    towers are built (None: as it stands). ``device``: where the towers and buffers go (``meta``
+    for a dry run). ``extra_tables``: further query-side tables, one KJT key each (the bench's side features).
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    tables = model.tables
+    configs = table_configs(
+        num_rows=num_rows,
+        dims={t: c.embedding_dim for t, c in tables.items()},
+        poolings={t: c.pooling for t, c in tables.items()},
+    ) + list(extra_tables)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        two_tower = TwoTower(
+            configs,
+            query_tables=query_tables(history_length, has_categories, user_id) + [c.name for c in extra_tables],
+            candidate_tables=candidate_tables(has_categories),
+            tower_dims=model.tower_dims,
+        )
+        return RetrievalTask(
+            two_tower,
+            item_counts=item_counts,
+            temperature=model.temperature,
+            logq_correction=model.logq_correction,
+            logq_weight=model.logq_weight,
+            num_uniform_negatives=model.num_uniform_negatives,
+            loss=str(model.loss),
+            margin=model.margin,
+            negative_weight=model.negative_weight,
+        )
+
+
+def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarray] = None) -> RetrievalTask:
+    """A run's model for ``data``: its tables checked against the config, towers seeded by ``trainer.seed``.
+
+    ``item_counts``: the items' training frequencies for logQ; None = ``data.item_counts()``.
+    """
+    tables = cfg.model.tables
+    user_id = query_uses_user_id(cfg)
+    num_rows = {t: n for t, n in data.table_num_rows.items() if user_id or t != "user"}
+    for name in num_rows:  # no category table for data without categories: none is faked
+        if name not in tables:
+            raise ValueError(f"model.tables.{name}: missing (tables given: {sorted(tables)})")
+    unknown = set(tables) - set(TABLES)
+    if unknown:
+        raise ValueError(f"model.tables: unknown tables {sorted(unknown)}; expected {', '.join(TABLES)}")
+    counts = data.item_counts() if item_counts is None else item_counts
+    return build_retrieval_task(
+        cfg.model, num_rows=num_rows, history_length=cfg.data.history_length, item_counts=torch.from_numpy(counts),
+        has_categories=data.has_categories, user_id=user_id, seed=cfg.trainer.seed,
+    )

@@ -1,0 +1,200 @@
+"""Assembling a run from its config: the one module every entry point goes through.
+
+    prepare_dataset_on_rank0   rank 0 prepares (or finds) the dataset dir, every rank gets its path
+    load_data                  the whole dataset, or this rank's users only (data.shard_by_user)
+    shard_for_training         build_task -> shard_model with the run's optimizers, pretrained / frozen tables
+    load_trained               a finished run's weights on this job's ranks (any world size), for inference
+    fit / evaluate_run / export_run
+                               what ``recsys.train``, ``recsys.evaluate`` and ``recsys.export`` run
+
+Each operation opens the process group, does its work and closes the group (the sharded model
+is released first: torchrec's threads otherwise abort the exit).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Dict, List, NamedTuple, Optional
+
+import numpy as np
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from data_pipelines.prepare import prepare_dataset
+from recsys.bundle_writer import check_replaceable, write_bundle
+from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
+from recsys.config import (
+    Config, DataConfig, EvaluateConfig, ExportConfig, SparseOptimConfig, config_fingerprint, query_uses_user_id, to_config,
+)  # fmt: skip
+from recsys.data.batch_bounds import ceil_div
+from recsys.data.batches import FeatureBuilder
+from recsys.data.dataset import RetrievalData, load_dataset
+from recsys.distributed.collectives import full_tables
+from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
+from recsys.distributed.plan_summary import plan_summary
+from recsys.distributed.rank_data import load_rank_data, rank_user_range
+from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
+from recsys.evaluation.offline import check_splits, evaluate_trained
+from recsys.evaluation.sharded import embed
+from recsys.logs import FILE_ONLY
+from recsys.model.build import build_task
+from recsys.run_lock import lock_run_dir
+from recsys.serving import QueryEncoder
+from recsys.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def prepare_dataset_on_rank0(cfg: DataConfig, env: DistEnv) -> Path:
+    """Collective: rank 0 prepares (or finds) the dataset dir, every rank gets its path."""
+    holder = [str(prepare_dataset(cfg)) if env.is_main else None]
+    if env.world_size > 1:
+        dist.broadcast_object_list(holder, src=0)
+    return Path(holder[0])
+
+
+class RunData(NamedTuple):
+    data: RetrievalData
+    example_counts: Optional[List[int]]  # every rank's training examples when each holds its own users; else None
+
+
+def load_data(cfg: Config, env: DistEnv) -> RunData:
+    """Collective: the run's dataset, prepared on rank 0; each rank's own users only with data.shard_by_user."""
+    dataset_dir = prepare_dataset_on_rank0(cfg.data, env)
+    if cfg.data.shard_by_user:
+        data, example_counts = load_rank_data(dataset_dir, env)
+        log.info("dataset %s, users %s of rank %d: %s", dataset_dir, data.user_range, env.rank,
+                 {s: len(v) for s, v in data.splits.items()})
+        return RunData(data, example_counts)
+    data = load_dataset(dataset_dir)
+    log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
+    return RunData(data, None)
+
+
+def shard_for_training(cfg: Config, data: RetrievalData, env: DistEnv) -> ShardedModel:
+    """Collective: the run's model for ``data``, planned, sharded and initialised, with its optimizers."""
+    sharded = shard_model(
+        build_task(cfg, data), sharding=cfg.sharding, sparse=cfg.optim.sparse, dense=cfg.optim.dense, env=env,
+        seed=cfg.trainer.seed,
+        pretrained={t: c.pretrained_path for t, c in cfg.model.tables.items() if c.pretrained_path},
+        frozen_tables=[t for t, c in cfg.model.tables.items() if c.frozen],
+        batch_size_per_rank=ceil_div(cfg.trainer.global_batch_size, env.world_size),
+    )
+    if env.is_main:
+        shapes = {t: (rows, cfg.model.tables[t].embedding_dim) for t, rows in data.table_num_rows.items()}
+        log.info("%s", plan_summary(sharded.plan, shapes, env.world_size))
+        log.info("sharding plan:\n%s", sharded.plan, extra=FILE_ONLY)
+    return sharded
+
+
+def fit(cfg: Config, run_dir: str | Path) -> Dict[str, Any]:
+    """Train, validate each epoch, restore the best epoch, test; returns what results.json holds."""
+    env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
+    sharded: Optional[ShardedModel] = None
+    lock = None
+    try:
+        lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        data, example_counts = load_data(cfg, env)
+        sharded = shard_for_training(cfg, data, env)
+        return Trainer(cfg, Path(run_dir), env, data, sharded, example_counts).fit()
+    finally:
+        del sharded  # before the group goes: torchrec's threads otherwise abort the exit
+        if lock is not None:
+            lock.release()
+        destroy_distributed(env)
+
+
+def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:
+    return Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"
+
+
+def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
+    """The config the checkpoint's weights were trained with: its own copy (``config.yaml``) when it has
+    one, else the run's ``.hydra/config.yaml`` (which a later, refused ``recsys.train`` in the same run
+    dir rewrites at start-up)."""
+    ckpt = checkpoint_dir(run_dir, checkpoint)
+    path = ckpt / CONFIG_FILE
+    if not path.is_file():
+        path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
+    cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)))
+    # the weights' own record of their data / model config: a config that differs would build another
+    # model or split (and report numbers for a protocol the weights never saw)
+    if (ckpt / STATE_FILE).is_file():
+        saved, now = read_trainer_state(ckpt).fingerprint, config_fingerprint(cfg)
+        if saved and saved != now:
+            raise ValueError(f"{path}: another data/model config (fingerprint {now}) than the weights in {ckpt} were "
+                             f"trained with ({saved}, its {STATE_FILE}); was it edited, or rewritten by a later "
+                             "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to")
+    return cfg
+
+
+class TrainedRun(NamedTuple):
+    data: RetrievalData
+    sharded: ShardedModel
+    checkpoint: Path  # the checkpoint dir whose weights were loaded
+
+
+def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, whole_data: bool = True) -> TrainedRun:
+    """Collective: the dataset and the sharded model with the checkpoint's weights, for this job's ranks.
+
+    ``whole_data=False``: this rank reads only its own users' interactions (``rank_user_range``).
+    """
+    root = prepare_dataset_on_rank0(cfg.data, env)
+    data = load_dataset(root, None if whole_data else rank_user_range(root, env))
+    # weights only: the loss never runs (uniform item frequencies do), the sparse optimizer is never
+    # stepped or loaded (SGD keeps no state), and the run's GPU-only sharding choices give way on a
+    # CPU machine (DCP reshards)
+    task = build_task(cfg, data, item_counts=np.ones(data.num_items, dtype=np.int64))
+    sharded = shard_model(task, sharding=inference_sharding(cfg.sharding, env.device),
+                          sparse=SparseOptimConfig(name="sgd"), dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
+    path = checkpoint_dir(run_dir, checkpoint)
+    load_checkpoint(sharded, path, env=env, with_optimizer=False)
+    return TrainedRun(data, sharded, path)
+
+
+def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
+    """Collective over all ranks: the offline report of a trained run; returns it on rank 0 (None elsewhere)."""
+    run_dir = Path(ecfg.run_dir)
+    cfg = load_run_config(run_dir, ecfg.checkpoint)
+    env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
+    trained = None
+    try:
+        check_splits(ecfg.splits)
+        # rank 0 builds the report from the whole dataset; the others only embed their own users
+        trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=env.is_main)
+        return evaluate_trained(ecfg, cfg, run_dir, env, trained.data, trained.sharded, trained.checkpoint)
+    finally:
+        del trained
+        destroy_distributed(env)
+
+
+def export_run(ecfg: ExportConfig) -> Path:
+    """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path."""
+    run_dir = Path(ecfg.run_dir)
+    out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
+    check_replaceable(out)  # before any work, on every rank
+    cfg = load_run_config(run_dir, ecfg.checkpoint)
+    env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
+    trained = None
+    try:
+        # the bundle needs the items and the vocabularies, no interactions: each rank reads only its users'
+        trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
+        data, two_tower = trained.data, trained.sharded.module.module.model
+        two_tower.eval()
+        builder = FeatureBuilder(data, cfg.data.history_length, query_uses_user_id(cfg))
+        item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
+                         batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
+        tables = full_tables(trained.sharded.module, env.rank, env.device)
+        if env.is_main:
+            encoder = QueryEncoder(tables, {t: c.pooling for t, c in cfg.model.tables.items()},
+                                   two_tower.query_tower.cpu(), with_history=cfg.data.history_length > 0).eval()
+            write_bundle(out, encoder, item_emb, data, cfg, trained.checkpoint)
+            log.info("serving bundle: %s", out)
+        return out
+    finally:
+        del trained
+        destroy_distributed(env)
