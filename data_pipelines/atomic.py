@@ -10,8 +10,8 @@ import contextlib
 import os
 import secrets
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def _remove(path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Dict, Type, TypeVar
+from typing import Any, TypeVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -65,7 +65,9 @@ class SyntheticDataConfig:
 @dataclass
 class MovieLensDataConfig:
     release: str = "ml-1m"  # "ml-100k" | "ml-1m" | "ml-10m" | "ml-20m" | "ml-25m" | "ml-latest-small"
-    url: str = ""  # zip fetched when data.root has no copy; "" = https://files.grouplens.org/datasets/movielens/<release>.zip
+    url: str = (
+        ""  # zip fetched when data.root has no copy; "" = https://files.grouplens.org/datasets/movielens/<release>.zip
+    )
     md5: str = ""  # expected md5 of a downloaded zip; "" = GroupLens' published one (none for ml-latest-small), "skip" = no check
     download: bool = True  # false: never download; a missing copy is an error saying where to put it
 
@@ -78,12 +80,16 @@ class InteractionsDataConfig:
     train_path: str = ""
     valid_path: str = ""
     test_path: str = ""
-    format: str = "auto"  # "auto" (by extension; a folder is parquet, .txt adjacency) | "csv" | "tsv" | "parquet" | "adjacency"
+    format: str = (
+        "auto"  # "auto" (by extension; a folder is parquet, .txt adjacency) | "csv" | "tsv" | "parquet" | "adjacency"
+    )
     delimiter: str = ""  # CSV field separator; "" = "," for csv, tab for tsv
     header: bool = True  # false: the *_column settings are 0-based field positions ("0", "1", ...)
     user_column: str = "user_id"
     item_column: str = "item_id"
-    timestamp_column: str = ""  # epoch seconds or ISO-8601 strings; "" = none: a user's items are ordered as in the file
+    timestamp_column: str = (
+        ""  # epoch seconds or ISO-8601 strings; "" = none: a user's items are ordered as in the file
+    )
     rating_column: str = ""  # "" = none (every row a positive; data.min_rating must then be 0)
     valid_fraction: float = 0.1  # protocol=given without valid_path: share of each user's train rows held out (seeded)
     # optional side files, keyed by the same raw ids as the log
@@ -93,23 +99,33 @@ class InteractionsDataConfig:
     categories_separator: str = "|"
     users_path: str = ""
     users_id_column: str = "user_id"
-    md5: Dict[str, str] = field(default_factory=dict)  # expected md5 by file name (data=gowalla pins the published ones)
+    md5: dict[str, str] = field(
+        default_factory=dict
+    )  # expected md5 by file name (data=gowalla pins the published ones)
 
 
 @dataclass
 class DataConfig:
     name: str = MISSING  # dataset name, also names the prepared dir ("synthetic", "movielens_1m")
     source: Source = Source.synthetic  # which pipeline prepares it
-    root: str = "data"  # folder for prepared dataset dirs and MovieLens zips / extracted folders (relative to the launch dir)
-    protocol: Protocol = Protocol.recbole  # split protocol: recbole (random 8:1:1 per user) | loo | strong_generalization | given (interactions only)
+    root: str = (
+        "data"  # folder for prepared dataset dirs and MovieLens zips / extracted folders (relative to the launch dir)
+    )
+    protocol: Protocol = (
+        Protocol.recbole
+    )  # split protocol: recbole (random 8:1:1 per user) | loo | strong_generalization | given (interactions only)
     split_seed: int = 0  # seed of the split protocol
-    history_length: int = 20  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
+    history_length: int = (
+        20  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
+    )
     # which items a training query sees (the protocol's config sets it; README "Query features"):
     # "recent": the history_length items just before the target in time (sequential protocols, loo);
     # "profile": up to history_length of the user's OTHER training items, resampled every epoch, the
     # target never among them (random splits: recbole, given, strong_generalization)
     query_history: QueryHistory = QueryHistory.recent
-    history_dropout: float = 0.0  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
+    history_dropout: float = (
+        0.0  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
+    )
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
     min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
@@ -117,7 +133,9 @@ class DataConfig:
     # and trains / evaluates on them, instead of every rank holding the whole dataset; the epoch's
     # order then depends on the world size (docs: README "Data across ranks")
     shard_by_user: bool = False
-    num_heldout_users: int = 0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
+    num_heldout_users: int = (
+        0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
+    )
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)
     interactions: InteractionsDataConfig = field(default_factory=InteractionsDataConfig)
@@ -129,11 +147,11 @@ class PrepareConfig:
     groups, overrides and experiments apply), of which only ``data`` is read and typed here."""
 
     data: DataConfig = field(default_factory=DataConfig)
-    model: Dict[str, Any] = field(default_factory=dict)
-    optim: Dict[str, Any] = field(default_factory=dict)
-    sharding: Dict[str, Any] = field(default_factory=dict)
-    trainer: Dict[str, Any] = field(default_factory=dict)
-    eval: Dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    optim: dict[str, Any] = field(default_factory=dict)
+    sharding: dict[str, Any] = field(default_factory=dict)
+    trainer: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
     run_name: str = "default"
 
 
@@ -155,7 +173,7 @@ def reject_unknown_keys(cfg: DictConfig, path: str = "") -> None:
             reject_unknown_keys(child, f"{path}{key}.")
 
 
-def to_typed(cfg: DictConfig, schema: Type[T]) -> T:
+def to_typed(cfg: DictConfig, schema: type[T]) -> T:
     """A composed ``DictConfig`` -> an instance of the dataclass ``schema`` it was built on.
 
     Raises on keys no schema declares and on required (``???``) values left unset; types and enum

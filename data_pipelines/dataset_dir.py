@@ -37,8 +37,21 @@ from data_pipelines.file_sizes import damaged_files, file_sizes
 from data_pipelines.splits import lexsort_order
 
 __all__ = [
-    "CODE_VERSION", "CATEGORIES_VOCAB", "HELDOUT_USERS_FILE", "ITEMS_FILE", "ITEMS_VOCAB", "META_FILE", "OCCUPATIONS_VOCAB",
-    "PARQUET_FILES", "SPLITS", "USERS_FILE", "USERS_VOCAB", "VOCAB_DIR", "is_complete", "read_meta", "split_file",
+    "CODE_VERSION",
+    "CATEGORIES_VOCAB",
+    "HELDOUT_USERS_FILE",
+    "ITEMS_FILE",
+    "ITEMS_VOCAB",
+    "META_FILE",
+    "OCCUPATIONS_VOCAB",
+    "PARQUET_FILES",
+    "SPLITS",
+    "USERS_FILE",
+    "USERS_VOCAB",
+    "VOCAB_DIR",
+    "is_complete",
+    "read_meta",
+    "split_file",
     "write_dataset_dir",
 ]
 
@@ -61,7 +74,17 @@ def split_file(split: str) -> str:
 
 
 PARQUET_FILES = (*(split_file(s) for s in SPLITS), ITEMS_FILE, USERS_FILE)
-REQUIRED_META = ("name", "protocol", "seed", "num_users", "num_items", "num_categories", "sources", "code_version", "cache_key")
+REQUIRED_META = (
+    "name",
+    "protocol",
+    "seed",
+    "num_users",
+    "num_items",
+    "num_categories",
+    "sources",
+    "code_version",
+    "cache_key",
+)
 
 INTERACTION_SCHEMA = pa.schema(
     [("user_id", pa.int64()), ("item_id", pa.int64()), ("timestamp", pa.int64()), ("rating", pa.float32())]
@@ -144,7 +167,9 @@ def _check_dense_ids(df: pd.DataFrame, table: str, column: str, n: int) -> np.nd
 def _side_table(df: pd.DataFrame, id_column: str) -> pa.Table:
     """``df`` as an Arrow table: the id column int64, other columns as pandas gives them, no pandas metadata."""
     table = pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None)
-    table = table.set_column(table.schema.get_field_index(id_column), id_column, pa.array(df[id_column].to_numpy(np.int64)))
+    table = table.set_column(
+        table.schema.get_field_index(id_column), id_column, pa.array(df[id_column].to_numpy(np.int64))
+    )
     return table
 
 
@@ -156,7 +181,9 @@ def _items_table(items: pd.DataFrame, num_items: int, num_categories: int) -> pa
     lengths = np.array([len(c) for c in lists], dtype=np.int64)
     if num_categories == 0:  # a dataset without categories (Gowalla): every list is empty, no table is built
         if lengths.any():
-            raise ValueError(f"items.categories: item {int(np.argmax(lengths > 0))} has categories but meta.num_categories is 0")
+            raise ValueError(
+                f"items.categories: item {int(np.argmax(lengths > 0))} has categories but meta.num_categories is 0"
+            )
     elif (lengths == 0).any():
         raise ValueError(f"items.categories: item {int(np.argmax(lengths == 0))} has no categories")
     values = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)

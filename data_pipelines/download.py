@@ -85,8 +85,15 @@ def download(
         with response, open(tmp, "wb") as out:
             length = response.headers.get("Content-Length")
             expected = int(length) if length and length.isdigit() else None
-            with tqdm(total=expected, unit="B", unit_scale=True, unit_divisor=1024, desc=f"download {dest.name}",
-                      disable=not progress, leave=False) as bar:
+            with tqdm(
+                total=expected,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=f"download {dest.name}",
+                disable=not progress,
+                leave=False,
+            ) as bar:
                 while True:
                     try:
                         chunk = response.read(CHUNK_BYTES)

@@ -5,8 +5,8 @@ instead of keeping a damaged copy (whose readers would say "prepare the dataset 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,13 @@ import pyarrow.compute as pc
 
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.dataset_dir import (
-    CATEGORIES_VOCAB, CODE_VERSION, HELDOUT_USERS_FILE, ITEMS_VOCAB, USERS_VOCAB, is_prepared, write_dataset_dir,
+    CATEGORIES_VOCAB,
+    CODE_VERSION,
+    HELDOUT_USERS_FILE,
+    ITEMS_VOCAB,
+    USERS_VOCAB,
+    is_prepared,
+    write_dataset_dir,
 )
 from data_pipelines.download import file_digests
 from data_pipelines.errors import DatasetError
@@ -85,8 +91,10 @@ def _timestamps(column: pa.ChunkedArray | None, n: int, label: str, field: str) 
         parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
         if parsed.isna().any():
             row = int(np.argmax(parsed.isna().to_numpy()))
-            raise DatasetError(f"{label}: row {row + 1}: field {field!r} = {text.iloc[row]!r} is neither epoch "
-                               "seconds nor an ISO-8601 time")
+            raise DatasetError(
+                f"{label}: row {row + 1}: field {field!r} = {text.iloc[row]!r} is neither epoch "
+                "seconds nor an ISO-8601 time"
+            )
         return (parsed.astype("int64") // 1_000_000_000).to_numpy(np.int64)  # ns -> s
     raise DatasetError(f"{label}: field {field!r} has type {kind}, not a time")
 
@@ -123,12 +131,19 @@ def read_log(cfg: InteractionsDataConfig, path: str, *, time_offset: int = 0) ->
     fmt = detect_format(p) if cfg.format == "auto" else cfg.format
     if fmt == "adjacency":
         if cfg.timestamp_column or cfg.rating_column:
-            raise DatasetError(f"{p}: adjacency lists hold neither timestamps nor ratings; "
-                               "unset data.interactions.timestamp_column / rating_column")
+            raise DatasetError(
+                f"{p}: adjacency lists hold neither timestamps nor ratings; "
+                "unset data.interactions.timestamp_column / rating_column"
+            )
         t = read_adjacency(p)
-        return pa.table({"user": t["user"], "item": t["item"],
-                         "timestamp": pc.add(t["position"], time_offset),
-                         "rating": pa.array(np.ones(t.num_rows, dtype=np.float32))})
+        return pa.table(
+            {
+                "user": t["user"],
+                "item": t["item"],
+                "timestamp": pc.add(t["position"], time_offset),
+                "rating": pa.array(np.ones(t.num_rows, dtype=np.float32)),
+            }
+        )
     fields = {"user": cfg.user_column, "item": cfg.item_column}
     if cfg.timestamp_column:
         fields["timestamp"] = cfg.timestamp_column
@@ -137,16 +152,21 @@ def read_log(cfg: InteractionsDataConfig, path: str, *, time_offset: int = 0) ->
     table = read_columns(p, list(dict.fromkeys(fields.values())), fmt=fmt, delimiter=cfg.delimiter, header=cfg.header)
     n = table.num_rows
     label = str(p)
-    timestamps = _timestamps(table[fields["timestamp"]] if "timestamp" in fields else None, n, label,
-                             fields.get("timestamp", ""))
+    timestamps = _timestamps(
+        table[fields["timestamp"]] if "timestamp" in fields else None, n, label, fields.get("timestamp", "")
+    )
     if "timestamp" not in fields:
         timestamps = timestamps + time_offset
-    return pa.table({
-        "user": _ids(table[fields["user"]], label, fields["user"]),
-        "item": _ids(table[fields["item"]], label, fields["item"]),
-        "timestamp": pa.array(timestamps),
-        "rating": pa.array(_ratings(table[fields["rating"]] if "rating" in fields else None, n, label, fields.get("rating", ""))),
-    })
+    return pa.table(
+        {
+            "user": _ids(table[fields["user"]], label, fields["user"]),
+            "item": _ids(table[fields["item"]], label, fields["item"]),
+            "timestamp": pa.array(timestamps),
+            "rating": pa.array(
+                _ratings(table[fields["rating"]] if "rating" in fields else None, n, label, fields.get("rating", ""))
+            ),
+        }
+    )
 
 
 # ---------------------------------------------------------------- ids
@@ -171,12 +191,14 @@ def _index(column: pa.ChunkedArray, vocab: pa.Array) -> np.ndarray:
 
 
 def _frame(log: pa.Table, users: pa.Array, items: pa.Array) -> pd.DataFrame:
-    return pd.DataFrame({
-        "user_id": _index(log["user"], users),
-        "item_id": _index(log["item"], items),
-        "timestamp": log["timestamp"].to_numpy(),
-        "rating": log["rating"].to_numpy(),
-    })
+    return pd.DataFrame(
+        {
+            "user_id": _index(log["user"], users),
+            "item_id": _index(log["item"], items),
+            "timestamp": log["timestamp"].to_numpy(),
+            "rating": log["rating"].to_numpy(),
+        }
+    )
 
 
 def _compact(parts: list[pd.DataFrame], users: pa.Array, items: pa.Array) -> tuple[pa.Array, pa.Array]:
@@ -201,7 +223,9 @@ def _compact(parts: list[pd.DataFrame], users: pa.Array, items: pa.Array) -> tup
 # ---------------------------------------------------------------- side files
 
 
-def _items_table(cfg: InteractionsDataConfig, raw_items: pa.Array) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+def _items_table(
+    cfg: InteractionsDataConfig, raw_items: pa.Array
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
     """(items.parquet, vocab/items.parquet, vocab/categories.parquet or None)."""
     n = len(raw_items)
     vocab = pd.DataFrame({"raw_id": raw_items.to_pandas(), "item_id": np.arange(n, dtype=np.int64)})
@@ -215,15 +239,24 @@ def _items_table(cfg: InteractionsDataConfig, raw_items: pa.Array) -> tuple[pd.D
     category_vocab = None
     if cfg.categories_column:
         if cfg.categories_column not in side.columns:
-            raise DatasetError(f"{cfg.items_path}: no column {cfg.categories_column!r} (data.interactions.categories_column); "
-                               f"columns are {list(side.columns)}")
+            raise DatasetError(
+                f"{cfg.items_path}: no column {cfg.categories_column!r} (data.interactions.categories_column); "
+                f"columns are {list(side.columns)}"
+            )
         names_per_item = [
-            sorted({g.strip() for g in str(v).split(cfg.categories_separator) if g.strip()}) if isinstance(v, str) else []
+            sorted({g.strip() for g in str(v).split(cfg.categories_separator) if g.strip()})
+            if isinstance(v, str)
+            else []
             for v in side[cfg.categories_column]
         ]
-        names = sorted({g for gs in names_per_item for g in gs} | ({NO_CATEGORY} if any(not gs for gs in names_per_item) else set()))
+        names = sorted(
+            {g for gs in names_per_item for g in gs}
+            | ({NO_CATEGORY} if any(not gs for gs in names_per_item) else set())
+        )
         index = {g: c for c, g in enumerate(names)}
-        items["categories"] = [np.array(sorted(index[g] for g in gs) or [index[NO_CATEGORY]], dtype=np.int64) for gs in names_per_item]
+        items["categories"] = [
+            np.array(sorted(index[g] for g in gs) or [index[NO_CATEGORY]], dtype=np.int64) for gs in names_per_item
+        ]
         category_vocab = pd.DataFrame({"category_id": np.arange(len(names), dtype=np.int64), "name": names})
         side = side.drop(columns=[cfg.categories_column])
     else:
@@ -239,7 +272,9 @@ def _side_file(path: str, cfg: InteractionsDataConfig, id_column: str, raw_ids: 
     fmt = "auto" if cfg.format == "adjacency" else cfg.format  # the log's format says nothing of a side file's
     table = read_columns(p, None, fmt=fmt, delimiter=cfg.delimiter, header=True)
     if id_column not in table.column_names:
-        raise DatasetError(f"{p}: no column {id_column!r} (data.interactions.{what}_id_column); columns are {table.column_names}")
+        raise DatasetError(
+            f"{p}: no column {id_column!r} (data.interactions.{what}_id_column); columns are {table.column_names}"
+        )
     ids = _ids(table[id_column], str(p), id_column)
     ids, keys = _same_type(ids, pa.chunked_array([raw_ids]))
     frame = table.drop_columns([id_column]).to_pandas()
@@ -272,15 +307,21 @@ def _users_table(cfg: InteractionsDataConfig, raw_users: pa.Array) -> tuple[pd.D
 def _source_paths(cfg: InteractionsDataConfig, protocol: str) -> dict[str, Path]:
     if protocol == "given":
         if cfg.path:
-            raise DatasetError("data.protocol=given reads data.interactions.train_path / valid_path / test_path; "
-                               f"data.interactions.path={cfg.path!r} is for the other protocols")
+            raise DatasetError(
+                "data.protocol=given reads data.interactions.train_path / valid_path / test_path; "
+                f"data.interactions.path={cfg.path!r} is for the other protocols"
+            )
         if not cfg.train_path or not cfg.test_path:
-            raise DatasetError("data.protocol=given needs data.interactions.train_path and test_path (valid_path is optional)")
+            raise DatasetError(
+                "data.protocol=given needs data.interactions.train_path and test_path (valid_path is optional)"
+            )
         named = {"train": cfg.train_path, "valid": cfg.valid_path, "test": cfg.test_path}
     else:
         if not cfg.path:
-            raise DatasetError(f"data.interactions.path is not set (the log to split by protocol {protocol!r}); "
-                               "for a split of your own use data.protocol=given with train_path / test_path")
+            raise DatasetError(
+                f"data.interactions.path is not set (the log to split by protocol {protocol!r}); "
+                "for a split of your own use data.protocol=given with train_path / test_path"
+            )
         named = {"log": cfg.path}
     named.update(items=cfg.items_path, users=cfg.users_path)
     paths = {k: Path(v) for k, v in named.items() if v}
@@ -301,15 +342,19 @@ def _sources(paths: dict[str, Path], expected_md5: dict[str, str]) -> list[dict[
     by_name = {f.name for p in paths.values() for f in _files(p)}
     unknown = sorted(set(expected_md5) - by_name)
     if unknown:
-        raise DatasetError(f"data.interactions.md5 names {unknown[0]!r}, which is none of the source files {sorted(by_name)}")
+        raise DatasetError(
+            f"data.interactions.md5 names {unknown[0]!r}, which is none of the source files {sorted(by_name)}"
+        )
     sources = []
     for role, p in paths.items():
         for f in _files(p):
             want = expected_md5.get(f.name)
             digests = file_digests(f, ("md5", "sha256") if want else ("sha256",))
             if want and digests["md5"] != want.lower():
-                raise DatasetError(f"{f}: md5 {digests['md5']}, expected {want} (data.interactions.md5): "
-                                   "the file is damaged or another version; nothing was written")
+                raise DatasetError(
+                    f"{f}: md5 {digests['md5']}, expected {want} (data.interactions.md5): "
+                    "the file is damaged or another version; nothing was written"
+                )
             sources.append({"role": role, "file": str(f), "sha256": digests["sha256"]})
     return sources
 
@@ -328,8 +373,9 @@ def cache_key(sources: list[dict[str, str]], options: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- protocols
 
 
-def _split_log(cfg: InteractionsDataConfig, path: Path, protocol: str, seed: int, filters: dict[str, Any],
-               num_heldout_users: int):
+def _split_log(
+    cfg: InteractionsDataConfig, path: Path, protocol: str, seed: int, filters: dict[str, Any], num_heldout_users: int
+):
     log = read_log(cfg, str(path))
     users, items = _vocabulary(log["user"]), _vocabulary(log["item"])
     kept = filter_interactions(_frame(log, users, items), **filters)
@@ -343,8 +389,10 @@ def _split_log(cfg: InteractionsDataConfig, path: Path, protocol: str, seed: int
     parts = list(split(kept, protocol, seed=seed, **options))
     for name, part in zip(("train", "valid", "test"), parts):
         if len(part) == 0:
-            raise DatasetError(f"{path}: protocol {protocol} (seed {seed}, filters {filters}) leaves the {name} split "
-                               f"empty ({[len(p) for p in parts]} train/valid/test rows); nothing was written")
+            raise DatasetError(
+                f"{path}: protocol {protocol} (seed {seed}, filters {filters}) leaves the {name} split "
+                f"empty ({[len(p) for p in parts]} train/valid/test rows); nothing was written"
+            )
     old_users = users
     users, items = _compact(parts, users, items)
     extra_meta: dict[str, Any] = {"protocol_options": options, "num_raw_interactions": log.num_rows}
@@ -353,12 +401,18 @@ def _split_log(cfg: InteractionsDataConfig, path: Path, protocol: str, seed: int
         # held-out users by raw id, then renumbered as the compacted vocabulary numbers them
         valid_u, test_u = (_index(pa.chunked_array([old_users.take(pa.array(h))]), users) for h in heldout)
         valid_u, test_u = valid_u[valid_u >= 0], test_u[test_u >= 0]
-        extra_tables[HELDOUT_USERS_FILE] = pd.DataFrame({
-            "user_id": np.concatenate([valid_u, test_u]).astype(np.int64),
-            "split": ["valid"] * len(valid_u) + ["test"] * len(test_u),
-        })
-        extra_meta["strong_generalization"] = {"num_valid_users": len(valid_u), "num_test_users": len(test_u),
-                                               "recall": "hits / min(K, |relevant|)", "ndcg_k": 100}
+        extra_tables[HELDOUT_USERS_FILE] = pd.DataFrame(
+            {
+                "user_id": np.concatenate([valid_u, test_u]).astype(np.int64),
+                "split": ["valid"] * len(valid_u) + ["test"] * len(test_u),
+            }
+        )
+        extra_meta["strong_generalization"] = {
+            "num_valid_users": len(valid_u),
+            "num_test_users": len(test_u),
+            "recall": "hits / min(K, |relevant|)",
+            "ndcg_k": 100,
+        }
     return parts, users, items, extra_meta, extra_tables
 
 
@@ -398,25 +452,37 @@ def _given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int,
         in_train[known] = np.isin(u[known] * num_items + i[known], train_pairs)
         usable = frame[known & ~in_train].reset_index(drop=True)
         parts[name] = filter_interactions(usable, min_rating=filters["min_rating"])  # duplicates: the latest kept
-        dropped[name] = {"rows": int(logs[name].num_rows), "user_not_in_train": int(unknown_user.sum()),
-                         "item_not_in_train": int(unknown_item.sum()), "pair_in_train": int(in_train.sum()),
-                         "duplicates_or_rating": int(len(usable) - len(parts[name]))}
+        dropped[name] = {
+            "rows": int(logs[name].num_rows),
+            "user_not_in_train": int(unknown_user.sum()),
+            "item_not_in_train": int(unknown_item.sum()),
+            "pair_in_train": int(in_train.sum()),
+            "duplicates_or_rating": int(len(usable) - len(parts[name])),
+        }
         if len(parts[name]) == 0:
             raise DatasetError(
                 f"{paths[name]}: no {name} interaction is usable: of {logs[name].num_rows} rows, "
                 f"{dropped[name]['user_not_in_train']} have a user with no train rows, {dropped[name]['item_not_in_train']} "
-                f"an item never in train, {dropped[name]['pair_in_train']} a (user, item) pair already in train")
+                f"an item never in train, {dropped[name]['pair_in_train']} a (user, item) pair already in train"
+            )
     carved = "valid" not in parts
     if carved:
         parts["train"], parts["valid"] = carve_valid(parts["train"], fraction=cfg.valid_fraction, seed=seed)
         if len(parts["valid"]) == 0:
-            raise DatasetError(f"{paths['train']}: data.interactions.valid_fraction={cfg.valid_fraction} carves no "
-                               "validation rows (every user has too few train rows); give a valid_path or a larger fraction")
+            raise DatasetError(
+                f"{paths['train']}: data.interactions.valid_fraction={cfg.valid_fraction} carves no "
+                "validation rows (every user has too few train rows); give a valid_path or a larger fraction"
+            )
     ordered = [parts["train"], parts["valid"], parts["test"]]
     users, items = _compact(ordered, users, items)
-    meta = {"given_split": {"valid": "carved from train" if carved else "given", "valid_fraction": cfg.valid_fraction if carved else None,
-                            "dropped": dropped},
-            "num_raw_interactions": int(sum(t.num_rows for t in logs.values()))}
+    meta = {
+        "given_split": {
+            "valid": "carved from train" if carved else "given",
+            "valid_fraction": cfg.valid_fraction if carved else None,
+            "dropped": dropped,
+        },
+        "num_raw_interactions": int(sum(t.num_rows for t in logs.values())),
+    }
     return ordered, users, items, meta, {}
 
 
@@ -445,13 +511,23 @@ def prepare_interactions(
     if cfg.format not in fmt_ok:
         raise DatasetError(f"data.interactions.format={cfg.format!r}: expected one of {fmt_ok}")
     if min_rating > 0 and not cfg.rating_column:
-        raise DatasetError(f"data.min_rating={min_rating} needs ratings: set data.interactions.rating_column (or min_rating=0)")
+        raise DatasetError(
+            f"data.min_rating={min_rating} needs ratings: set data.interactions.rating_column (or min_rating=0)"
+        )
     paths = _source_paths(cfg, protocol)
     sources = _sources(paths, cfg.md5)
-    filters = {"min_rating": float(min_rating), "min_user_interactions": int(min_user_interactions),
-               "min_item_interactions": int(min_item_interactions)}
-    options = {"protocol": protocol, "seed": seed, "filters": filters, "num_heldout_users": num_heldout_users,
-               "reader": {k: v for k, v in asdict(cfg).items() if not k.endswith("_path") and k not in ("path", "md5")}}
+    filters = {
+        "min_rating": float(min_rating),
+        "min_user_interactions": int(min_user_interactions),
+        "min_item_interactions": int(min_item_interactions),
+    }
+    options = {
+        "protocol": protocol,
+        "seed": seed,
+        "filters": filters,
+        "num_heldout_users": num_heldout_users,
+        "reader": {k: v for k, v in asdict(cfg).items() if not k.endswith("_path") and k not in ("path", "md5")},
+    }
     key = cache_key(sources, options)
     out_dir = Path(root).absolute() / f"{name}-{protocol}-{key}"
     if is_prepared(out_dir, key):
@@ -460,7 +536,9 @@ def prepare_interactions(
     if protocol == "given":
         parts, users, items, extra_meta, extra_tables = _given_split(cfg, paths, seed, filters)
     else:
-        parts, users, items, extra_meta, extra_tables = _split_log(cfg, paths["log"], protocol, seed, filters, num_heldout_users)
+        parts, users, items, extra_meta, extra_tables = _split_log(
+            cfg, paths["log"], protocol, seed, filters, num_heldout_users
+        )
     items_table, item_vocab, category_vocab = _items_table(cfg, items)
     users_table, user_vocab = _users_table(cfg, users)
     extra_tables.update({USERS_VOCAB: user_vocab, ITEMS_VOCAB: item_vocab})
@@ -483,7 +561,15 @@ def prepare_interactions(
     }
     train, valid, test = parts
     try:
-        return write_dataset_dir(out_dir, train=train, valid=valid, test=test, items=items_table, users=users_table,
-                                 meta=meta, extra_tables=extra_tables)
+        return write_dataset_dir(
+            out_dir,
+            train=train,
+            valid=valid,
+            test=test,
+            items=items_table,
+            users=users_table,
+            meta=meta,
+            extra_tables=extra_tables,
+        )
     except ValueError as e:
         raise DatasetError(f"{out_dir}: {e}") from None

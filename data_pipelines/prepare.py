@@ -28,9 +28,16 @@ from data_pipelines.errors import DatasetError
 
 def _split_options(cfg: DataConfig) -> dict:
     """What the MovieLens and generic sources share: where, the name, the protocol, seed and filters."""
-    return dict(root=Path(cfg.root), name=cfg.name, protocol=cfg.protocol, seed=cfg.split_seed,
-                min_rating=cfg.min_rating, min_user_interactions=cfg.min_user_interactions,
-                min_item_interactions=cfg.min_item_interactions, num_heldout_users=cfg.num_heldout_users)
+    return dict(
+        root=Path(cfg.root),
+        name=cfg.name,
+        protocol=cfg.protocol,
+        seed=cfg.split_seed,
+        min_rating=cfg.min_rating,
+        min_user_interactions=cfg.min_user_interactions,
+        min_item_interactions=cfg.min_item_interactions,
+        num_heldout_users=cfg.num_heldout_users,
+    )
 
 
 def prepare_dataset(cfg: DataConfig) -> Path:
@@ -47,12 +54,16 @@ def prepare_dataset(cfg: DataConfig) -> Path:
             raise ValueError(f"data.source=synthetic: {unsupported} apply to MovieLens only; set them to 0")
 
         spec = SyntheticSpec(**asdict(cfg.synthetic))
-        return Path(prepare_synthetic(spec, protocol=cfg.protocol, split_seed=cfg.split_seed, root=Path(cfg.root))).resolve()
+        return Path(
+            prepare_synthetic(spec, protocol=cfg.protocol, split_seed=cfg.split_seed, root=Path(cfg.root))
+        ).resolve()
     if cfg.source == Source.movielens:
         from data_pipelines.movielens import prepare_movielens
 
         m = cfg.movielens
-        return prepare_movielens(m.release, **_split_options(cfg), url=m.url, md5=m.md5, allow_download=m.download).resolve()
+        return prepare_movielens(
+            m.release, **_split_options(cfg), url=m.url, md5=m.md5, allow_download=m.download
+        ).resolve()
     if cfg.source == Source.interactions:
         from data_pipelines.interactions import prepare_interactions
 

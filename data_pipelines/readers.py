@@ -39,7 +39,9 @@ def detect_format(path: Path) -> str:
     ext = Path(name).suffix
     by_ext = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet", ".pq": "parquet", ".txt": "adjacency"}
     if ext not in by_ext:
-        raise DatasetError(f"{path}: cannot tell the format from the name; set data.interactions.format to one of {FORMATS}")
+        raise DatasetError(
+            f"{path}: cannot tell the format from the name; set data.interactions.format to one of {FORMATS}"
+        )
     return by_ext[ext]
 
 
@@ -77,27 +79,37 @@ def _read_csv(path: Path, columns: list[str] | None, delimiter: str, header: boo
     except pa.ArrowInvalid as e:
         if "Empty CSV file" in str(e):
             raise DatasetError(f"{path}: empty file (no header, no rows)") from None
-        raise DatasetError(f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})") from None
+        raise DatasetError(
+            f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})"
+        ) from None
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: cannot read ({e})") from None
     if names is not None and columns is not None:
         missing = [c for c in columns if c not in names]
         if missing:
-            raise DatasetError(f"{path}: no column(s) {missing} in the header {names} (delimiter {delimiter!r}); "
-                               "set data.interactions.*_column to the right names")
+            raise DatasetError(
+                f"{path}: no column(s) {missing} in the header {names} (delimiter {delimiter!r}); "
+                "set data.interactions.*_column to the right names"
+            )
     if columns is None:
         convert = pacsv.ConvertOptions()
     else:
         convert = pacsv.ConvertOptions(include_columns=columns if header else [f"f{int(c)}" for c in columns])
     try:
-        table = pacsv.read_csv(pa.input_stream(str(path), compression="detect"), read_options=read,
-                               parse_options=parse, convert_options=convert)
+        table = pacsv.read_csv(
+            pa.input_stream(str(path), compression="detect"),
+            read_options=read,
+            parse_options=parse,
+            convert_options=convert,
+        )
     except pa.ArrowInvalid as e:
         if "Empty CSV file" in str(e):
             raise DatasetError(f"{path}: empty file") from None
         if not header and "include_columns" in str(e):
             raise DatasetError(f"{path}: fewer fields than the column positions {columns} asked for") from None
-        raise DatasetError(f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})") from None
+        raise DatasetError(
+            f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})"
+        ) from None
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: cannot read ({e})") from None
     if not header and columns is not None:
@@ -120,8 +132,9 @@ def _read_parquet(path: Path, columns: list[str] | None) -> pa.Table:
         raise DatasetError(f"{path}: a parquet file there is damaged ({e})") from None
 
 
-def read_columns(path: str | os.PathLike, columns: list[str] | None, *, fmt: str = "auto", delimiter: str = "",
-                 header: bool = True) -> pa.Table:
+def read_columns(
+    path: str | os.PathLike, columns: list[str] | None, *, fmt: str = "auto", delimiter: str = "", header: bool = True
+) -> pa.Table:
     """``columns`` of the log at ``path`` (names, or 0-based positions as strings when ``header`` is
     false; None: every column)."""
     path = Path(path)
@@ -181,4 +194,3 @@ def _is_int(token: str) -> bool:
         return True
     except ValueError:
         return False
-

@@ -285,7 +285,9 @@ def _split_by_label(df: pd.DataFrame, order: np.ndarray | None, label: np.ndarra
     with ThreadPoolExecutor(max_workers=2) as pool:
         taken = list(pool.map(lambda job: np.take(columns[job[1]], rows[job[0]]), np.ndindex(3, len(columns))))
     return tuple(  # type: ignore[return-value]
-        pd.DataFrame(dict(zip(df.columns, taken[s * len(columns) : (s + 1) * len(columns)])), columns=df.columns, copy=False)
+        pd.DataFrame(
+            dict(zip(df.columns, taken[s * len(columns) : (s + 1) * len(columns)])), columns=df.columns, copy=False
+        )
         for s in range(3)
     )
 
@@ -388,7 +390,9 @@ def _num_heldout(num_users: int, num_heldout_users: int) -> int:
     return num_heldout_users
 
 
-def strong_generalization_users(df: pd.DataFrame, *, seed: int, num_heldout_users: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def strong_generalization_users(
+    df: pd.DataFrame, *, seed: int, num_heldout_users: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(validation user ids, test user ids), each sorted: the held-out users of ``split_strong_generalization``.
 
     One ``default_rng(seed).permutation`` of the sorted distinct user ids: its last
@@ -425,7 +429,9 @@ def split_strong_generalization(
         keep = ~heldout | np.isin(item_ids, train_items)
         if not keep.all():
             order = _compose(order, keep)
-            user_ids, in_valid, in_test, heldout = (np.compress(keep, a) for a in (user_ids, in_valid, in_test, heldout))
+            user_ids, in_valid, in_test, heldout = (
+                np.compress(keep, a) for a in (user_ids, in_valid, in_test, heldout)
+            )
 
     rows = np.flatnonzero(heldout)  # canonical order, so each user's rows are one run
     keys = _random_as_ints(rng, len(rows))

@@ -132,7 +132,9 @@ def _gumbel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 def _user_counts(spec: SyntheticSpec, rng: np.random.Generator) -> np.ndarray:
     """Per-user interaction counts [num_users] int64, summing exactly to num_interactions."""
     cap = spec.num_items // 2
-    weights = rng.lognormal(0.0, spec.activity_sigma, spec.num_users) if spec.activity_sigma > 0 else np.ones(spec.num_users)
+    weights = (
+        rng.lognormal(0.0, spec.activity_sigma, spec.num_users) if spec.activity_sigma > 0 else np.ones(spec.num_users)
+    )
     counts = np.full(spec.num_users, spec.min_interactions_per_user, dtype=np.int64)
     remaining = spec.num_interactions - int(counts.sum())
     while remaining > 0:  # each pass fills or caps users; a handful of passes
@@ -152,7 +154,11 @@ def _categories(spec: SyntheticSpec, V: np.ndarray, C: np.ndarray, rng: np.rando
     affinity = V @ C.T  # [I, C]
     primary = affinity.argmax(axis=1)
     max_extra = min(spec.max_extra_categories, spec.num_categories - 1)
-    n_extra = rng.binomial(max_extra, spec.extra_category_prob, spec.num_items) if max_extra > 0 else np.zeros(spec.num_items, np.int64)
+    n_extra = (
+        rng.binomial(max_extra, spec.extra_category_prob, spec.num_items)
+        if max_extra > 0
+        else np.zeros(spec.num_items, np.int64)
+    )
     keys = affinity / spec.category_temperature + _gumbel(rng, affinity.shape)
     keys[np.arange(spec.num_items), primary] = -np.inf
     extras = np.argsort(-keys, axis=1, kind="stable")[:, :max_extra]  # Gumbel-top-k = softmax w/o replacement
@@ -182,7 +188,9 @@ def _sample_items(
 
 def generate(
     spec: SyntheticSpec, *, return_factors: bool = False
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, SyntheticFactors]:
+) -> (
+    tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame] | tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, SyntheticFactors]
+):
     """Generate ``(interactions, items, users)`` (+ the true factors if ``return_factors``).
 
     interactions: num_interactions rows, columns user_id int64, item_id int64, timestamp int64
@@ -195,7 +203,7 @@ def generate(
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(7)]
     r_factors, r_popularity, r_categories, r_activity, r_items, r_time, r_rating = streams
 
-    scale = D ** -0.25  # entries N(0, 1/sqrt(D)) -> U_u.V_i has variance ~1
+    scale = D**-0.25  # entries N(0, 1/sqrt(D)) -> U_u.V_i has variance ~1
     U = r_factors.normal(0.0, scale, (spec.num_users, D))
     V = r_factors.normal(0.0, scale, (spec.num_items, D))
     C = r_factors.normal(0.0, scale, (spec.num_categories, D))

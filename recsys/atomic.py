@@ -11,8 +11,9 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:

@@ -25,7 +25,15 @@ from recsys.config import Config
 from recsys.data.dataset import RetrievalData
 from recsys.serving import BUNDLE_FORMAT, QueryEncoder, dynamic_shapes, example_inputs
 
-BUNDLE_FILES = {"manifest.json", "query_encoder.pt", "query_encoder.pt2", "item_embeddings.npy", "items.parquet", "vocab", "config.yaml"}
+BUNDLE_FILES = {
+    "manifest.json",
+    "query_encoder.pt",
+    "query_encoder.pt2",
+    "item_embeddings.npy",
+    "items.parquet",
+    "vocab",
+    "config.yaml",
+}
 
 
 def check_replaceable(out: Path) -> None:
@@ -46,15 +54,22 @@ def check_replaceable(out: Path) -> None:
         elif others:
             why = f"it holds files a bundle does not ({', '.join(others[:5])})"
     if why:
-        raise FileExistsError(f"out_dir={out}: exists and {why}; recsys.export replaces only a bundle it wrote. "
-                              "Choose another out_dir (or move that one away yourself)")
+        raise FileExistsError(
+            f"out_dir={out}: exists and {why}; recsys.export replaces only a bundle it wrote. "
+            "Choose another out_dir (or move that one away yourself)"
+        )
 
 
 def _items_table(data: RetrievalData, embeddings: np.ndarray) -> pa.Table:
     """item_id, categories, embedding, and raw_id / title where the dataset dir's vocabulary has them."""
-    categories = pa.ListArray.from_arrays(pa.array(data.item_category_indptr, pa.int32()), pa.array(data.item_category_ids, pa.int64()))
-    columns = {"item_id": pa.array(np.arange(data.num_items)), "categories": categories,
-               "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), embeddings.shape[1])}
+    categories = pa.ListArray.from_arrays(
+        pa.array(data.item_category_indptr, pa.int32()), pa.array(data.item_category_ids, pa.int64())
+    )
+    columns = {
+        "item_id": pa.array(np.arange(data.num_items)),
+        "categories": categories,
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), embeddings.shape[1]),
+    }
     vocab = data.dir / ITEMS_VOCAB
     if vocab.is_file():
         names = pq.read_table(vocab).to_pandas().set_index("item_id").reindex(np.arange(data.num_items))
@@ -80,8 +95,9 @@ def _manifest(encoder_dim: int, data: RetrievalData, cfg: Config, checkpoint: Pa
     }
 
 
-def write_bundle(out: Path, encoder: QueryEncoder, item_emb: torch.Tensor, data: RetrievalData, cfg: Config,
-                 checkpoint: Path) -> None:
+def write_bundle(
+    out: Path, encoder: QueryEncoder, item_emb: torch.Tensor, data: RetrievalData, cfg: Config, checkpoint: Path
+) -> None:
     """The bundle of ``encoder`` and ``item_emb`` [num_items, D] at ``out``, replacing an earlier bundle there."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))

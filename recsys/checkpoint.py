@@ -22,7 +22,7 @@ import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,11 +51,13 @@ class TrainerState:
     early_stopped: bool = False  # early stopping ended training (more epochs would not resume it)
     fingerprint: str = ""  # data + model config the weights belong to
     world_size: int = 1  # of the run that saved it (informational: any world size may load it)
-    global_batch_size: int = 0  # of the run that saved it: next_batch counts batches of this size (0: unknown, older checkpoints)
+    global_batch_size: int = (
+        0  # of the run that saved it: next_batch counts batches of this size (0: unknown, older checkpoints)
+    )
 
 
-def _state_dicts(sharded: ShardedModel, with_optimizer: bool) -> Dict[str, Any]:
-    state: Dict[str, Any] = {"model": sharded.module.state_dict()}
+def _state_dicts(sharded: ShardedModel, with_optimizer: bool) -> dict[str, Any]:
+    state: dict[str, Any] = {"model": sharded.module.state_dict()}
     if with_optimizer:
         state["optim"] = sharded.optimizer.state_dict()
     return state
@@ -79,7 +81,7 @@ def check_checkpoint_files(path: Path) -> None:
         raise
     except Exception as e:  # missing or unreadable .metadata
         raise FileNotFoundError(f"{path}: incomplete checkpoint, its DCP .metadata cannot be read ({e})") from None
-    needed: Dict[str, int] = {}
+    needed: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     for name, size in sorted(needed.items()):
@@ -87,7 +89,9 @@ def check_checkpoint_files(path: Path) -> None:
         if not file.is_file():
             raise FileNotFoundError(f"{path}: incomplete checkpoint, {name} is missing")
         if file.stat().st_size < size:
-            raise ValueError(f"{path}: incomplete checkpoint, {name} has {file.stat().st_size} bytes, its metadata needs {size}")
+            raise ValueError(
+                f"{path}: incomplete checkpoint, {name} has {file.stat().st_size} bytes, its metadata needs {size}"
+            )
 
 
 def has_optimizer_state(path: Path) -> bool:
@@ -106,7 +110,7 @@ def is_complete_checkpoint(path: Path) -> bool:
     return (path / STATE_FILE).is_file()
 
 
-def complete_checkpoints(root: Path) -> List[Path]:
+def complete_checkpoints(root: Path) -> list[Path]:
     """Complete step checkpoints under ``root``, oldest first."""
     if not root.is_dir():
         return []
@@ -114,7 +118,7 @@ def complete_checkpoints(root: Path) -> List[Path]:
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
-def latest_checkpoint(root: Path) -> Optional[Path]:
+def latest_checkpoint(root: Path) -> Path | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None
 
@@ -130,7 +134,7 @@ def save_checkpoint(
     *,
     root: Path,
     env: DistEnv,
-    name: Optional[str] = None,
+    name: str | None = None,
     keep_last: int = 2,
     with_optimizer: bool = True,
     config_yaml: str = "",
@@ -147,7 +151,7 @@ def save_checkpoint(
         dcp.save(_state_dicts(sharded, with_optimizer), checkpoint_id=str(tmp))
     except (OSError, CheckpointException) as e:  # a full disk says only "Errno 28": name where
         raise _write_error(tmp, e) from e
-    rng: List[Any] = [None] * env.world_size
+    rng: list[Any] = [None] * env.world_size
     if env.world_size > 1:
         dist.all_gather_object(rng, torch.get_rng_state())
     else:
@@ -168,21 +172,30 @@ def save_checkpoint(
     return final
 
 
-def read_rng_states(path: Path) -> List[torch.Tensor]:
+def read_rng_states(path: Path) -> list[torch.Tensor]:
     """Every rank's RNG state (uint8 tensors), loaded weights-only: a crafted rng.pt cannot run code."""
     rng = torch_load_weights(path / "rng.pt")
-    if not isinstance(rng, list) or not rng or not all(isinstance(r, torch.Tensor) and r.dtype == torch.uint8 for r in rng):
+    if (
+        not isinstance(rng, list)
+        or not rng
+        or not all(isinstance(r, torch.Tensor) and r.dtype == torch.uint8 for r in rng)
+    ):
         raise ValueError(f"{path / 'rng.pt'}: expected a list of uint8 RNG state tensors")
     return rng
 
 
 def _write_error(tmp: Path, e: BaseException) -> OSError:
     """The failure of a checkpoint write, naming the folder (DCP wraps each rank's error in a CheckpointException)."""
-    causes = [c[0] if isinstance(c, tuple) else c for c in getattr(e, "failures", {}).values()] or [e]  # DCP: (exception, traceback)
+    causes = [c[0] if isinstance(c, tuple) else c for c in getattr(e, "failures", {}).values()] or [
+        e
+    ]  # DCP: (exception, traceback)
     errno = next((c.errno for c in causes if isinstance(c, OSError)), None)
     reason = "; ".join(f"{type(c).__name__}: {c}" for c in causes)
-    return OSError(errno, f"{tmp}: writing the checkpoint failed ({reason}); the previous checkpoint is intact "
-                          f"(free space on {tmp.parent}'s file system and run again to resume)")
+    return OSError(
+        errno,
+        f"{tmp}: writing the checkpoint failed ({reason}); the previous checkpoint is intact "
+        f"(free space on {tmp.parent}'s file system and run again to resume)",
+    )
 
 
 def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_optimizer: bool = True) -> TrainerState:

@@ -15,14 +15,22 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema is part of Config)
-    Choice, DataConfig, InteractionsDataConfig, MovieLensDataConfig, Protocol, QueryHistory, Source, SyntheticDataConfig,
-    reject_unknown_keys, to_typed,
+    Choice,
+    DataConfig,
+    InteractionsDataConfig,
+    MovieLensDataConfig,
+    Protocol,
+    QueryHistory,
+    Source,
+    SyntheticDataConfig,
+    reject_unknown_keys,
+    to_typed,
 )
 from recsys.evaluation.ann import ANN_KINDS
 from recsys.evaluation.ease import DEFAULT_LAMBDAS
@@ -76,28 +84,36 @@ class TableConfig:
 
 @dataclass
 class ModelConfig:
-    tables: Dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables
-    tower_dims: List[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
+    tables: dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables
+    tower_dims: list[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
     temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
-    logq_weight: float = 1.0  # the correction subtracts this times log q(i): 1 = the unbiased estimate, < 1 keeps some popularity
+    logq_weight: float = (
+        1.0  # the correction subtracts this times log q(i): 1 = the unbiased estimate, < 1 keeps some popularity
+    )
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
-    loss: RetrievalLoss = RetrievalLoss.softmax  # softmax: in-batch sampled softmax (temperature, logQ); ccl: SimpleX's cosine contrastive loss
+    loss: RetrievalLoss = (
+        RetrievalLoss.softmax
+    )  # softmax: in-batch sampled softmax (temperature, logQ); ccl: SimpleX's cosine contrastive loss
     margin: float = 0.9  # ccl: negatives with cosine below this cost nothing
     negative_weight: float = 150.0  # ccl: weight of the mean negative term
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
     # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)
-    query_user_id: Optional[bool] = None
+    query_user_id: bool | None = None
 
 
 @dataclass
 class SparseOptimConfig:
-    name: SparseOptimizer = SparseOptimizer.rowwise_adagrad  # fused: rowwise_adagrad | adagrad | sgd; GPU only: adam | partial_rowwise_adam | lamb | partial_rowwise_lamb
+    name: SparseOptimizer = (
+        SparseOptimizer.rowwise_adagrad
+    )  # fused: rowwise_adagrad | adagrad | sgd; GPU only: adam | partial_rowwise_adam | lamb | partial_rowwise_lamb
     lr: float = 0.05  # table learning rate
     eps: float = 1e-8  # Adagrad / Adam epsilon
     beta1: float = 0.9  # Adam / LAMB first-moment decay
     beta2: float = 0.999  # Adam / LAMB second-moment decay
-    weight_decay: float = 0.0  # L2 on looked-up rows (CUDA only: fbgemm's CPU kernels ignore it, so CPU runs refuse it); 0 disables
+    weight_decay: float = (
+        0.0  # L2 on looked-up rows (CUDA only: fbgemm's CPU kernels ignore it, so CPU runs refuse it); 0 disables
+    )
 
 
 @dataclass
@@ -115,18 +131,24 @@ class OptimConfig:
 
 @dataclass
 class TableShardingConfig:
-    sharding_types: List[str] = field(default_factory=list)  # allowed torchrec sharding types; [] = planner decides
-    compute_kernels: List[str] = field(default_factory=lambda: ["fused"])  # "fused" | "fused_uvm_caching" (GPU) | "dense"
+    sharding_types: list[str] = field(default_factory=list)  # allowed torchrec sharding types; [] = planner decides
+    compute_kernels: list[str] = field(
+        default_factory=lambda: ["fused"]
+    )  # "fused" | "fused_uvm_caching" (GPU) | "dense"
     cache_load_factor: float = 0.0  # fused_uvm_caching: share of rows cached in HBM; 0 = torchrec's default (0.2)
 
 
 @dataclass
 class ShardingConfig:
-    tables: Dict[str, TableShardingConfig] = field(default_factory=dict)  # per-table planner constraints
+    tables: dict[str, TableShardingConfig] = field(default_factory=dict)  # per-table planner constraints
     device: Device = Device.auto
     backend: Backend = Backend.auto  # process-group backend
-    hbm_cap_gb: float = 0.0  # GPU memory per device the planner may use, GB (2**30 bytes); 0 = the device's total memory
-    ddr_cap_gb: float = 0.0  # host memory per rank the planner may use (CPU tables, UVM), GB; 0 = this host's RAM / local ranks
+    hbm_cap_gb: float = (
+        0.0  # GPU memory per device the planner may use, GB (2**30 bytes); 0 = the device's total memory
+    )
+    ddr_cap_gb: float = (
+        0.0  # host memory per rank the planner may use (CPU tables, UVM), GB; 0 = this host's RAM / local ranks
+    )
 
 
 @dataclass
@@ -152,7 +174,7 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
-    ks: List[int] = field(default_factory=lambda: [10, 20, 50])  # cut-offs reported
+    ks: list[int] = field(default_factory=lambda: [10, 20, 50])  # cut-offs reported
     valid_metric: str = "recall@20"  # early-stopping metric, computed on the valid split each epoch
     batch_size: int = 1024  # users / items embedded per forward pass
     chunk_size: int = 4096  # query rows per chunked score matmul in exact top-k
@@ -207,20 +229,34 @@ def check_values(cfg: Config) -> None:
     t, m, d, e = cfg.trainer, cfg.model, cfg.data, cfg.eval
     need(t.global_batch_size >= 1, "trainer.global_batch_size", t.global_batch_size, "must be >= 1")
     # one candidate makes the softmax loss 0 (nothing is learnt): the batch's positives plus the uniform negatives
-    need(t.global_batch_size < 1 or t.global_batch_size + m.num_uniform_negatives >= 2, "trainer.global_batch_size",
-         t.global_batch_size, f"in-batch softmax needs >= 2 candidates per step, this leaves "
-         f"{t.global_batch_size + m.num_uniform_negatives} (with model.num_uniform_negatives={m.num_uniform_negatives})")
+    need(
+        t.global_batch_size < 1 or t.global_batch_size + m.num_uniform_negatives >= 2,
+        "trainer.global_batch_size",
+        t.global_batch_size,
+        f"in-batch softmax needs >= 2 candidates per step, this leaves "
+        f"{t.global_batch_size + m.num_uniform_negatives} (with model.num_uniform_negatives={m.num_uniform_negatives})",
+    )
     need(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
     need(t.log_every_steps >= 1, "trainer.log_every_steps", t.log_every_steps, "must be >= 1")
-    for key in ("early_stopping_patience", "max_steps_per_epoch", "checkpoint_every_steps",
-                "keep_last_checkpoints", "fault_at_step"):
+    for key in (
+        "early_stopping_patience",
+        "max_steps_per_epoch",
+        "checkpoint_every_steps",
+        "keep_last_checkpoints",
+        "fault_at_step",
+    ):
         need(getattr(t, key) >= 0, f"trainer.{key}", getattr(t, key), "must be >= 0 (0 disables)")
     need(t.preemption_grace_s >= 0, "trainer.preemption_grace_s", t.preemption_grace_s, "must be >= 0 (0 disables)")
     need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")
     need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
     need(-1.0 <= m.margin < 1.0, "model.margin", m.margin, "must be a cosine in [-1, 1)")
     need(m.negative_weight >= 0, "model.negative_weight", m.negative_weight, "must be >= 0")
-    need(all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0, "model.tower_dims", m.tower_dims, "must be widths >= 1")
+    need(
+        all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0,
+        "model.tower_dims",
+        m.tower_dims,
+        "must be widths >= 1",
+    )
     for name, table in m.tables.items():
         need(table.embedding_dim >= 1, f"model.tables.{name}.embedding_dim", table.embedding_dim, "must be >= 1")
         need(table.pooling in POOLINGS, f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")
@@ -230,9 +266,18 @@ def check_values(cfg: Config) -> None:
     need(len(e.ks) > 0 and all(k >= 1 for k in e.ks), "eval.ks", e.ks, "cut-offs must be >= 1")
     metric, _, k = e.valid_metric.partition("@")
     valid_names = [f"{name}@{k}" for name in VALID_METRICS for k in e.ks]
-    need(metric in VALID_METRICS and k.isdigit() and int(k) in e.ks, "eval.valid_metric", e.valid_metric,
-         f"choose one of {', '.join(valid_names)}")
-    need(e.batch_size >= 1 and e.chunk_size >= 1, "eval.batch_size / eval.chunk_size", (e.batch_size, e.chunk_size), "must be >= 1")
+    need(
+        metric in VALID_METRICS and k.isdigit() and int(k) in e.ks,
+        "eval.valid_metric",
+        e.valid_metric,
+        f"choose one of {', '.join(valid_names)}",
+    )
+    need(
+        e.batch_size >= 1 and e.chunk_size >= 1,
+        "eval.batch_size / eval.chunk_size",
+        (e.batch_size, e.chunk_size),
+        "must be >= 1",
+    )
     if problems:
         raise ValueError("bad config values: " + "; ".join(problems))
 
@@ -250,16 +295,18 @@ class EvaluateConfig:
 
     run_dir: str = MISSING  # the training run to evaluate (holds .hydra/ and checkpoints/)
     checkpoint: str = ""  # checkpoint dir to load; "" = <run_dir>/checkpoints/best
-    ks: List[int] = field(default_factory=lambda: [10, 20, 50, 100])  # cut-offs reported
-    splits: List[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
+    ks: list[int] = field(default_factory=lambda: [10, 20, 50, 100])  # cut-offs reported
+    splits: list[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
     ease: bool = True  # EASE baseline (float64, else float32 by the memory free, else skipped with the reason; and up to ease_max_items)
     ease_max_items: int = 50_000  # EASE needs an items x items inverse
     # λ grid tuned on valid; each value is one O(items³) factorisation (~1 min at 8k items, tens of
     # minutes at Gowalla's 41k on 2 CPU cores), so large catalogs may want one or two values
-    ease_lambdas: List[float] = field(default_factory=lambda: list(DEFAULT_LAMBDAS))
+    ease_lambdas: list[float] = field(default_factory=lambda: list(DEFAULT_LAMBDAS))
     ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
-    ann_kinds: List[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
-    max_users: int = 0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed
+    ann_kinds: list[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
+    max_users: int = (
+        0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed
+    )
     # where the report goes; "" = <run_dir>/eval, or <run_dir>/eval_sample_<max_users>_seed_<seed> for a
     # sample (max_users), so that a sampled report never replaces the full one
     out_dir: str = ""
@@ -275,7 +322,9 @@ class ExportConfig:
 
     run_dir: str = MISSING  # the training run to export
     checkpoint: str = ""  # checkpoint dir; "" = <run_dir>/checkpoints/best
-    out_dir: str = ""  # bundle dir; "" = <run_dir>/export (replaced atomically, and only if it holds a bundle export wrote)
+    out_dir: str = (
+        ""  # bundle dir; "" = <run_dir>/export (replaced atomically, and only if it holds a bundle export wrote)
+    )
     batch_size: int = 4096  # items embedded per forward pass
     device: Device = Device.auto  # where the tables are loaded to embed the items (the bundle is CPU either way)
 
@@ -302,11 +351,17 @@ class PlanConfig:
     """``scripts/plan_sharding.py`` (conf/plan.yaml): a planner dry run for a declared cluster."""
 
     model: ModelConfig = field(default_factory=ModelConfig)  # table dims / poolings and towers (the `model` group)
-    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # per-table constraints (the `sharding` group); its device / backend / hbm_cap_gb / ddr_cap_gb are ignored: the cluster says
-    optim: OptimConfig = field(default_factory=OptimConfig)  # the fused sparse optimizer's state is part of each shard's storage
+    sharding: ShardingConfig = field(
+        default_factory=ShardingConfig
+    )  # per-table constraints (the `sharding` group); its device / backend / hbm_cap_gb / ddr_cap_gb are ignored: the cluster says
+    optim: OptimConfig = field(
+        default_factory=OptimConfig
+    )  # the fused sparse optimizer's state is part of each shard's storage
     cluster: ClusterConfig = field(default_factory=ClusterConfig)  # the cluster planned for (the `cluster` group)
     num_rows: TableRowsConfig = field(default_factory=TableRowsConfig)  # rows per table
-    history_length: int = 20  # as data.history_length: 0 drops the query-side history features (fewer inputs to reserve for)
+    history_length: int = (
+        20  # as data.history_length: 0 drops the query-side history features (fewer inputs to reserve for)
+    )
 
 
 def register_configs() -> None:

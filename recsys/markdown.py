@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], cell: Callable[[Any], str] = str) -> List[str]:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]], cell: Callable[[Any], str] = str) -> list[str]:
     """The lines of a markdown table: the header, its ``|---|`` rule, one line per row (``cell`` formats each value)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]

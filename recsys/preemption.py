@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import threading
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -35,24 +34,28 @@ class Preempted(Exception):
     """Training stopped on SIGTERM after writing ``checkpoint`` (the run resumes from it)."""
 
     def __init__(self, step: int, checkpoint: str) -> None:
-        super().__init__(f"preempted (SIGTERM): stopped after step {step}, checkpoint {checkpoint}; "
-                         "run the same command again to resume from it")
+        super().__init__(
+            f"preempted (SIGTERM): stopped after step {step}, checkpoint {checkpoint}; "
+            "run the same command again to resume from it"
+        )
         self.step, self.checkpoint = step, checkpoint
 
 
 class PreemptionHandler:
     """Context manager: SIGTERM sets a flag (and starts the grace-period watchdog) instead of killing."""
 
-    def __init__(self, grace_s: float, *, rank: int = 0, world_size: int = 1, device: torch.device = torch.device("cpu")) -> None:
+    def __init__(
+        self, grace_s: float, *, rank: int = 0, world_size: int = 1, device: torch.device = torch.device("cpu")
+    ) -> None:
         self.grace_s = grace_s
         self.rank, self.world_size, self.device = rank, world_size, device
         self.requested = False
         self._previous = None  # the SIGTERM handler before install (may itself be None: set outside Python)
         self._installed = False
         self._lock = threading.Lock()
-        self._watchdog: Optional[threading.Timer] = None
+        self._watchdog: threading.Timer | None = None
 
-    def __enter__(self) -> "PreemptionHandler":
+    def __enter__(self) -> PreemptionHandler:
         self.install()
         return self
 
@@ -107,11 +110,19 @@ class PreemptionHandler:
             self._watchdog = threading.Timer(self.grace_s, self._expire)
             self._watchdog.daemon = True
             self._watchdog.start()
-        log.warning("SIGTERM on rank %d: finishing the current step, then checkpointing (at most %.0f s)", self.rank, self.grace_s)
+        log.warning(
+            "SIGTERM on rank %d: finishing the current step, then checkpointing (at most %.0f s)",
+            self.rank,
+            self.grace_s,
+        )
 
     def _expire(self) -> None:
-        log.error("SIGTERM: no checkpoint within trainer.preemption_grace_s=%s s; exiting with status %d without one "
-                  "(the run resumes from its previous checkpoint)", self.grace_s, PREEMPTED_EXIT_CODE)
+        log.error(
+            "SIGTERM: no checkpoint within trainer.preemption_grace_s=%s s; exiting with status %d without one "
+            "(the run resumes from its previous checkpoint)",
+            self.grace_s,
+            PREEMPTED_EXIT_CODE,
+        )
         logging.shutdown()
         os._exit(PREEMPTED_EXIT_CODE)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch.distributed as dist
@@ -25,7 +25,14 @@ from data_pipelines.prepare import prepare_dataset
 from recsys.bundle_writer import check_replaceable, write_bundle
 from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
 from recsys.config import (
-    Config, DataConfig, EvaluateConfig, ExportConfig, SparseOptimConfig, config_fingerprint, query_uses_user_id, to_config,
+    Config,
+    DataConfig,
+    EvaluateConfig,
+    ExportConfig,
+    SparseOptimConfig,
+    config_fingerprint,
+    query_uses_user_id,
+    to_config,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
@@ -56,7 +63,7 @@ def prepare_dataset_on_rank0(cfg: DataConfig, env: DistEnv) -> Path:
 
 class RunData(NamedTuple):
     data: RetrievalData
-    example_counts: Optional[List[int]]  # every rank's training examples when each holds its own users; else None
+    example_counts: list[int] | None  # every rank's training examples when each holds its own users; else None
 
 
 def load_data(cfg: Config, env: DistEnv) -> RunData:
@@ -64,8 +71,13 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
     dataset_dir = prepare_dataset_on_rank0(cfg.data, env)
     if cfg.data.shard_by_user:
         data, example_counts = load_rank_data(dataset_dir, env)
-        log.info("dataset %s, users %s of rank %d: %s", dataset_dir, data.user_range, env.rank,
-                 {s: len(v) for s, v in data.splits.items()})
+        log.info(
+            "dataset %s, users %s of rank %d: %s",
+            dataset_dir,
+            data.user_range,
+            env.rank,
+            {s: len(v) for s, v in data.splits.items()},
+        )
         return RunData(data, example_counts)
     data = load_dataset(dataset_dir)
     log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
@@ -75,7 +87,11 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
 def shard_for_training(cfg: Config, data: RetrievalData, env: DistEnv) -> ShardedModel:
     """Collective: the run's model for ``data``, planned, sharded and initialised, with its optimizers."""
     sharded = shard_model(
-        build_task(cfg, data), sharding=cfg.sharding, sparse=cfg.optim.sparse, dense=cfg.optim.dense, env=env,
+        build_task(cfg, data),
+        sharding=cfg.sharding,
+        sparse=cfg.optim.sparse,
+        dense=cfg.optim.dense,
+        env=env,
         seed=cfg.trainer.seed,
         pretrained={t: c.pretrained_path for t, c in cfg.model.tables.items() if c.pretrained_path},
         frozen_tables=[t for t, c in cfg.model.tables.items() if c.frozen],
@@ -88,10 +104,10 @@ def shard_for_training(cfg: Config, data: RetrievalData, env: DistEnv) -> Sharde
     return sharded
 
 
-def fit(cfg: Config, run_dir: str | Path) -> Dict[str, Any]:
+def fit(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
     """Train, validate each epoch, restore the best epoch, test; returns what results.json holds."""
     env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
-    sharded: Optional[ShardedModel] = None
+    sharded: ShardedModel | None = None
     lock = None
     try:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
@@ -126,9 +142,11 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
     if (ckpt / STATE_FILE).is_file():
         saved, now = read_trainer_state(ckpt).fingerprint, config_fingerprint(cfg)
         if saved and saved != now:
-            raise ValueError(f"{path}: another data/model config (fingerprint {now}) than the weights in {ckpt} were "
-                             f"trained with ({saved}, its {STATE_FILE}); was it edited, or rewritten by a later "
-                             "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to")
+            raise ValueError(
+                f"{path}: another data/model config (fingerprint {now}) than the weights in {ckpt} were "
+                f"trained with ({saved}, its {STATE_FILE}); was it edited, or rewritten by a later "
+                "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to"
+            )
     return cfg
 
 
@@ -149,14 +167,20 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, w
     # stepped or loaded (SGD keeps no state), and the run's GPU-only sharding choices give way on a
     # CPU machine (DCP reshards)
     task = build_task(cfg, data, item_counts=np.ones(data.num_items, dtype=np.int64))
-    sharded = shard_model(task, sharding=inference_sharding(cfg.sharding, env.device),
-                          sparse=SparseOptimConfig(name="sgd"), dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed)
+    sharded = shard_model(
+        task,
+        sharding=inference_sharding(cfg.sharding, env.device),
+        sparse=SparseOptimConfig(name="sgd"),
+        dense=cfg.optim.dense,
+        env=env,
+        seed=cfg.trainer.seed,
+    )
     path = checkpoint_dir(run_dir, checkpoint)
     load_checkpoint(sharded, path, env=env, with_optimizer=False)
     return TrainedRun(data, sharded, path)
 
 
-def evaluate_run(ecfg: EvaluateConfig) -> Optional[dict]:
+def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
     """Collective over all ranks: the offline report of a trained run; returns it on rank 0 (None elsewhere)."""
     run_dir = Path(ecfg.run_dir)
     cfg = load_run_config(run_dir, ecfg.checkpoint)
@@ -186,12 +210,25 @@ def export_run(ecfg: ExportConfig) -> Path:
         data, two_tower = trained.data, trained.sharded.module.module.model
         two_tower.eval()
         builder = FeatureBuilder(data, cfg.data.history_length, query_uses_user_id(cfg))
-        item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
-                         batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
+        item_emb = embed(
+            two_tower,
+            builder,
+            side="candidate",
+            ids=np.arange(data.num_items),
+            timeline=None,
+            batch_size=ecfg.batch_size,
+            device=env.device,
+            rank=env.rank,
+            world_size=env.world_size,
+        )
         tables = full_tables(trained.sharded.module, env.rank, env.device)
         if env.is_main:
-            encoder = QueryEncoder(tables, {t: c.pooling for t, c in cfg.model.tables.items()},
-                                   two_tower.query_tower.cpu(), with_history=cfg.data.history_length > 0).eval()
+            encoder = QueryEncoder(
+                tables,
+                {t: c.pooling for t, c in cfg.model.tables.items()},
+                two_tower.query_tower.cpu(),
+                with_history=cfg.data.history_length > 0,
+            ).eval()
             write_bundle(out, encoder, item_emb, data, cfg, trained.checkpoint)
             log.info("serving bundle: %s", out)
         return out

@@ -16,7 +16,7 @@ import datetime
 import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 from recsys.checkpoint import TrainerState, read_trainer_state
 
@@ -26,7 +26,7 @@ LOGS = ("metrics.jsonl", "tb", "results.json")  # a run's outputs besides checkp
 RESULTS_FILE = "results.json"
 
 
-def set_aside_earlier_run(run_dir: Path) -> Optional[Path]:
+def set_aside_earlier_run(run_dir: Path) -> Path | None:
     """Move an earlier run's checkpoints and logs to ``checkpoints.replaced.<n>/``; returns it (None: nothing there).
 
     Rank 0 only. The logs land beside the step checkpoints they belong to.
@@ -45,8 +45,11 @@ def set_aside_earlier_run(run_dir: Path) -> Optional[Path]:
         replaced.mkdir()
     for path in logs:
         path.rename(replaced / path.name)
-    log.warning("trainer.resume=none: the earlier run's checkpoints and %s moved to %s",
-                ", ".join(p.name for p in logs) or "no logs", replaced)
+    log.warning(
+        "trainer.resume=none: the earlier run's checkpoints and %s moved to %s",
+        ", ".join(p.name for p in logs) or "no logs",
+        replaced,
+    )
     return replaced
 
 
@@ -55,7 +58,7 @@ def is_finished(state: TrainerState, epochs: int) -> bool:
     return state.next_batch == 0 and (state.early_stopped or state.epoch >= epochs)
 
 
-def completed_results(run_dir: Path, checkpoint: Optional[Path], fingerprint: str, epochs: int) -> Optional[Dict[str, Any]]:
+def completed_results(run_dir: Path, checkpoint: Path | None, fingerprint: str, epochs: int) -> dict[str, Any] | None:
     """The results of the finished run in ``run_dir`` whose newest checkpoint is ``checkpoint``.
 
     None: no checkpoint, weights of another data/model config (resuming refuses them, naming both),
@@ -70,20 +73,31 @@ def completed_results(run_dir: Path, checkpoint: Optional[Path], fingerprint: st
         return None
     saved = json.loads(results.read_text())
     tested = saved.get("checkpoint")
-    if tested and not Path(tested).is_dir():  # the weights it describes are gone: test again (the trainer rebuilds or names them)
+    if (
+        tested and not Path(tested).is_dir()
+    ):  # the weights it describes are gone: test again (the trainer rebuilds or names them)
         return None
     written = datetime.datetime.fromtimestamp(results.stat().st_mtime).strftime("%Y-%m-%d %H:%M:%S")
     if state.early_stopped:
         how, options = f"early-stopped after epoch {state.epoch - 1}", "trainer.resume=none starts over"
     else:
-        how, options = f"{state.epoch} epochs", "a larger trainer.epochs trains further, trainer.resume=none starts over"
-    log.info("run already complete (results from %s; %s, %d steps): nothing trained, %s printed again; %s",
-             written, how, state.step, results, options)
+        how, options = (
+            f"{state.epoch} epochs",
+            "a larger trainer.epochs trains further, trainer.resume=none starts over",
+        )
+    log.info(
+        "run already complete (results from %s; %s, %d steps): nothing trained, %s printed again; %s",
+        written,
+        how,
+        state.step,
+        results,
+        options,
+    )
     for split in ("valid", "test"):  # the file's keys are sorted: the model first again, as the trainer prints it
         saved[split] = dict(sorted(saved[split].items(), key=lambda item: item[0] != "two_tower"))
     return saved
 
 
-def result_ks(results: Dict[str, Any]) -> list:
+def result_ks(results: dict[str, Any]) -> list:
     """The cut-offs a results.json holds (eval.ks of the run that wrote it)."""
     return sorted(int(key.split("@")[1]) for key in results["test"]["two_tower"] if key.startswith("recall@"))

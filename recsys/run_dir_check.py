@@ -20,6 +20,9 @@ class RunDirMustExist(Callback):
         run_dir = config.get("run_dir")
         if isinstance(run_dir, str) and run_dir and run_dir != "???" and not Path(run_dir).is_dir():
             # Hydra turns a callback's exception into a warning and goes on: exit instead
-            print(f"error: run_dir={run_dir}: no such run dir (nothing was created there); give the folder "
-                  "`python -m recsys.train` wrote, e.g. runs/<run_name>", file=sys.stderr)
+            print(
+                f"error: run_dir={run_dir}: no such run dir (nothing was created there); give the folder "
+                "`python -m recsys.train` wrote, e.g. runs/<run_name>",
+                file=sys.stderr,
+            )
             sys.exit(1)

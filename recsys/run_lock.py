@@ -19,7 +19,6 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Optional
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +32,9 @@ class RunDirLockedError(RuntimeError):
 class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / LOCK_FILE
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -48,7 +47,9 @@ class RunLock:
             ) from None
         previous = _read(self.path)
         if previous:  # its owner exited without releasing (killed): the kernel dropped its flock
-            log.warning("%s: taking over a stale lock of %s (that process is gone)", self.path.parent, _describe(self.path))
+            log.warning(
+                "%s: taking over a stale lock of %s (that process is gone)", self.path.parent, _describe(self.path)
+            )
         owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
@@ -64,7 +65,7 @@ class RunLock:
             os.close(self._fd)  # drops the flock
             self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -85,7 +86,7 @@ def _describe(path: Path) -> str:
     return f"pid {owner.get('pid')} on host {owner.get('host')}, since {owner.get('started')}; lock file {path}"
 
 
-def lock_run_dir(run_dir: Path, env) -> Optional[RunLock]:
+def lock_run_dir(run_dir: Path, env) -> RunLock | None:
     """Collective: rank 0 locks the run dir (the only rank that writes there); every rank raises if it could not."""
     lock, error = None, ""
     if env.is_main:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any
 
 from recsys.atomic import write_json_atomic, write_text_atomic
 from recsys.markdown import markdown_table
@@ -43,7 +44,7 @@ class MetricsLog:
         self._file = open(run_dir / "metrics.jsonl", "a")
         self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
 
-    def write(self, record: Dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         self._file.write(json.dumps(record) + "\n")
@@ -59,12 +60,17 @@ class MetricsLog:
             self._tb.close()
 
 
-def format_results_table(results: Dict[str, Any], ks: Sequence[int]) -> str:
+def format_results_table(results: dict[str, Any], ks: Sequence[int]) -> str:
     """Markdown table: one row per (split, model), recall and NDCG at each k."""
     columns = [f"recall@{k}" for k in ks] + [f"ndcg@{k}" for k in ks]
-    rows = [[split, model, *(f"{metrics[c]:.4f}" for c in columns)]
-            for split in ("valid", "test") for model, metrics in results[split].items()]
+    rows = [
+        [split, model, *(f"{metrics[c]:.4f}" for c in columns)]
+        for split in ("valid", "test")
+        for model, metrics in results[split].items()
+    ]
     lines = markdown_table(["split", "model", *columns], rows)
     train = results["train"]
-    lines.append(f"\ntrain: {train['steps']} steps in {train['seconds']:.1f} s ({train['samples_per_s']:.0f} samples/s), best epoch {train['best_epoch']}")
+    lines.append(
+        f"\ntrain: {train['steps']} steps in {train['seconds']:.1f} s ({train['samples_per_s']:.0f} samples/s), best epoch {train['best_epoch']}"
+    )
     return "\n".join(lines)

@@ -38,9 +38,19 @@ _DCP_METADATA_GLOBALS = {
     *(("pathlib", name) for name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")),  # checkpoint_id
     *(("torch", name) for name in ("strided", "sparse_coo", "sparse_csr", "_mkldnn")),  # layouts
     *(("torch", name) for name in ("contiguous_format", "preserve_format", "channels_last", "channels_last_3d")),
-    *(("torch.distributed.checkpoint.metadata", name) for name in (
-        "Metadata", "MetadataIndex", "ChunkStorageMetadata", "TensorStorageMetadata", "BytesStorageMetadata",
-        "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING")),
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "ChunkStorageMetadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "TensorProperties",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.distributed.checkpoint.planner", "LoadItemType"),
     ("torch.distributed.checkpoint.planner", "WriteItemType"),
@@ -56,8 +66,10 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _DCP_METADATA_GLOBALS or (module == "torch" and name in _DTYPES):
             return super().find_class(module, name)
-        raise UnsafeFileError(f"{self.path}: refused to load: it asks for {module}.{name}, which a checkpoint's "
-                              "metadata never holds (a crafted file?); nothing from it was run")
+        raise UnsafeFileError(
+            f"{self.path}: refused to load: it asks for {module}.{name}, which a checkpoint's "
+            "metadata never holds (a crafted file?); nothing from it was run"
+        )
 
 
 def load_dcp_metadata(path: Path):
@@ -85,8 +97,10 @@ def torch_load_weights(path: Path, **kwargs: Any) -> Any:
     try:
         return torch.load(path, weights_only=True, **kwargs)
     except pickle.UnpicklingError as e:
-        raise UnsafeFileError(f"{path}: refused to load: it holds more than tensors and plain values (a crafted "
-                              f"file?); nothing from it was run ({str(e).splitlines()[0]})") from None
+        raise UnsafeFileError(
+            f"{path}: refused to load: it holds more than tensors and plain values (a crafted "
+            f"file?); nothing from it was run ({str(e).splitlines()[0]})"
+        ) from None
 
 
 def numpy_load(path: Path, **kwargs: Any) -> np.ndarray:
@@ -96,5 +110,6 @@ def numpy_load(path: Path, **kwargs: Any) -> np.ndarray:
     except ValueError as e:
         if "allow_pickle" not in str(e):
             raise
-        raise UnsafeFileError(f"{path}: refused to load: an object array (a pickle), not a numeric one; "
-                              "nothing from it was run") from None
+        raise UnsafeFileError(
+            f"{path}: refused to load: an object array (a pickle), not a numeric one; nothing from it was run"
+        ) from None

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Tuple
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -49,7 +48,9 @@ class QueryEncoder(nn.Module):
     Offsets are bag starts (PyTorch EmbeddingBag convention); bags may be empty (pool to 0).
     """
 
-    def __init__(self, tables: Dict[str, torch.Tensor], poolings: Dict[str, str], tower: nn.Sequential, *, with_history: bool) -> None:
+    def __init__(
+        self, tables: dict[str, torch.Tensor], poolings: dict[str, str], tower: nn.Sequential, *, with_history: bool
+    ) -> None:
         super().__init__()
         self.with_history = with_history
         self.with_categories = with_history and "category" in tables  # none for data without categories
@@ -80,16 +81,19 @@ class QueryEncoder(nn.Module):
         return F.normalize(self.tower(torch.cat(pooled, dim=1)), dim=-1)
 
 
-def example_inputs() -> Tuple[torch.Tensor, ...]:
+def example_inputs() -> tuple[torch.Tensor, ...]:
     """Inputs used to trace the encoder: 3 users, one with an empty history (sizes >= 2, or
     torch.export specialises a dynamic size to the constant 0 or 1)."""
     return (
-        torch.tensor([0, 0, 0]), torch.tensor([0, 0, 0, 0]), torch.tensor([0, 2, 4]),
-        torch.tensor([0, 0, 0, 0, 0]), torch.tensor([0, 3, 5]),
+        torch.tensor([0, 0, 0]),
+        torch.tensor([0, 0, 0, 0]),
+        torch.tensor([0, 2, 4]),
+        torch.tensor([0, 0, 0, 0, 0]),
+        torch.tensor([0, 3, 5]),
     )
 
 
-def dynamic_shapes() -> Dict[str, Dict[int, torch.export.Dim]]:
+def dynamic_shapes() -> dict[str, dict[int, torch.export.Dim]]:
     batch = torch.export.Dim("batch", min=1)
     return {
         "user_ids": {0: batch},
@@ -117,15 +121,21 @@ class ServingBundle:
         user_ids = np.asarray(user_ids, dtype=np.int64)
         history_lengths = np.asarray(history_lengths, dtype=np.int64)
         history_items = np.asarray(history_items, dtype=np.int64)
-        for name, ids, size in (("user_ids", user_ids, self.manifest["num_users"]), ("history_items", history_items, self.manifest["num_items"])):
+        for name, ids, size in (
+            ("user_ids", user_ids, self.manifest["num_users"]),
+            ("history_items", history_items, self.manifest["num_items"]),
+        ):
             if ids.size and (ids.min() < 0 or ids.max() >= size):
                 raise ValueError(f"{name}: ids must be in [0, {size}), got {int(ids.min())}..{int(ids.max())}")
         cat_lengths, cats = gather_rows(self.category_indptr, self.category_ids, history_items)
         per_user = segment_sum(cat_lengths, history_lengths)
         with torch.no_grad():
             return self.encoder(
-                torch.from_numpy(user_ids), torch.from_numpy(history_items), _offsets(history_lengths),
-                torch.from_numpy(cats.astype(np.int64)), _offsets(per_user),
+                torch.from_numpy(user_ids),
+                torch.from_numpy(history_items),
+                _offsets(history_lengths),
+                torch.from_numpy(cats.astype(np.int64)),
+                _offsets(per_user),
             )
 
     def scores(self, queries: torch.Tensor) -> torch.Tensor:
@@ -133,7 +143,7 @@ class ServingBundle:
         return queries @ self.item_embeddings.t()
 
 
-def _tower_from_weights(state: Dict[str, torch.Tensor], path: Path) -> nn.Sequential:
+def _tower_from_weights(state: dict[str, torch.Tensor], path: Path) -> nn.Sequential:
     """The query tower's layers from its weights' names and shapes: Linear at each ``tower.<i>``, ReLU
     between them (recsys.model.two_tower.mlp's layout)."""
     linear = sorted(int(key.split(".")[1]) for key in state if key.startswith("tower.") and key.endswith(".weight"))
@@ -153,14 +163,17 @@ def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncod
     poolings = manifest.get("poolings", {})
     with_history = manifest.get("history_length", 0) > 0
     needed = ("item",) if with_history else ("user",)  # a query is its history bag, its user id, or both
-    tables = [t for t in ("user", "item", "category") if f"{t}.weight" in state]  # recsys.data.features.TABLES (not imported: no torchrec here)
+    tables = [
+        t for t in ("user", "item", "category") if f"{t}.weight" in state
+    ]  # recsys.data.features.TABLES (not imported: no torchrec here)
     for table in (*needed, *tables):
         if f"{table}.weight" not in state:
             raise ValueError(f"{path}: no weights for table {table!r}")
         if poolings.get(table) not in ("sum", "mean"):
             raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
-    encoder = QueryEncoder({t: state[f"{t}.weight"] for t in tables}, poolings, _tower_from_weights(state, path),
-                           with_history=with_history)
+    encoder = QueryEncoder(
+        {t: state[f"{t}.weight"] for t in tables}, poolings, _tower_from_weights(state, path), with_history=with_history
+    )
     encoder.load_state_dict(state)  # strict: every tensor is used, none is missing
     return encoder.eval()
 
@@ -172,8 +185,10 @@ def load_bundle(path: str | Path) -> ServingBundle:
         raise FileNotFoundError(f"{manifest_path}: missing; is {root} a bundle written by `python -m recsys.export`?")
     manifest = json.loads(manifest_path.read_text())
     if manifest.get("format") != BUNDLE_FORMAT:
-        raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
-                         "export the run again (python -m recsys.export run_dir=...)")
+        raise ValueError(
+            f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
+            "export the run again (python -m recsys.export run_dir=...)"
+        )
     encoder = _load_encoder(root / "query_encoder.pt", manifest, manifest_path)
     items = pq.read_table(root / "items.parquet", columns=["item_id", "categories"])
     categories = items.column("categories").combine_chunks()

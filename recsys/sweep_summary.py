@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -30,7 +30,7 @@ SPLITS = ("valid", "test")
 METRICS = ("recall", "ndcg")  # the results.json metrics the table shows, at every K the run reports
 
 
-def collect_jobs(sweep_dir: Path, since: Optional[float] = None) -> List[Dict[str, Any]]:
+def collect_jobs(sweep_dir: Path, since: float | None = None) -> list[dict[str, Any]]:
     """Job dirs (numbered) of the sweep, in job order; ``since``: only jobs started at or after this time."""
     jobs = []
     for job_dir in sweep_dir.iterdir() if sweep_dir.is_dir() else []:
@@ -41,25 +41,37 @@ def collect_jobs(sweep_dir: Path, since: Optional[float] = None) -> List[Dict[st
             continue
         results_path = job_dir / "results.json"
         results = json.loads(results_path.read_text()) if results_path.is_file() else None
-        jobs.append({
-            "job": int(job_dir.name),
-            "dir": str(job_dir),
-            "overrides": list(OmegaConf.load(overrides)),
-            "status": "done" if results else "no results.json (failed, or still running)",
-            **{split: (results[split][MODEL] if results else None) for split in SPLITS},
-        })
+        jobs.append(
+            {
+                "job": int(job_dir.name),
+                "dir": str(job_dir),
+                "overrides": list(OmegaConf.load(overrides)),
+                "status": "done" if results else "no results.json (failed, or still running)",
+                **{split: (results[split][MODEL] if results else None) for split in SPLITS},
+            }
+        )
     return sorted(jobs, key=lambda job: job["job"])
 
 
-def format_summary(jobs: List[Dict[str, Any]]) -> str:
+def format_summary(jobs: list[dict[str, Any]]) -> str:
     """Markdown: one row per job, the overrides it does not share with every other job, then the metrics."""
     common = set.intersection(*(set(job["overrides"]) for job in jobs)) if jobs else set()
     columns = sorted(
-        {f"{split} {name}" for job in jobs for split in SPLITS for name in (job[split] or {}) if name.split("@")[0] in METRICS},
+        {
+            f"{split} {name}"
+            for job in jobs
+            for split in SPLITS
+            for name in (job[split] or {})
+            if name.split("@")[0] in METRICS
+        },
         key=lambda c: (SPLITS.index(c.split()[0]), METRICS.index(c.split()[1].split("@")[0]), int(c.split("@")[1])),
     )
-    lines = [f"sweep of {len(jobs)} jobs; every job: {' '.join(sorted(common)) or '(no shared overrides)'}", "",
-             "| job | overrides | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    lines = [
+        f"sweep of {len(jobs)} jobs; every job: {' '.join(sorted(common)) or '(no shared overrides)'}",
+        "",
+        "| job | overrides | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
     for job in jobs:
         own = " ".join(o for o in job["overrides"] if o not in common) or "(none)"
         cells = [f"{job[c.split()[0]][c.split()[1]]:.4f}" if job[c.split()[0]] else "-" for c in columns]
@@ -67,7 +79,7 @@ def format_summary(jobs: List[Dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(sweep_dir: Path, since: Optional[float] = None) -> Path:
+def write_summary(sweep_dir: Path, since: float | None = None) -> Path:
     jobs = collect_jobs(sweep_dir, since)
     write_json_atomic(sweep_dir / "sweep.json", {"jobs": jobs})
     (sweep_dir / "sweep.md").write_text(format_summary(jobs))
@@ -78,7 +90,7 @@ class SweepSummary(Callback):
     """Hydra callback: the sweep's summary after each job and at the end (rank 0 only under torchrun)."""
 
     def __init__(self) -> None:
-        self._start: Optional[float] = None
+        self._start: float | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._start = time.time()

@@ -15,10 +15,11 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -27,8 +28,15 @@ from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
 from recsys.checkpoint import (
-    STATE_FILE, TrainerState, complete_checkpoints, has_optimizer_state, is_complete_checkpoint, latest_checkpoint,
-    load_checkpoint, read_trainer_state, save_checkpoint,
+    STATE_FILE,
+    TrainerState,
+    complete_checkpoints,
+    has_optimizer_state,
+    is_complete_checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    read_trainer_state,
+    save_checkpoint,
 )  # fmt: skip
 from recsys.config import Config, config_fingerprint, query_uses_user_id
 from recsys.data.batch import Batch
@@ -63,7 +71,7 @@ def _maybe_inject_fault(cfg: Config, env: DistEnv, step: int) -> None:
 
 
 class TrainStep(NamedTuple):
-    pipeline: Optional[TrainPipelineSparseDist]  # detach() it before evaluating; None for the plain loop
+    pipeline: TrainPipelineSparseDist | None  # detach() it before evaluating; None for the plain loop
     step: Callable[[Iterator[Batch]], torch.Tensor]  # one optimizer step on the next batch -> its detached loss
 
 
@@ -75,7 +83,9 @@ def make_train_step(pipeline: str, sharded: ShardedModel, env: DistEnv) -> Train
     dmp, optimizer = sharded.module, sharded.optimizer
     if pipeline == "sparse_dist":
         train_pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
-        return TrainStep(train_pipeline, train_pipeline.progress)  # progress returns the task's second output: the detached loss
+        return TrainStep(
+            train_pipeline, train_pipeline.progress
+        )  # progress returns the task's second output: the detached loss
     if pipeline != "none":
         raise ValueError(f"trainer.pipeline={pipeline!r}: expected 'none' or 'sparse_dist'")
 
@@ -90,7 +100,7 @@ def make_train_step(pipeline: str, sharded: ShardedModel, env: DistEnv) -> Train
     return TrainStep(None, step)
 
 
-def resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
+def resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Path | None:
     """The checkpoint trainer.resume names (None: start over), after setting aside an earlier run for resume=none."""
     resume = cfg.trainer.resume
     if resume == "none":
@@ -100,7 +110,9 @@ def resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     if resume == "auto":
         partial = [p for p in ckpt_root.glob("step_*") if not is_complete_checkpoint(p)] if ckpt_root.is_dir() else []
         if partial and env.is_main:
-            log.warning("ignoring incomplete checkpoints (no %s): %s", STATE_FILE, ", ".join(sorted(p.name for p in partial)))
+            log.warning(
+                "ignoring incomplete checkpoints (no %s): %s", STATE_FILE, ", ".join(sorted(p.name for p in partial))
+            )
         return latest_checkpoint(ckpt_root)
     path = Path(resume)
     if not path.is_dir():
@@ -114,7 +126,7 @@ def resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Optional[Path]:
     return path
 
 
-def _best_weights(ckpt_root: Path, state: TrainerState) -> Optional[Path]:
+def _best_weights(ckpt_root: Path, state: TrainerState) -> Path | None:
     """The checkpoint holding the best epoch's weights: ``best/``, else (deleted, damaged) the step checkpoint
     written at the end of that epoch, which holds the same weights; an error if neither is left."""
     if state.best_epoch < 0:
@@ -153,35 +165,59 @@ class Trainer:
     What a checkpoint holds besides the weights and optimizer is :meth:`state_dict`.
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, env: DistEnv, data: RetrievalData, sharded: ShardedModel,
-                 example_counts: Optional[List[int]] = None) -> None:
-        self.cfg, self.tcfg, self.run_dir, self.env, self.data, self.sharded = cfg, cfg.trainer, run_dir, env, data, sharded
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        env: DistEnv,
+        data: RetrievalData,
+        sharded: ShardedModel,
+        example_counts: list[int] | None = None,
+    ) -> None:
+        self.cfg, self.tcfg, self.run_dir, self.env, self.data, self.sharded = (
+            cfg,
+            cfg.trainer,
+            run_dir,
+            env,
+            data,
+            sharded,
+        )
         sharded.module.module.gather_candidates = candidate_gather(env.rank, env.world_size)
         self.two_tower = sharded.module.module.model
         self.ckpt_root = run_dir / "checkpoints"
         self.fingerprint = config_fingerprint(cfg)
-        self.state = TrainerState(fingerprint=self.fingerprint, world_size=env.world_size,
-                                  global_batch_size=self.tcfg.global_batch_size)
+        self.state = TrainerState(
+            fingerprint=self.fingerprint, world_size=env.world_size, global_batch_size=self.tcfg.global_batch_size
+        )
         self.config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
         self.example_counts = example_counts  # every rank's training examples, when each holds its own users only
-        self.preemption = PreemptionHandler(self.tcfg.preemption_grace_s, rank=env.rank, world_size=env.world_size,
-                                            device=env.device)
-        self.metrics_log: Optional[MetricsLog] = None
+        self.preemption = PreemptionHandler(
+            self.tcfg.preemption_grace_s, rank=env.rank, world_size=env.world_size, device=env.device
+        )
+        self.metrics_log: MetricsLog | None = None
 
     # ------------------------------------------------------------------ state
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The loop's position and early-stopping state (``TrainerState``), as saved in each checkpoint."""
         return asdict(self.state)
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.state = TrainerState(**state)
 
-    def checkpoint(self, name: Optional[str] = None, with_optimizer: bool = True) -> None:
-        save_checkpoint(self.sharded, self.state, root=self.ckpt_root, env=self.env, name=name,
-                        keep_last=self.tcfg.keep_last_checkpoints, with_optimizer=with_optimizer, config_yaml=self.config_yaml)
+    def checkpoint(self, name: str | None = None, with_optimizer: bool = True) -> None:
+        save_checkpoint(
+            self.sharded,
+            self.state,
+            root=self.ckpt_root,
+            env=self.env,
+            name=name,
+            keep_last=self.tcfg.keep_last_checkpoints,
+            with_optimizer=with_optimizer,
+            config_yaml=self.config_yaml,
+        )
 
-    def resume(self, resume_from: Optional[Path]) -> None:
+    def resume(self, resume_from: Path | None) -> None:
         """Load ``resume_from`` (``resume_path``'s choice), or with None trainer.init_from's weights if set."""
         if resume_from is None:
             if self.tcfg.init_from:
@@ -189,26 +225,36 @@ class Trainer:
             return None
         saved_state = read_trainer_state(resume_from)
         if saved_state.fingerprint != self.fingerprint:  # before loading: other shapes would fail inside DCP
-            raise ValueError(f"{resume_from}: saved for another data/model config (fingerprint {saved_state.fingerprint}, "
-                             f"now {self.fingerprint}); use trainer.resume=none or another run_name")
+            raise ValueError(
+                f"{resume_from}: saved for another data/model config (fingerprint {saved_state.fingerprint}, "
+                f"now {self.fingerprint}); use trainer.resume=none or another run_name"
+            )
         _check_same_batches(saved_state, resume_from, self.tcfg.global_batch_size)
         self.load_state_dict(asdict(load_checkpoint(self.sharded, resume_from, env=self.env)))
         state, env = self.state, self.env
         state.global_batch_size = self.tcfg.global_batch_size
         if env.is_main:
-            log.info("resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch)
+            log.info(
+                "resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch
+            )
         if self.cfg.data.shard_by_user and state.next_batch > 0 and state.world_size != env.world_size and env.is_main:
-            log.warning("data.shard_by_user: resuming mid-epoch on %d ranks, saved on %d: the users' split across ranks "
-                        "changed, so the rest of epoch %d is not exactly the remainder of the interrupted one",
-                        env.world_size, state.world_size, state.epoch)
+            log.warning(
+                "data.shard_by_user: resuming mid-epoch on %d ranks, saved on %d: the users' split across ranks "
+                "changed, so the rest of epoch %d is not exactly the remainder of the interrupted one",
+                env.world_size,
+                state.world_size,
+                state.epoch,
+            )
         state.world_size = env.world_size
 
     def _init_from(self, path: Path) -> None:
         """trainer.init_from: another checkpoint's weights, nothing else (optimizer, step, data position, RNG stay new)."""
         saved = read_trainer_state(path).fingerprint
         if saved != self.fingerprint:
-            raise ValueError(f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint {saved}, "
-                             f"now {self.fingerprint})")
+            raise ValueError(
+                f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint {saved}, "
+                f"now {self.fingerprint})"
+            )
         rng = torch.get_rng_state()
         load_checkpoint(self.sharded, path, env=self.env, with_optimizer=False)
         torch.set_rng_state(rng)  # this run's seed, not the source run's RNG
@@ -217,32 +263,46 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
-    def fit(self) -> Dict[str, Any]:
+    def fit(self) -> dict[str, Any]:
         """Resume, train and validate each epoch, restore the best epoch, test; returns what results.json holds."""
         tcfg, env, data = self.tcfg, self.env, self.data
         resumed = resume_path(self.cfg, self.ckpt_root, env)
-        done = completed_results(self.run_dir, resumed, self.fingerprint, tcfg.epochs) if tcfg.resume == "auto" else None
+        done = (
+            completed_results(self.run_dir, resumed, self.fingerprint, tcfg.epochs) if tcfg.resume == "auto" else None
+        )
         if done is not None:  # a finished run is not trained again (the same answer on every rank: same files)
             if env.is_main:
                 print(format_results_table(done, result_ks(done)), flush=True)
             return done
         self.resume(resumed)
         self.batches = TrainBatches(
-            data, history_length=self.cfg.data.history_length, global_batch_size=tcfg.global_batch_size,
-            num_uniform_negatives=self.cfg.model.num_uniform_negatives, seed=tcfg.seed,
-            query_history=self.cfg.data.query_history, history_dropout=self.cfg.data.history_dropout,
-            user_id=query_uses_user_id(self.cfg), rank=env.rank, world_size=env.world_size,
+            data,
+            history_length=self.cfg.data.history_length,
+            global_batch_size=tcfg.global_batch_size,
+            num_uniform_negatives=self.cfg.model.num_uniform_negatives,
+            seed=tcfg.seed,
+            query_history=self.cfg.data.query_history,
+            history_dropout=self.cfg.data.history_dropout,
+            user_id=query_uses_user_id(self.cfg),
+            rank=env.rank,
+            world_size=env.world_size,
             pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
             rank_example_counts=self.example_counts,
         )
         self.evaluator = Evaluator(
-            data, FeatureBuilder(data, self.cfg.data.history_length, query_uses_user_id(self.cfg)), ks=self.cfg.eval.ks,
-            batch_size=self.cfg.eval.batch_size, chunk_size=self.cfg.eval.chunk_size, per_rank_users=self.cfg.data.shard_by_user,
+            data,
+            FeatureBuilder(data, self.cfg.data.history_length, query_uses_user_id(self.cfg)),
+            ks=self.cfg.eval.ks,
+            batch_size=self.cfg.eval.batch_size,
+            chunk_size=self.cfg.eval.chunk_size,
+            per_rank_users=self.cfg.data.shard_by_user,
         )
         self.pipeline, self.train_step = make_train_step(tcfg.pipeline, self.sharded, env)
         self.steps_per_epoch = min(len(self.batches), tcfg.max_steps_per_epoch or len(self.batches))
         if resumed is not None and env.is_main:
-            drop_records_after(self.run_dir / "metrics.jsonl", self.state.step)  # logged after the checkpoint, before a crash
+            drop_records_after(
+                self.run_dir / "metrics.jsonl", self.state.step
+            )  # logged after the checkpoint, before a crash
         self.metrics_log = MetricsLog(self.run_dir, enabled=env.is_main)
         try:
             self.preemption.install()  # SIGTERM now sets a flag; checked after every step
@@ -265,8 +325,13 @@ class Trainer:
         state, tcfg, env = self.state, self.tcfg, self.env
         epoch, steps = state.epoch, self.steps_per_epoch
         self.sharded.module.train()
-        progress = tqdm(total=steps, initial=state.next_batch, desc=f"epoch {epoch}",
-                        disable=not (env.is_main and tcfg.progress_bar), leave=False)
+        progress = tqdm(
+            total=steps,
+            initial=state.next_batch,
+            desc=f"epoch {epoch}",
+            disable=not (env.is_main and tcfg.progress_bar),
+            leave=False,
+        )
         self._epoch_start = time.perf_counter()
         self._window = (time.perf_counter(), [], state.samples)
         remaining = islice(self.batches.epoch(epoch, start_batch=state.next_batch), max(0, steps - state.next_batch))
@@ -306,8 +371,10 @@ class Trainer:
         window_start, losses, window_samples = self._window
         mean_loss = _global_mean(torch.stack(losses).mean(), env)
         if not math.isfinite(mean_loss):  # the same on every rank: they stop together
-            raise FloatingPointError(f"training loss is {mean_loss} at step {state.step} (epoch {epoch}); "
-                                     "check pretrained tables and learning rates")
+            raise FloatingPointError(
+                f"training loss is {mean_loss} at step {state.step} (epoch {epoch}); "
+                "check pretrained tables and learning rates"
+            )
         samples_per_s = (state.samples - window_samples) / max(time.perf_counter() - window_start, 1e-9)
         self.metrics_log.write({"step": state.step, "epoch": epoch, "loss": mean_loss, "samples_per_s": samples_per_s})
         if env.is_main and not self.tcfg.progress_bar:
@@ -315,10 +382,16 @@ class Trainer:
         self._window = (time.perf_counter(), [], state.samples)
         return mean_loss
 
-    def _evaluate(self, split: str, with_popularity: bool = False) -> Dict[str, Dict[str, float]]:
+    def _evaluate(self, split: str, with_popularity: bool = False) -> dict[str, dict[str, float]]:
         env = self.env
-        return self.evaluator.evaluate(self.two_tower, split, device=env.device, rank=env.rank, world_size=env.world_size,
-                                       with_popularity=with_popularity)
+        return self.evaluator.evaluate(
+            self.two_tower,
+            split,
+            device=env.device,
+            rank=env.rank,
+            world_size=env.world_size,
+            with_popularity=with_popularity,
+        )
 
     def validate(self) -> None:
         """The epoch just trained: valid metric, best-weights checkpoint, early stopping, the epoch's checkpoint."""
@@ -326,7 +399,9 @@ class Trainer:
         epoch = state.epoch
         valid = self._evaluate("valid")
         score = valid["two_tower"][metric]
-        self.metrics_log.write({"step": state.step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid["two_tower"].items()}})
+        self.metrics_log.write(
+            {"step": state.step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid["two_tower"].items()}}
+        )
         if env.is_main:
             log.info("epoch %d: valid %s = %.4f (best %.4f)", epoch, metric, score, max(state.best_score, score))
         state.epoch, state.next_batch = epoch + 1, 0
@@ -351,7 +426,7 @@ class Trainer:
             load_checkpoint(self.sharded, best, env=self.env, with_optimizer=False)
         return self._evaluate("valid", with_popularity=True), self._evaluate("test", with_popularity=True), best
 
-    def results(self, valid: dict, test: dict, best: Optional[Path]) -> Dict[str, Any]:
+    def results(self, valid: dict, test: dict, best: Path | None) -> dict[str, Any]:
         state, data = self.state, self.data
         counts = {s: int(data.meta.get("counts", {}).get(s, len(v))) for s, v in data.splits.items()}
         return {
@@ -369,7 +444,12 @@ class Trainer:
                 "dir": str(data.dir),
                 "name": data.meta.get("name"),
                 "protocol": data.meta.get("protocol"),
-                "counts": {**counts, "users": data.num_users, "items": data.num_items, "categories": data.num_categories},
+                "counts": {
+                    **counts,
+                    "users": data.num_users,
+                    "items": data.num_items,
+                    "categories": data.num_categories,
+                },
             },
             "checkpoint": str(best) if best is not None else "",  # the weights tested ("": the last step's)
         }

@@ -100,8 +100,13 @@ def run_child(kind: str, root: Path) -> tuple[float, float, str]:
         "import time, resource, sys; exec(sys.argv[2]); _t = time.perf_counter(); exec(sys.argv[3]); "
         "print('BENCH', time.perf_counter() - _t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(root), setup, statement], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(root), setup, statement],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    ).stdout
     line = next(x for x in out.splitlines() if x.startswith("BENCH"))
     _, seconds, rss_kib = line.split()
     return float(seconds), int(rss_kib) * 1024 / GIB, out
@@ -111,10 +116,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=25_000_000, help="ratings to generate (ml-25m has 25,000,095)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of (read, prepare); the median is reported")
-    parser.add_argument("--source", choices=["movielens", "interactions"], default="movielens",
-                        help="which pipeline prepares the file: the MovieLens reader or the generic data=interactions source")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="folder for the generated files, kept (default: a temporary folder, removed)")
+    parser.add_argument(
+        "--source",
+        choices=["movielens", "interactions"],
+        default="movielens",
+        help="which pipeline prepares the file: the MovieLens reader or the generic data=interactions source",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="folder for the generated files, kept (default: a temporary folder, removed)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data.absolute() if args.data else Path(tmp)
@@ -134,8 +147,11 @@ def main() -> None:
             prepare_s, prepare_rss, out = run_child("prepare" if args.source == "movielens" else "interactions", root)
             prepares.append((prepare_s, prepare_rss))
             meta = json.loads((Path(out.splitlines()[0]) / "meta.json").read_text())
-            print(f"round {r + 1}: read {reads[-1][0]:.2f}s ({reads[-1][1]:.2f} GiB), prepare {prepare_s:.2f}s "
-                  f"({prepare_rss:.2f} GiB), ratio {prepare_s / reads[-1][0]:.2f}", flush=True)
+            print(
+                f"round {r + 1}: read {reads[-1][0]:.2f}s ({reads[-1][1]:.2f} GiB), prepare {prepare_s:.2f}s "
+                f"({prepare_rss:.2f} GiB), ratio {prepare_s / reads[-1][0]:.2f}",
+                flush=True,
+            )
         for old in root.glob("ml-25m-recbole-*"):
             shutil.rmtree(old)
     ratios = [p[0] / r[0] for r, p in zip(reads, prepares)]

@@ -50,12 +50,25 @@ def child(dataset_dir: str, world_size: int, rank: int, history_length: int) -> 
             data, counts = load_dataset(dataset_dir), None
         else:
             data = load_dataset(dataset_dir, user_range(dataset_dir, rank, world_size))
-            data = type(data)(**{**data.__dict__, "global_item_counts": np.bincount(data.splits["train"].item_ids, minlength=data.num_items)})
+            data = type(data)(
+                **{
+                    **data.__dict__,
+                    "global_item_counts": np.bincount(data.splits["train"].item_ids, minlength=data.num_items),
+                }
+            )
             n = len(data.splits["train"])
             counts = [n] * world_size  # the real counts differ by a few rows; the memory does not
-        batches = TrainBatches(data, history_length=history_length, global_batch_size=1024 * max(1, world_size),
-                               num_uniform_negatives=0, seed=0, rank=rank, world_size=max(1, world_size),
-                               prefetch=0, rank_example_counts=counts)
+        batches = TrainBatches(
+            data,
+            history_length=history_length,
+            global_batch_size=1024 * max(1, world_size),
+            num_uniform_negatives=0,
+            seed=0,
+            rank=rank,
+            world_size=max(1, world_size),
+            prefetch=0,
+            rank_example_counts=counts,
+        )
         next(batches.epoch(0))
         rows = sum(len(s) for s in data.splits.values())
         print(json.dumps({"rows": rows, "peak_mb": peak_rss_mb()}))
@@ -74,17 +87,24 @@ def main(argv=None) -> dict:
     p.add_argument("--interactions", type=int, default=10_000_000)
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--history-length", type=int, default=20)
-    p.add_argument("--data", default="/tmp/recsys-bench-shards", help="where the synthetic dataset is prepared (cached)")
+    p.add_argument(
+        "--data", default="/tmp/recsys-bench-shards", help="where the synthetic dataset is prepared (cached)"
+    )
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from data_pipelines.synthetic import DEFAULT_SPEC, prepare_synthetic  # noqa: PLC0415
     import dataclasses  # noqa: PLC0415
 
+    from data_pipelines.synthetic import DEFAULT_SPEC, prepare_synthetic  # noqa: PLC0415
+
     scale = args.interactions / DEFAULT_SPEC.num_interactions
-    spec = dataclasses.replace(DEFAULT_SPEC, num_interactions=args.interactions,
-                               num_users=max(100, int(DEFAULT_SPEC.num_users * scale)))
+    spec = dataclasses.replace(
+        DEFAULT_SPEC, num_interactions=args.interactions, num_users=max(100, int(DEFAULT_SPEC.num_users * scale))
+    )
     dataset_dir = str(prepare_synthetic(spec, protocol="recbole", split_seed=0, root=args.data))
-    print(f"dataset {dataset_dir}: {args.interactions:,} interactions, {spec.num_users:,} users, {spec.num_items:,} items", flush=True)
+    print(
+        f"dataset {dataset_dir}: {args.interactions:,} interactions, {spec.num_users:,} users, {spec.num_items:,} items",
+        flush=True,
+    )
 
     base = run_child(dataset_dir, 0, 0, args.history_length)["peak_mb"]
     whole = run_child(dataset_dir, 1, 0, args.history_length)
@@ -94,10 +114,15 @@ def main(argv=None) -> dict:
     print(f"baseline (imports): {base:,.0f} MB peak RSS")
     print(f"whole dataset on one rank: +{whole_mb:,.0f} MB ({whole['rows']:,} rows)")
     for r, info in enumerate(ranks):
-        print(f"rank {r} of {args.world_size}, own users only: +{info['peak_mb'] - base:,.0f} MB ({info['rows']:,} rows)")
+        print(
+            f"rank {r} of {args.world_size}, own users only: +{info['peak_mb'] - base:,.0f} MB ({info['rows']:,} rows)"
+        )
     result = {
-        "interactions": args.interactions, "world_size": args.world_size, "baseline_mb": round(base, 1),
-        "whole_mb": round(whole_mb, 1), "max_rank_mb": round(rank_mb, 1),
+        "interactions": args.interactions,
+        "world_size": args.world_size,
+        "baseline_mb": round(base, 1),
+        "whole_mb": round(whole_mb, 1),
+        "max_rank_mb": round(rank_mb, 1),
         "ratio_whole_vs_rank": round(whole_mb / rank_mb, 2) if rank_mb > 0 else None,
     }
     print(json.dumps(result))

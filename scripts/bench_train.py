@@ -55,9 +55,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -68,7 +68,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recsys.config import (
-    DenseOptimConfig, ModelConfig, ShardingConfig, SparseOptimConfig, TableConfig, TableShardingConfig,
+    DenseOptimConfig,
+    ModelConfig,
+    ShardingConfig,
+    SparseOptimConfig,
+    TableConfig,
+    TableShardingConfig,
 )  # fmt: skip
 from recsys.data.batch import Batch
 from recsys.data.batch_bounds import ceil_div
@@ -105,7 +110,10 @@ TOWER_DIMS = [128, 64]
 TEMPERATURE = 0.05
 MODEL = ModelConfig(
     tables={"user": TableConfig(64, "sum"), "item": TableConfig(64, "mean"), "category": TableConfig(32, "mean")},
-    tower_dims=TOWER_DIMS, temperature=TEMPERATURE, logq_correction=True, num_uniform_negatives=0,
+    tower_dims=TOWER_DIMS,
+    temperature=TEMPERATURE,
+    logq_correction=True,
+    num_uniform_negatives=0,
 )
 
 
@@ -139,13 +147,18 @@ def synthetic_data(shape: Shape, seed: int = 0) -> RetrievalData:
     indptr = np.concatenate([[0], np.cumsum(cats_per_item)]).astype(np.int64)
     category_ids = rng.integers(0, shape.num_categories, int(indptr[-1])).astype(np.int64)
     return RetrievalData(
-        dir=Path("."), meta={"name": "bench"}, num_users=shape.num_users, num_items=shape.num_items,
-        num_categories=shape.num_categories, splits={"train": train, "valid": empty, "test": empty},
-        item_category_indptr=indptr, item_category_ids=category_ids,
+        dir=Path("."),
+        meta={"name": "bench"},
+        num_users=shape.num_users,
+        num_items=shape.num_items,
+        num_categories=shape.num_categories,
+        splits={"train": train, "valid": empty, "test": empty},
+        item_category_indptr=indptr,
+        item_category_ids=category_ids,
     )
 
 
-def side_keys(shape: Shape) -> List[str]:
+def side_keys(shape: Shape) -> list[str]:
     return [f"side_{j}" for j in range(shape.num_side_features)]
 
 
@@ -167,7 +180,7 @@ def with_side_features(batch: Batch, shape: Shape, rng: np.random.Generator) -> 
     return Batch(features=features, candidate_item_ids=batch.candidate_item_ids, num_queries=n)
 
 
-def to_plain_inputs(batch: Batch) -> Dict[Tuple[str, str], Tuple[torch.Tensor, torch.Tensor]]:
+def to_plain_inputs(batch: Batch) -> dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]:
     """KJT -> {(side, table): (ids, offsets)} for nn.EmbeddingBag: query rows and candidate rows apart,
     as a user without torchrec would hold them (history ids and candidate ids as separate tensors)."""
     n = batch.num_queries
@@ -182,16 +195,30 @@ def to_plain_inputs(batch: Batch) -> Dict[Tuple[str, str], Tuple[torch.Tensor, t
 # ---------------------------------------------------------------- models
 
 
-def side_tables(shape: Shape) -> List[EmbeddingBagConfig]:
+def side_tables(shape: Shape) -> list[EmbeddingBagConfig]:
     """The bench's further categorical query features: one table each, looked up by the key of its name."""
-    return [EmbeddingBagConfig(name=key, num_embeddings=shape.side_rows, embedding_dim=SIDE_DIM, feature_names=[key],
-                               pooling=PoolingType.SUM) for key in side_keys(shape)]
+    return [
+        EmbeddingBagConfig(
+            name=key,
+            num_embeddings=shape.side_rows,
+            embedding_dim=SIDE_DIM,
+            feature_names=[key],
+            pooling=PoolingType.SUM,
+        )
+        for key in side_keys(shape)
+    ]
 
 
 def build_task(shape: Shape, data: RetrievalData) -> RetrievalTask:
     """recsys's model for ``shape``, from the builder the trainer uses (plus the side tables)."""
-    return build_retrieval_task(MODEL, num_rows=data.table_num_rows, history_length=shape.history_length,
-                                item_counts=torch.from_numpy(data.item_counts()), seed=0, extra_tables=side_tables(shape))
+    return build_retrieval_task(
+        MODEL,
+        num_rows=data.table_num_rows,
+        history_length=shape.history_length,
+        item_counts=torch.from_numpy(data.item_counts()),
+        seed=0,
+        extra_tables=side_tables(shape),
+    )
 
 
 def build_recsys(shape: Shape, data: RetrievalData, env):
@@ -199,13 +226,14 @@ def build_recsys(shape: Shape, data: RetrievalData, env):
     names = [c.name for c in task.model.ebc.embedding_bag_configs()]
     sharding = ShardingConfig(
         tables={t: TableShardingConfig(sharding_types=["table_wise"], compute_kernels=["fused"]) for t in names},
-        device=env.device.type, backend=env.backend,
+        device=env.device.type,
+        backend=env.backend,
     )
     # one process: the task's default (local candidates) is what the trainer installs for world size 1
     return shard_model(task, sharding=sharding, sparse=SparseOptimConfig(), dense=DenseOptimConfig(), env=env, seed=0)
 
 
-def table_weights(sharded) -> Dict[str, torch.Tensor]:
+def table_weights(sharded) -> dict[str, torch.Tensor]:
     """Full table weights of a one-process table_wise DMP (each table is one local shard)."""
     out = {}
     for key, value in sharded.module.state_dict().items():
@@ -219,15 +247,18 @@ class PlainTwoTower(nn.Module):
     """What a user writes without torchrec: one nn.EmbeddingBag(sparse=True) per table, called once
     per side (the item table for the history bags, then again for the candidates)."""
 
-    def __init__(self, configs: List[EmbeddingBagConfig], query_tables: List[str], candidate_tables: List[str]):
+    def __init__(self, configs: list[EmbeddingBagConfig], query_tables: list[str], candidate_tables: list[str]):
         super().__init__()
-        self.tables = nn.ModuleDict({
-            c.name: nn.EmbeddingBag(c.num_embeddings, c.embedding_dim, mode=c.pooling.name.lower(), sparse=True)
-            for c in configs
-        })
+        self.tables = nn.ModuleDict(
+            {
+                c.name: nn.EmbeddingBag(c.num_embeddings, c.embedding_dim, mode=c.pooling.name.lower(), sparse=True)
+                for c in configs
+            }
+        )
         dim = {c.name: c.embedding_dim for c in configs}
         self.query_tables, self.candidate_tables = query_tables, candidate_tables
         from recsys.model.two_tower import mlp
+
         self.query_tower = mlp(sum(dim[t] for t in query_tables), TOWER_DIMS)
         self.candidate_tower = mlp(sum(dim[t] for t in candidate_tables), TOWER_DIMS)
 
@@ -254,15 +285,21 @@ def parse_args(argv=None):
     p.add_argument("--shape", choices=sorted(SHAPES), default="softmax")
     p.add_argument("--rounds", type=int, default=5, help="rounds; each runs --steps steps of every way")
     p.add_argument("--steps", type=int, default=6, help="steps of one way per round")
-    p.add_argument("--warmup", type=int, default=6, help="first steps of each way not counted (first-touch page faults, allocator)")
+    p.add_argument(
+        "--warmup", type=int, default=6, help="first steps of each way not counted (first-touch page faults, allocator)"
+    )
     p.add_argument("--num-batches", type=int, default=4, help="distinct pre-built batches, cycled")
     p.add_argument("--loader-batches", type=int, default=40, help="batches drawn from TrainBatches.epoch")
     p.add_argument("--ways", default="recsys,plain,unfused", help="subset to run (ratios need all three)")
     p.add_argument("--profile", type=int, default=0, help="after timing, profile this many steps of each way")
     p.add_argument("--profile-rows", type=int, default=15, help="operators listed per profiled way")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                   help="cuda: one GPU (NCCL), batches moved there before timing, each step synchronised")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cuda: one GPU (NCCL), batches moved there before timing, each step synchronised",
+    )
     return p.parse_args(argv)
 
 
@@ -271,21 +308,24 @@ class Inputs:
     """The pre-built batches every way trains on, on the bench's device, and the loader they came from."""
 
     source: TrainBatches
-    batches: List[Batch]  # recsys / unfused input: one KJT
-    plain: List[Dict]  # the same batches as nn.EmbeddingBag (ids, offsets) per (side, table)
+    batches: list[Batch]  # recsys / unfused input: one KJT
+    plain: list[dict]  # the same batches as nn.EmbeddingBag (ids, offsets) per (side, table)
 
 
 def prepare_inputs(shape: Shape, data: RetrievalData, args, device: torch.device) -> Inputs:
-    source = TrainBatches(data, history_length=shape.history_length, global_batch_size=shape.batch_size,
-                          num_uniform_negatives=0, seed=0)
+    source = TrainBatches(
+        data, history_length=shape.history_length, global_batch_size=shape.batch_size, num_uniform_negatives=0, seed=0
+    )
     rng = np.random.default_rng(1)
     batches = [with_side_features(b, shape, rng) for _, b in zip(range(args.num_batches), source.epoch(0))]
     plain_inputs = [{k: (v.to(device), o.to(device)) for k, (v, o) in to_plain_inputs(b).items()} for b in batches]
     batches = [b.to(device) for b in batches]  # once, before timing (the trainer overlaps the copy)
     B = shape.batch_size
     mean_hist = batches[0].features["item"].lengths()[:B].float().mean().item() if shape.history_length else 0.0
-    print(f"shape {args.shape}: {shape}; mean history bag {mean_hist:.1f}; torch threads {torch.get_num_threads()}",
-          flush=True)
+    print(
+        f"shape {args.shape}: {shape}; mean history bag {mean_hist:.1f}; torch threads {torch.get_num_threads()}",
+        flush=True,
+    )
     return Inputs(source, batches, plain_inputs)
 
 
@@ -298,13 +338,17 @@ def recsys_way(sharded, inputs: Inputs, env) -> Callable[[int], torch.Tensor]:
 
 def plain_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers, log_q, device):
     reference = build_task(shape, data).model  # the same tables and towers, read by the plain model
-    plain = PlainTwoTower(reference.ebc.embedding_bag_configs(), reference.query_keys, reference.candidate_keys).to(device)
+    plain = PlainTwoTower(reference.ebc.embedding_bag_configs(), reference.query_keys, reference.candidate_keys).to(
+        device
+    )
     with torch.no_grad():
         for t, w in weights.items():
             plain.tables[t].weight.copy_(w)
         plain.load_state_dict(towers, strict=False)
     sparse_opt = torch.optim.SparseAdam(list(plain.tables.parameters()), lr=1e-3)
-    dense_opt = torch.optim.Adam(list(plain.query_tower.parameters()) + list(plain.candidate_tower.parameters()), lr=1e-3)
+    dense_opt = torch.optim.Adam(
+        list(plain.query_tower.parameters()) + list(plain.candidate_tower.parameters()), lr=1e-3
+    )
 
     def plain_step(i: int) -> torch.Tensor:
         plain_inputs, batch = inputs.plain[i % len(inputs.batches)], inputs.batches[i % len(inputs.batches)]
@@ -330,7 +374,9 @@ def unfused_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towe
             task.model.ebc.embedding_bags[t].weight.copy_(w)
         task.model.load_state_dict(towers, strict=False)
     table_opt = torch.optim.Adagrad(task.model.ebc.parameters(), lr=0.05)
-    tower_opt = torch.optim.Adam(list(task.model.query_tower.parameters()) + list(task.model.candidate_tower.parameters()), lr=1e-3)
+    tower_opt = torch.optim.Adam(
+        list(task.model.query_tower.parameters()) + list(task.model.candidate_tower.parameters()), lr=1e-3
+    )
 
     def unfused_step(i: int) -> torch.Tensor:
         loss, _ = task(inputs.batches[i % len(inputs.batches)])
@@ -344,10 +390,10 @@ def unfused_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towe
     return unfused_step
 
 
-def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: List[str], env):
+def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: list[str], env):
     """(step function per way, parameters + optimizer state in MB per way); every way starts from recsys's weights."""
-    steps: Dict[str, Callable[[int], torch.Tensor]] = {}
-    state_mb: Dict[str, float] = {}
+    steps: dict[str, Callable[[int], torch.Tensor]] = {}
+    state_mb: dict[str, float] = {}
     sharded = build_recsys(shape, data, env)
     weights = table_weights(sharded)
     towers = {k: v for k, v in sharded.module.module.model.state_dict().items() if "_tower." in k}
@@ -369,14 +415,14 @@ def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: List[str
     return steps, state_mb
 
 
-def time_rounds(steps, args, batch_size: int, sync) -> Tuple[Dict[str, List[float]], Dict[str, float], Dict[str, int]]:
+def time_rounds(steps, args, batch_size: int, sync) -> tuple[dict[str, list[float]], dict[str, float], dict[str, int]]:
     """(step times per way, first-step loss per way, steps taken per way): ``args.rounds`` rounds, the order rotating."""
-    times: Dict[str, List[float]] = {w: [] for w in steps}
-    first_loss: Dict[str, float] = {}
+    times: dict[str, list[float]] = {w: [] for w in steps}
+    first_loss: dict[str, float] = {}
     counters = {w: 0 for w in steps}
     names = list(steps)
     for r in range(args.rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for w in order:
             for _ in range(args.steps):
                 t0 = time.perf_counter()
@@ -386,13 +432,16 @@ def time_rounds(steps, args, batch_size: int, sync) -> Tuple[Dict[str, List[floa
                 if counters[w] == 0:
                     first_loss[w] = float(loss)
                 counters[w] += 1
-        print(f"round {r}: " + ", ".join(f"{w} {batch_size / statistics.median(times[w][-args.steps:]):,.0f}/s" for w in order),
-              flush=True)
+        print(
+            f"round {r}: "
+            + ", ".join(f"{w} {batch_size / statistics.median(times[w][-args.steps :]):,.0f}/s" for w in order),
+            flush=True,
+        )
     print("first-step loss (same weights, same batch): " + ", ".join(f"{w} {v:.5f}" for w, v in first_loss.items()))
     return times, first_loss, counters
 
 
-def paired_ratios(times: Dict[str, List[float]], args) -> Dict[str, float]:
+def paired_ratios(times: dict[str, list[float]], args) -> dict[str, float]:
     """Per round, the other way's mean step time over recsys's (adjacent in time, so a background job
     that slows the machine for a while slows both); median over rounds."""
     first_round = ceil_div(args.warmup, args.steps)
@@ -401,8 +450,8 @@ def paired_ratios(times: Dict[str, List[float]], args) -> Dict[str, float]:
         for w in times:
             if w != "recsys":
                 per_round = [
-                    statistics.mean(times[w][r * args.steps:(r + 1) * args.steps])
-                    / statistics.mean(times["recsys"][r * args.steps:(r + 1) * args.steps])
+                    statistics.mean(times[w][r * args.steps : (r + 1) * args.steps])
+                    / statistics.mean(times["recsys"][r * args.steps : (r + 1) * args.steps])
                     for r in range(first_round, args.rounds)
                 ]
                 if per_round:
@@ -422,10 +471,14 @@ def profile_ways(steps, counters, args, device: torch.device, sync) -> None:
                 counters[w] += 1
             sync()
         print(f"--- {w}: {args.profile} steps")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_rows, max_name_column_width=60))
+        print(
+            prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=args.profile_rows, max_name_column_width=60
+            )
+        )
 
 
-def measure_loader(source: TrainBatches, num_batches: int) -> Tuple[float, float]:
+def measure_loader(source: TrainBatches, num_batches: int) -> tuple[float, float]:
     """(batches/s of what the trainer iterates, seconds of the first batch): prefetch=0, the building itself;
     the first batch also draws the epoch's permutation."""
     source.prefetch = 0
@@ -439,7 +492,7 @@ def measure_loader(source: TrainBatches, num_batches: int) -> Tuple[float, float
     return num_batches / (time.perf_counter() - t0), first_batch_s
 
 
-def summarize(args, B: int, samples_per_s, paired, state_mb, rss_before, loader, device: torch.device) -> Dict:
+def summarize(args, B: int, samples_per_s, paired, state_mb, rss_before, loader, device: torch.device) -> dict:
     """The last line's JSON object."""
     result = {"shape": args.shape, "batch_size": B}
     for w in ("recsys", "plain", "unfused"):
@@ -466,7 +519,7 @@ def summarize(args, B: int, samples_per_s, paired, state_mb, rss_before, loader,
     return result
 
 
-def main(argv=None) -> Dict:
+def main(argv=None) -> dict:
     args = parse_args(argv)
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -485,7 +538,7 @@ def main(argv=None) -> Dict:
     rss_before = current_rss_mb()
     steps, state_mb = build_ways(shape, data, inputs, args.ways.split(","), env)
     times, _, counters = time_rounds(steps, args, shape.batch_size, sync)
-    samples_per_s = {w: shape.batch_size / statistics.median(t[args.warmup:]) for w, t in times.items()}
+    samples_per_s = {w: shape.batch_size / statistics.median(t[args.warmup :]) for w, t in times.items()}
     paired = paired_ratios(times, args)
     if args.profile:
         profile_ways(steps, counters, args, device, sync)

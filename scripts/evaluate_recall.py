@@ -1,7 +1,7 @@
 """Offline recall evaluation of a trained run (a thin wrapper over ``python -m recsys.evaluate``).
 
-    $ python scripts/evaluate_recall.py run_dir=runs/default
-    $ torchrun --standalone --nproc_per_node=2 scripts/evaluate_recall.py run_dir=runs/default
+$ python scripts/evaluate_recall.py run_dir=runs/default
+$ torchrun --standalone --nproc_per_node=2 scripts/evaluate_recall.py run_dir=runs/default
 """
 
 import runpy

@@ -80,7 +80,9 @@ def render(report: PlanReport) -> str:
         return "\n".join(lines)
 
     lines.append("")
-    lines.append(f"{'table':<10} {'rows x dim':>18} {'weights GB':>10}  {'sharding_type':<17} {'kernel':<18} {'shards':>6}  ranks")
+    lines.append(
+        f"{'table':<10} {'rows x dim':>18} {'weights GB':>10}  {'sharding_type':<17} {'kernel':<18} {'shards':>6}  ranks"
+    )
     for name, t in report.tables.items():
         lines.append(
             f"{name:<10} {f'{t.num_rows} x {t.embedding_dim}':>18} {report.table_bytes[name] / GB:>10.2f}  "

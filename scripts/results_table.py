@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 from recsys.markdown import markdown_table
 
@@ -22,19 +22,25 @@ ROWS = (
     ("ials", "iALS (λ = {reg:g}, α = {alpha:g}, tuned on valid)"),
     ("popularity", "popularity"),
 )
-METRICS = (("Recall@10", "recall@10"), ("Recall@20", "recall@20"), ("Recall@50", "recall@50"),
-           ("Recall@100", "recall@100"), ("NDCG@10", "ndcg@10"), ("NDCG@20", "ndcg@20"))
+METRICS = (
+    ("Recall@10", "recall@10"),
+    ("Recall@20", "recall@20"),
+    ("Recall@50", "recall@50"),
+    ("Recall@100", "recall@100"),
+    ("NDCG@10", "ndcg@10"),
+    ("NDCG@20", "ndcg@20"),
+)
 TAIL = ("tail-item Recall@20", "recall@20")  # from the item-popularity breakdown's tail bucket
 COLUMNS = [f"{SPLIT} split", *(name for name, _ in METRICS), TAIL[0]]
 HEADER = markdown_table(COLUMNS, [])[0]
 
 
-def _tail(report: Dict[str, Any], model: str) -> float:
+def _tail(report: dict[str, Any], model: str) -> float:
     buckets = report["splits"][SPLIT]["breakdowns"][model]["item_popularity"]["buckets"]
     return next(b for b in buckets if b["bucket"] == "tail")[TAIL[1]]
 
 
-def results_table(report: Dict[str, Any]) -> str:
+def results_table(report: dict[str, Any]) -> str:
     metrics = report["splits"][SPLIT]["metrics"]
     rows = []
     for model, label in ROWS:

@@ -69,7 +69,7 @@ def trained_run(tmp_path_factory, data_root, process_group) -> TrainedRun:
     """``+experiment=tiny`` trained to the end in this process, its config saved as ``python -m
     recsys.train`` saves it, and exported (``<run_dir>/export``): what evaluate / export / serving tests read."""
     from recsys.export import ExportConfig, export_run
-    from recsys.trainer import fit
+    from recsys.run import fit
 
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     cfg = tiny_config([f"data.root={data_root}"])
@@ -84,7 +84,9 @@ def trained_run(tmp_path_factory, data_root, process_group) -> TrainedRun:
 def two_rank_runs(request, tmp_path_factory, data_root, tiny_data) -> dict[str, Path]:
     """Run dirs of the 2-rank trainings of tests/helpers/two_rank.py that this session's tests name
     (``@pytest.mark.two_rank_runs(...)``), all trained in one torchrun launch. Read-only."""
-    names = sorted({name for item in request.session.items for mark in item.iter_markers("two_rank_runs") for name in mark.args})
+    names = sorted(
+        {name for item in request.session.items for mark in item.iter_markers("two_rank_runs") for name in mark.args}
+    )
     root = tmp_path_factory.mktemp("two_rank")
     jobs = [{"fit": [*JOBS[name], f"data.root={data_root}"], "run_dir": str(root / name)} for name in names]
     (root / "jobs.json").write_text(json.dumps(jobs, indent=1))

@@ -27,7 +27,9 @@ def test_gather_ranges_and_segment_sum_match_loops():
 
 def test_training_history_is_the_users_previous_items(tiny_data):
     history_length = 4
-    batches = TrainBatches(tiny_data, history_length=history_length, global_batch_size=64, num_uniform_negatives=3, seed=0)
+    batches = TrainBatches(
+        tiny_data, history_length=history_length, global_batch_size=64, num_uniform_negatives=3, seed=0
+    )
     batch = next(batches.epoch(0))
     features = batch.features.to_dict()
     train = tiny_data.splits["train"]
@@ -40,7 +42,13 @@ def test_training_history_is_the_users_previous_items(tiny_data):
         got = hist.values()[hist.offsets()[j] : hist.offsets()[j + 1]].tolist()
         assert got == expected
         got_cats = cats.values()[cats.offsets()[j] : cats.offsets()[j + 1]].tolist()
-        expected_cats = [c for i in expected for c in tiny_data.item_category_ids[tiny_data.item_category_indptr[i] : tiny_data.item_category_indptr[i + 1]]]
+        expected_cats = [
+            c
+            for i in expected
+            for c in tiny_data.item_category_ids[
+                tiny_data.item_category_indptr[i] : tiny_data.item_category_indptr[i + 1]
+            ]
+        ]
         assert got_cats == expected_cats
     assert batch.num_queries == 64 and batch.candidate_item_ids.numel() == 64 + 3
     assert batch.candidate_item_ids[:64].tolist() == train.item_ids[order].tolist()
@@ -51,7 +59,12 @@ def test_training_history_is_the_users_previous_items(tiny_data):
     assert hist.values()[hist.offsets()[64] :].tolist() == batch.candidate_item_ids.tolist()
     for j, item in enumerate(batch.candidate_item_ids.tolist()):
         got_cats = cats.values()[cats.offsets()[64 + j] : cats.offsets()[65 + j]].tolist()
-        assert got_cats == tiny_data.item_category_ids[tiny_data.item_category_indptr[item] : tiny_data.item_category_indptr[item + 1]].tolist()
+        assert (
+            got_cats
+            == tiny_data.item_category_ids[
+                tiny_data.item_category_indptr[item] : tiny_data.item_category_indptr[item + 1]
+            ].tolist()
+        )
 
 
 def test_ranks_split_every_global_batch_and_share_negatives(tiny_data):
@@ -77,8 +90,16 @@ def test_every_example_is_seen_exactly_once_per_epoch(tiny_data, world_size):
     train = tiny_data.splits["train"]
     seen = []
     for rank in range(world_size):
-        batches = TrainBatches(tiny_data, history_length=0, global_batch_size=1001, num_uniform_negatives=0,
-                               seed=3, rank=rank, world_size=world_size, prefetch=0)
+        batches = TrainBatches(
+            tiny_data,
+            history_length=0,
+            global_batch_size=1001,
+            num_uniform_negatives=0,
+            seed=3,
+            rank=rank,
+            world_size=world_size,
+            prefetch=0,
+        )
         for batch in batches.epoch(2):
             seen.append(batch.candidate_item_ids.numpy() * 1_000_000 + batch.features["user"].values().numpy())
     seen = np.sort(np.concatenate(seen))
@@ -103,11 +124,18 @@ def test_latest_items_are_the_last_of_each_users_timeline():
 
 def test_out_of_range_and_negative_ids_raise_before_lookup(tiny_data):
     builder = FeatureBuilder(tiny_data, history_length=2)
-    ok = dict(user_ids=np.array([0, 1]), hist_lengths=np.array([1, 0]), hist_items=np.array([1]), candidate_item_ids=np.array([2, 3]))
+    ok = dict(
+        user_ids=np.array([0, 1]),
+        hist_lengths=np.array([1, 0]),
+        hist_items=np.array([1]),
+        candidate_item_ids=np.array([2, 3]),
+    )
     builder.build(**ok)
     with pytest.raises(ValueError, match=r"feature 'item_id': id 300 is out of range for table 'item' of 300 rows"):
         builder.build(**{**ok, "candidate_item_ids": np.array([2, 300])})
-    with pytest.raises(ValueError, match=r"feature 'history_item_ids': id -1 is negative \(table 'item' has 300 rows\)"):
+    with pytest.raises(
+        ValueError, match=r"feature 'history_item_ids': id -1 is negative \(table 'item' has 300 rows\)"
+    ):
         builder.build(**{**ok, "hist_items": np.array([-1])})
     with pytest.raises(ValueError, match=r"feature 'user_id': id 400 is out of range for table 'user' of 400 rows"):
         builder.build(**{**ok, "user_ids": np.array([0, 400])})
@@ -185,10 +213,15 @@ def test_per_rank_user_shards_partition_the_epoch_with_full_histories(tiny_data,
         assert np.array_equal(np.sort(pairs), np.sort(full.user_ids * 1_000_000 + full.item_ids))
     counts = [len(s.splits["train"]) for s in shards]
     assert max(counts) - min(counts) < 0.1 * sum(counts) / world_size  # balanced by rows
-    kwargs = dict(history_length=3, global_batch_size=301, num_uniform_negatives=4, seed=1, world_size=world_size, prefetch=0)
+    kwargs = dict(
+        history_length=3, global_batch_size=301, num_uniform_negatives=4, seed=1, world_size=world_size, prefetch=0
+    )
     ranks = [TrainBatches(s, rank=r, rank_example_counts=counts, **kwargs) for r, s in enumerate(shards)]
     whole = TrainBatches(tiny_data, **{**kwargs, "world_size": 1})
-    row_of = {(u, i): j for j, (u, i) in enumerate(zip(tiny_data.splits["train"].user_ids, tiny_data.splits["train"].item_ids))}
+    row_of = {
+        (u, i): j
+        for j, (u, i) in enumerate(zip(tiny_data.splits["train"].user_ids, tiny_data.splits["train"].item_ids))
+    }
     assert len({len(r) for r in ranks}) == 1 and len(ranks[0]) == -(-sum(counts) // 301)
     seen = []
     for parts in zip(*(r.epoch(1) for r in ranks)):
@@ -197,7 +230,9 @@ def test_per_rank_user_shards_partition_the_epoch_with_full_histories(tiny_data,
         assert all(p.rank_sizes == sizes and p.global_num_queries == sum(sizes) for p in parts)
         for r, p in enumerate(parts):
             n = p.num_queries
-            assert torch.equal(p.candidate_item_ids[n:], parts[0].candidate_item_ids[parts[0].num_queries:])  # shared negatives
+            assert torch.equal(
+                p.candidate_item_ids[n:], parts[0].candidate_item_ids[parts[0].num_queries :]
+            )  # shared negatives
             users = p.features["user"].values().numpy()
             items = p.candidate_item_ids[:n].numpy()
             assert ((users >= bounds[r]) & (users < bounds[r + 1])).all()
@@ -216,5 +251,13 @@ def test_per_rank_user_shards_partition_the_epoch_with_full_histories(tiny_data,
 def test_per_rank_shards_too_small_for_the_epoch_are_refused(tiny_data):
     n = len(tiny_data.splits["train"])
     with pytest.raises(ValueError, match=r"rank 1 holds 3 training examples, fewer than the \d+ batches"):
-        TrainBatches(tiny_data, history_length=0, global_batch_size=100, num_uniform_negatives=0, seed=0,
-                     rank=0, world_size=2, rank_example_counts=[n, 3])
+        TrainBatches(
+            tiny_data,
+            history_length=0,
+            global_batch_size=100,
+            num_uniform_negatives=0,
+            seed=0,
+            rank=0,
+            world_size=2,
+            rank_example_counts=[n, 3],
+        )

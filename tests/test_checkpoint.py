@@ -28,7 +28,10 @@ def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, data_r
     results = [json.loads((tmp_path / d / "results.json").read_text()) for d in ("straight", "resumed")]
     assert results[0]["test"] == results[1]["test"]
     # the last two step checkpoints are kept (keep_last_checkpoints=2), plus best/
-    assert [p.name for p in complete_checkpoints(tmp_path / "resumed" / "checkpoints")] == ["step_00000006", "step_00000012"]
+    assert [p.name for p in complete_checkpoints(tmp_path / "resumed" / "checkpoints")] == [
+        "step_00000006",
+        "step_00000012",
+    ]
 
 
 def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_group):
@@ -38,7 +41,12 @@ def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_gr
         fit(tiny_config([f"data.root={data_root}", "trainer.epochs=2", "model.tower_dims=[24,8]", *SHORT]), tmp_path)
     # resume=none sets the old checkpoints aside (never deleting an earlier set) and starts over
     for n in (1, 2):
-        fit(tiny_config([f"data.root={data_root}", "trainer.epochs=1", "model.temperature=0.5", "trainer.resume=none", *SHORT]), tmp_path)
+        fit(
+            tiny_config(
+                [f"data.root={data_root}", "trainer.epochs=1", "model.temperature=0.5", "trainer.resume=none", *SHORT]
+            ),
+            tmp_path,
+        )
         assert (tmp_path / f"checkpoints.replaced.{n}" / "best" / "trainer_state.json").is_file()
     # each checkpoint carries the config its weights were trained with
     saved = OmegaConf.load(tmp_path / "checkpoints" / "best" / "config.yaml")
@@ -69,8 +77,14 @@ def test_interrupted_write_leaves_the_previous_checkpoint_loadable(tmp_path, dat
     from recsys.model.build import build_task
 
     cfg = tiny_config([f"data.root={data_root}"])
-    sharded = shard_model(build_task(cfg, load_dataset(prepare_dataset(cfg.data))), sharding=cfg.sharding,
-                          sparse=cfg.optim.sparse, dense=cfg.optim.dense, env=process_group, seed=0)
+    sharded = shard_model(
+        build_task(cfg, load_dataset(prepare_dataset(cfg.data))),
+        sharding=cfg.sharding,
+        sparse=cfg.optim.sparse,
+        dense=cfg.optim.dense,
+        env=process_group,
+        seed=0,
+    )
     good = save_checkpoint(sharded, TrainerState(step=5), root=tmp_path, env=process_group)
 
     real_save = checkpoint_module.dcp.save

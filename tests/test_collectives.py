@@ -10,7 +10,6 @@ import torch.multiprocessing as mp
 pytestmark = pytest.mark.multiprocess
 
 
-
 def _block(rank: int, rows: int) -> torch.Tensor:
     """Rank r's rows: distinct values so an out-of-place or missing row shows."""
     return torch.arange(rows * 3, dtype=torch.float32).reshape(rows, 3) + 1000 * (rank + 1)

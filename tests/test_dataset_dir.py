@@ -82,11 +82,25 @@ def test_out_of_range_item_id_names_column_and_value(tmp_path):
     [
         (dict(test=_interactions([])), r"test: split is empty"),
         (dict(train=_interactions([(-1, 0, 1, 1.0)])), r"train\.user_id: value -1"),
-        (dict(train=_interactions([(0, 0, 1, 1.0)]).astype({"item_id": "float64"})), r"train\.item_id: expected an integer"),
+        (
+            dict(train=_interactions([(0, 0, 1, 1.0)]).astype({"item_id": "float64"})),
+            r"train\.item_id: expected an integer",
+        ),
         (dict(items=pd.DataFrame({"item_id": [0, 1, 2, 3, 5, 4], "categories": [[0]] * 6})), r"items\.item_id.*row 4"),
-        (dict(items=pd.DataFrame({"item_id": np.arange(NUM_ITEMS), "categories": [[0], [2, 1], [0], [0], [0], [0]]})), r"item 1 has unsorted"),
-        (dict(items=pd.DataFrame({"item_id": np.arange(NUM_ITEMS), "categories": [[0], [1], [0], [7], [0], [0]]})), r"items\.categories: value 7"),
-        (dict(items=pd.DataFrame({"item_id": np.arange(NUM_ITEMS), "categories": [[0], [1], [], [0], [0], [0]]})), r"item 2 has no categories"),
+        (
+            dict(
+                items=pd.DataFrame({"item_id": np.arange(NUM_ITEMS), "categories": [[0], [2, 1], [0], [0], [0], [0]]})
+            ),
+            r"item 1 has unsorted",
+        ),
+        (
+            dict(items=pd.DataFrame({"item_id": np.arange(NUM_ITEMS), "categories": [[0], [1], [0], [7], [0], [0]]})),
+            r"items\.categories: value 7",
+        ),
+        (
+            dict(items=pd.DataFrame({"item_id": np.arange(NUM_ITEMS), "categories": [[0], [1], [], [0], [0], [0]]})),
+            r"item 2 has no categories",
+        ),
         (dict(users=pd.DataFrame({"user_id": np.arange(NUM_USERS - 1)})), r"users\.user_id"),
     ],
 )
@@ -166,7 +180,11 @@ def test_is_complete_needs_every_file(tmp_path):
     [
         ("truncate train.parquet", ValueError, r"train\.parquet: not a readable parquet file"),
         ("drop items.categories", ValueError, r"items\.parquet: no column 'categories'"),
-        ("meta num_categories 'eight'", ValueError, r"meta\.json: 'num_categories' is 'eight', expected a non-negative integer"),
+        (
+            "meta num_categories 'eight'",
+            ValueError,
+            r"meta\.json: 'num_categories' is 'eight', expected a non-negative integer",
+        ),
         ("test item_id out of range", ValueError, r"test\.parquet: column 'item_id' has id 300 outside \[0, 300\)"),
         ("delete valid.parquet", FileNotFoundError, r"valid\.parquet: missing; prepare the dataset again"),
     ],
@@ -194,7 +212,9 @@ def test_reading_a_damaged_dataset_dir_names_the_file_and_the_fault(tmp_path, ti
         table = pq.read_table(root / "test.parquet")
         items = table.column("item_id").to_numpy().copy()
         items[0] = 300
-        pq.write_table(table.set_column(table.schema.get_field_index("item_id"), "item_id", pa.array(items)), root / "test.parquet")
+        pq.write_table(
+            table.set_column(table.schema.get_field_index("item_id"), "item_id", pa.array(items)), root / "test.parquet"
+        )
     else:
         (root / "valid.parquet").unlink()
     with pytest.raises(error, match=pattern):

@@ -86,7 +86,9 @@ def _two_block_case():
         held_u += [u] * 2
         held_i += picked[5:].tolist()
     noise_u = rng.integers(0, 80, size=40)
-    train = UserItemCSR.from_pairs(np.r_[users, noise_u], np.r_[items, rng.integers(0, 20, size=40)], num_users=80, num_items=20)
+    train = UserItemCSR.from_pairs(
+        np.r_[users, noise_u], np.r_[items, rng.integers(0, 20, size=40)], num_users=80, num_items=20
+    )
     relevant = UserItemCSR.from_pairs(np.array(held_u), np.array(held_i), num_users=80, num_items=20)
     return train, relevant
 

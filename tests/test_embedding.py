@@ -23,13 +23,22 @@ def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_a
     torch.manual_seed(0)
     task = RetrievalTask(
         TwoTower(configs, query_tables=query_tables(history_length=5), tower_dims=[12, 8]),
-        item_counts=torch.ones(NUM_ROWS["item"]), temperature=0.2, logq_correction=True, num_uniform_negatives=0,
+        item_counts=torch.ones(NUM_ROWS["item"]),
+        temperature=0.2,
+        logq_correction=True,
+        num_uniform_negatives=0,
     )
     sharding = ShardingConfig(
         device="cpu", tables={t: TableShardingConfig(sharding_types=[sharding_type]) for t in NUM_ROWS}
     )
-    return shard_model(task, sharding=sharding, sparse=SparseOptimConfig(name=optimizer, lr=0.1, weight_decay=weight_decay),
-                        dense=DenseOptimConfig(), env=process_group, seed=3)
+    return shard_model(
+        task,
+        sharding=sharding,
+        sparse=SparseOptimConfig(name=optimizer, lr=0.1, weight_decay=weight_decay),
+        dense=DenseOptimConfig(),
+        env=process_group,
+        seed=3,
+    )
 
 
 def random_batch(rng, batch_size=6):
@@ -150,8 +159,13 @@ def test_cuda_only_sharding_choices_are_refused_on_cpu():
 
 
 EXPECTED_KERNEL_OPTIMIZER = {
-    "sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM",
-    "partial_rowwise_adam": "PARTIAL_ROWWISE_ADAM", "lamb": "LAMB", "partial_rowwise_lamb": "PARTIAL_ROWWISE_LAMB",
+    "sgd": "EXACT_SGD",
+    "adagrad": "EXACT_ADAGRAD",
+    "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD",
+    "adam": "ADAM",
+    "partial_rowwise_adam": "PARTIAL_ROWWISE_ADAM",
+    "lamb": "LAMB",
+    "partial_rowwise_lamb": "PARTIAL_ROWWISE_LAMB",
 }
 
 
@@ -172,7 +186,9 @@ def test_sparse_optimizer_settings_reach_fbgemm_under_its_own_names(name):
     cls, kwargs = sparse_optimizer_kwargs(cfg, torch.device("cuda"))
     cls([torch.nn.Parameter(torch.zeros(3, 2))], **kwargs)
     assert optimizer_type_to_emb_opt_type(cls).name == EXPECTED_KERNEL_OPTIMIZER[name]
-    fused = merge_fused_params(sparse_fused_params(cfg), dict(kwargs))  # the sharder's (weight_decay_mode) + the optimizer's
+    fused = merge_fused_params(
+        sparse_fused_params(cfg), dict(kwargs)
+    )  # the sharder's (weight_decay_mode) + the optimizer's
     accepted = inspect.signature(SplitTableBatchedEmbeddingBagsCodegen.__init__).parameters
     assert set(fused) <= set(accepted), f"fbgemm has no parameter {sorted(set(fused) - set(accepted))}"
     assert fused["learning_rate"] == 0.2 and fused["weight_decay"] == 0.01

@@ -24,13 +24,29 @@ def run_copy(trained_run, tmp_path_factory, data_root):
     shutil.copytree(trained_run.run_dir, run_dir)
     # a second run in the same dir with other tower widths is refused, but Hydra has already rewritten
     # .hydra/config.yaml by then: evaluation must still rebuild the model the checkpoint holds
-    argv = ["recsys.train", "+experiment=tiny", f"hydra.run.dir={run_dir}", f"data.root={data_root}",
-            "model.tower_dims=[24,8]", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    argv = [
+        "recsys.train",
+        "+experiment=tiny",
+        f"hydra.run.dir={run_dir}",
+        f"data.root={data_root}",
+        "model.tower_dims=[24,8]",
+        "hydra/job_logging=none",
+        "hydra/hydra_logging=none",
+    ]
     out = io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, redirect_stdout(out), redirect_stderr(out), pytest.raises(SystemExit) as exited:
+    with (
+        pytest.MonkeyPatch.context() as mp,
+        redirect_stdout(out),
+        redirect_stderr(out),
+        pytest.raises(SystemExit) as exited,
+    ):
         mp.setattr(sys, "argv", argv)
-        runpy.run_module("recsys.train", run_name="__main__", alter_sys=True)  # as `python -m recsys.train`, in this process
-    logging.captureWarnings(False)  # its setup_logging() sent Python warnings to logging for good: give them back to pytest
+        runpy.run_module(
+            "recsys.train", run_name="__main__", alter_sys=True
+        )  # as `python -m recsys.train`, in this process
+    logging.captureWarnings(
+        False
+    )  # its setup_logging() sent Python warnings to logging for good: give them back to pytest
     assert exited.value.code != 0 and "saved for another data/model config" in out.getvalue()
     assert list(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model.tower_dims) == [24, 8]
     return run_dir
@@ -41,8 +57,13 @@ def test_report_from_one_and_two_ranks_is_identical(run_copy, tmp_path):
     args = ["-m", "recsys.evaluate", f"run_dir={trained_run}", "ann_kinds=[flat]", "ks=[10,20,50]"]
     proc = launch(args)
     assert f"report written to {trained_run / 'eval'}" in proc.stdout + proc.stderr
-    for stage in ("loaded; embedding 300 items", "EASE: Gram matrix of 300 items", "valid: ranking", "test: ranking",
-                  "FAISS: flat indexes"):  # a line per stage, not ~40 s of silence on the default run
+    for stage in (
+        "loaded; embedding 300 items",
+        "EASE: Gram matrix of 300 items",
+        "valid: ranking",
+        "test: ranking",
+        "FAISS: flat indexes",
+    ):  # a line per stage, not ~40 s of silence on the default run
         assert stage in proc.stdout, stage
     assert "Recall@20" in proc.stdout or "recall@20" in proc.stdout
     eval_dir = trained_run / "eval"
@@ -60,13 +81,33 @@ def test_report_from_one_and_two_ranks_is_identical(run_copy, tmp_path):
     gpu_config = OmegaConf.load(config_path)
     gpu_config.optim.sparse.name = "adam"
     gpu_config.sharding.backend = "nccl"
-    gpu_config.sharding.tables = {"item": {"sharding_types": ["row_wise"], "compute_kernels": ["fused_uvm_caching"], "cache_load_factor": 0.2}}
+    gpu_config.sharding.tables = {
+        "item": {"sharding_types": ["row_wise"], "compute_kernels": ["fused_uvm_caching"], "cache_load_factor": 0.2}
+    }
     OmegaConf.save(gpu_config, config_path)
     # two evaluations on 2 ranks, one launch (tests/helpers/run_jobs.py): the GPU run's report to out_dir
     # (instead of eval/), and max_users: a seeded sample of users, each ranked exactly as in the full
     # evaluation, reported beside the full report (never over it)
-    jobs = [{"evaluate": {"run_dir": str(gpu_run), "ann_kinds": ["flat"], "ks": [10, 20, 50], "out_dir": str(tmp_path / "two")}},
-            {"evaluate": {"run_dir": str(trained_run), "ann_kinds": [], "ease": False, "ks": [10, 20, 50], "max_users": 40, "seed": 3}}]
+    jobs = [
+        {
+            "evaluate": {
+                "run_dir": str(gpu_run),
+                "ann_kinds": ["flat"],
+                "ks": [10, 20, 50],
+                "out_dir": str(tmp_path / "two"),
+            }
+        },
+        {
+            "evaluate": {
+                "run_dir": str(trained_run),
+                "ann_kinds": [],
+                "ease": False,
+                "ks": [10, 20, 50],
+                "max_users": 40,
+                "seed": 3,
+            }
+        },
+    ]
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     launch(["tests/helpers/run_jobs.py", str(tmp_path / "jobs.json")], nproc=2)
 
@@ -77,7 +118,9 @@ def test_report_from_one_and_two_ranks_is_identical(run_copy, tmp_path):
             assert one["splits"][split]["metrics"][model] == two["splits"][split]["metrics"][model], (split, model)
     # the training run's own test numbers (same weights, same protocol) agree with the report's
     results = json.loads((trained_run / "results.json").read_text())
-    assert results["test"]["two_tower"]["recall@20"] == pytest.approx(one["splits"]["test"]["metrics"]["two_tower"]["recall@20"], abs=1e-6)
+    assert results["test"]["two_tower"]["recall@20"] == pytest.approx(
+        one["splits"]["test"]["metrics"]["two_tower"]["recall@20"], abs=1e-6
+    )
 
     full_recs = pd.read_parquet(eval_dir / "recommendations.parquet")
     assert (eval_dir / "report.json").read_bytes() == full_report
@@ -96,6 +139,8 @@ def test_report_from_one_and_two_ranks_is_identical(run_copy, tmp_path):
 
 def test_script_wrapper_finds_the_config(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["scripts/evaluate_recall.py", f"run_dir={tmp_path}", "ks=[5]", "--cfg", "job"])
-    runpy.run_path(str(ROOT / "scripts" / "evaluate_recall.py"), run_name="__main__")  # as `python scripts/evaluate_recall.py`
+    runpy.run_path(
+        str(ROOT / "scripts" / "evaluate_recall.py"), run_name="__main__"
+    )  # as `python scripts/evaluate_recall.py`
     out = capsys.readouterr().out
     assert f"run_dir: {tmp_path}" in out and "- 5" in out

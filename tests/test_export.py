@@ -6,10 +6,8 @@ import numpy as np
 import torch
 
 from recsys.data.batches import FeatureBuilder, latest_items
-from recsys.run import load_trained
 from recsys.evaluation.sharded import Evaluator, embed
-from recsys.export import ExportConfig, export_run
-from recsys.run import fit
+from recsys.run import load_trained
 from tests.helpers.launch import launch
 
 SERVE = """
@@ -24,7 +22,11 @@ assert not any(m.startswith("torchrec") or m.startswith("fbgemm") for m in sys.m
 
 
 def test_exported_bundle_reproduces_training_time_scores(tmp_path, trained_run, process_group):
-    cfg, run_dir, bundle = trained_run.cfg, trained_run.run_dir, trained_run.bundle  # export_run(ExportConfig(run_dir=...))
+    cfg, run_dir, bundle = (
+        trained_run.cfg,
+        trained_run.run_dir,
+        trained_run.bundle,
+    )  # export_run(ExportConfig(run_dir=...))
 
     # training-time embeddings of the test users and of every item, from the sharded model
     data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
@@ -32,8 +34,10 @@ def test_exported_bundle_reproduces_training_time_scores(tmp_path, trained_run, 
     builder = FeatureBuilder(data, cfg.data.history_length)
     users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
     common = dict(batch_size=64, device=torch.device("cpu"))
-    expected = embed(two_tower, builder, side="query", ids=users, timeline=timeline, **common) @ \
-        embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common).t()
+    expected = (
+        embed(two_tower, builder, side="query", ids=users, timeline=timeline, **common)
+        @ embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common).t()
+    )
 
     lengths, items = latest_items(timeline, users, data.num_users, cfg.data.history_length)
     np.savez(tmp_path / "inputs.npz", users=users, lengths=lengths, items=items)

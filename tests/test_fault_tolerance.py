@@ -21,8 +21,19 @@ COMMON = ["+experiment=tiny", *FAULT_TOLERANCE]
 @pytest.mark.two_rank_runs("uninterrupted")
 def test_killed_rank_restarts_from_checkpoint_and_ends_bit_identical(two_rank_runs, tmp_path, data_root):
     uninterrupted, run_dir = two_rank_runs["uninterrupted"], tmp_path / "killed"
-    proc = launch(["-m", "recsys.train", *COMMON, f"hydra.run.dir={run_dir}", f"data.root={data_root}",
-                   "trainer.fault_at_step=14", "trainer.fault_rank=1"], nproc=2, max_restarts=1)
+    proc = launch(
+        [
+            "-m",
+            "recsys.train",
+            *COMMON,
+            f"hydra.run.dir={run_dir}",
+            f"data.root={data_root}",
+            "trainer.fault_at_step=14",
+            "trainer.fault_rank=1",
+        ],
+        nproc=2,
+        max_restarts=1,
+    )
     assert "failed (exitcode: 13)" in proc.stderr  # torchrun's error line, and yet the job succeeded (README)
     log = (run_dir / "train.log").read_text()
     assert "fault injection: rank 1 exits after step 14" in log  # the injected death happened
@@ -36,10 +47,16 @@ def test_killed_rank_restarts_from_checkpoint_and_ends_bit_identical(two_rank_ru
 
 @pytest.mark.two_rank_runs("uninterrupted")
 @pytest.mark.parametrize("nproc,sharding", [(1, "table_wise"), (3, "column_wise")])
-def test_checkpoint_from_two_ranks_loads_on_other_world_sizes_and_plans(two_rank_runs, tmp_path, data_root, process_group,
-                                                                         nproc, sharding):
+def test_checkpoint_from_two_ranks_loads_on_other_world_sizes_and_plans(
+    two_rank_runs, tmp_path, data_root, process_group, nproc, sharding
+):
     saved = latest_checkpoint(two_rank_runs["uninterrupted"] / "checkpoints")
-    overrides = [f"data.root={data_root}", f"sharding={sharding}", "model.num_uniform_negatives=8", "model.query_user_id=true"]
+    overrides = [
+        f"data.root={data_root}",
+        f"sharding={sharding}",
+        "model.num_uniform_negatives=8",
+        "model.query_user_id=true",
+    ]
     if nproc == 1:  # this process's one-rank group
         reload_checkpoint(saved, tmp_path / "resaved", overrides, process_group)
     else:
@@ -48,16 +65,34 @@ def test_checkpoint_from_two_ranks_loads_on_other_world_sizes_and_plans(two_rank
     original, reloaded = full_state(saved, tmp_path), full_state(resaved, tmp_path)
     assert_same_tensors(original["model"], reloaded["model"], "model")
     assert_same_tensors(original["optim"], reloaded["optim"], "optim")
-    fused_states = [k for per_param in reloaded["optim"]["state"].values() for k in per_param if k.endswith("momentum1")]
-    assert sorted(fused_states) == ["category.momentum1", "item.momentum1", "user.momentum1"]  # row-wise Adagrad state came along
+    fused_states = [
+        k for per_param in reloaded["optim"]["state"].values() for k in per_param if k.endswith("momentum1")
+    ]
+    assert sorted(fused_states) == [
+        "category.momentum1",
+        "item.momentum1",
+        "user.momentum1",
+    ]  # row-wise Adagrad state came along
 
 
 @pytest.mark.two_rank_runs("uninterrupted_by_user")
 def test_killed_rank_with_per_rank_data_also_ends_bit_identical(two_rank_runs, tmp_path, data_root):
     """data.shard_by_user: each rank's own shuffled order resumes at the saved batch just the same."""
     whole = two_rank_runs["uninterrupted_by_user"]
-    launch(["-m", "recsys.train", *COMMON, "data.shard_by_user=true", f"data.root={data_root}", f"hydra.run.dir={tmp_path / 'killed'}",
-            "trainer.fault_at_step=14", "trainer.fault_rank=0"], nproc=2, max_restarts=1)
+    launch(
+        [
+            "-m",
+            "recsys.train",
+            *COMMON,
+            "data.shard_by_user=true",
+            f"data.root={data_root}",
+            f"hydra.run.dir={tmp_path / 'killed'}",
+            "trainer.fault_at_step=14",
+            "trainer.fault_rank=0",
+        ],
+        nproc=2,
+        max_restarts=1,
+    )
     assert "resumed from" in (tmp_path / "killed" / "train.log").read_text()
     a, b = latest_checkpoint(whole / "checkpoints"), latest_checkpoint(tmp_path / "killed" / "checkpoints")
     assert a.name == b.name == "step_00000020"

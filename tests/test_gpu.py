@@ -14,15 +14,32 @@ from tests.helpers.launch import launch
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: run scripts/gpu_check.sh on a GPU machine"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device: run scripts/gpu_check.sh on a GPU machine"
+    ),
 ]
 
 
 def train(run_dir, data_root, *overrides, nproc=1):
-    launch(["-m", "recsys.train", "+experiment=tiny", "sharding.device=cuda", "trainer.epochs=2", "trainer.log_every_steps=1",
-            "trainer.early_stopping_patience=0", f"hydra.run.dir={run_dir}", f"data.root={data_root}", *overrides],
-           nproc=nproc, timeout=120)  # within gpu_check's budget
-    losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    launch(
+        [
+            "-m",
+            "recsys.train",
+            "+experiment=tiny",
+            "sharding.device=cuda",
+            "trainer.epochs=2",
+            "trainer.log_every_steps=1",
+            "trainer.early_stopping_patience=0",
+            f"hydra.run.dir={run_dir}",
+            f"data.root={data_root}",
+            *overrides,
+        ],
+        nproc=nproc,
+        timeout=120,
+    )  # within gpu_check's budget
+    losses = [
+        json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line
+    ]
     return losses, json.loads((run_dir / "results.json").read_text())
 
 
@@ -34,8 +51,12 @@ def train(run_dir, data_root, *overrides, nproc=1):
         ["sharding=table_wise", "sharding.device=cuda", "optim/sparse=rowwise_adagrad", "trainer.pipeline=sparse_dist"],
         ["sharding=table_wise", "data.shard_by_user=true", "trainer.pipeline=sparse_dist"],
     ],
-    ids=["row_wise-adam-pipeline", "uvm_caching-partial_rowwise_adam", "table_wise-rowwise_adagrad-pipeline",
-         "shard_by_user-pipeline"],
+    ids=[
+        "row_wise-adam-pipeline",
+        "uvm_caching-partial_rowwise_adam",
+        "table_wise-rowwise_adagrad-pipeline",
+        "shard_by_user-pipeline",
+    ],
 )
 def test_cuda_training_learns(tmp_path, data_root, tiny_data, overrides):
     losses, results = train(tmp_path, data_root, *overrides)
@@ -50,13 +71,17 @@ def test_gpu_trained_run_evaluates_and_exports(tmp_path, data_root, tiny_data):
 
     run_dir = tmp_path / "run"
     train(run_dir, data_root, "sharding=gpu_row_wise", "optim/sparse=adam", "trainer.max_steps_per_epoch=10")
-    for args in (["-m", "recsys.export", f"run_dir={run_dir}"],
-                 ["-m", "recsys.evaluate", f"run_dir={run_dir}", "ann_kinds=[]", "device=cpu"]):
+    for args in (
+        ["-m", "recsys.export", f"run_dir={run_dir}"],
+        ["-m", "recsys.evaluate", f"run_dir={run_dir}", "ann_kinds=[]", "device=cpu"],
+    ):
         launch(args, timeout=120)
         if args[1] == "recsys.evaluate":
             report = json.loads((run_dir / "eval" / "report.json").read_text())
             recall = report["splits"]["test"]["metrics"]["two_tower"]["recall@20"]
-            assert recall == pytest.approx(json.loads((run_dir / "results.json").read_text())["test"]["two_tower"]["recall@20"], abs=1e-3)
+            assert recall == pytest.approx(
+                json.loads((run_dir / "results.json").read_text())["test"]["two_tower"]["recall@20"], abs=1e-3
+            )
     bundle = load_bundle(run_dir / "export")
     assert bundle.item_embeddings.shape[0] == tiny_data.num_items
 

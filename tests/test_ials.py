@@ -78,7 +78,9 @@ def test_ials_beats_popularity_on_planted_groups():
 def test_tune_ials_picks_the_best_grid_point():
     train, valid = _planted_case(1)
     regs, alphas = (0.01, 100.0), (1.0, 10.0)
-    tuning = tune_ials(train, train, valid, regularizations=regs, alphas=alphas, factors=8, iterations=8, k=5, max_users=None)
+    tuning = tune_ials(
+        train, train, valid, regularizations=regs, alphas=alphas, factors=8, iterations=8, k=5, max_users=None
+    )
     expected = {}
     for reg in regs:
         for alpha in alphas:
@@ -96,7 +98,9 @@ def test_tune_ials_picks_the_best_grid_point():
 
 def test_tune_ials_subsamples_users_and_checks_its_grid():
     train, valid = _planted_case()
-    tuning = tune_ials(train, train, valid, regularizations=(1.0,), alphas=(10.0,), factors=4, iterations=2, k=5, max_users=50, seed=2)
+    tuning = tune_ials(
+        train, train, valid, regularizations=(1.0,), alphas=(10.0,), factors=4, iterations=2, k=5, max_users=50, seed=2
+    )
     assert tuning.num_users == 50 and 0.0 <= tuning.scores[(1.0, 10.0)] <= 1.0
     with pytest.raises(ValueError, match="must not be empty"):
         tune_ials(train, train, valid, regularizations=(), alphas=(10.0,))

@@ -43,8 +43,9 @@ def test_csv_with_string_ids_iso_times_bom_crlf_gzip(tmp_path):
     text = "\ufeff" + log.to_csv(index=False).replace("\n", "\r\n")  # a UTF-8 BOM and CRLF endings: must simply work
     path = tmp_path / "clicks.csv.gz"
     path.write_bytes(gzip.compress(text.encode("utf-8")))
-    cfg = InteractionsDataConfig(path=str(path), user_column="visitor", item_column="sku", timestamp_column="ts",
-                                 rating_column="stars")
+    cfg = InteractionsDataConfig(
+        path=str(path), user_column="visitor", item_column="sku", timestamp_column="ts", rating_column="stars"
+    )
     out = _prepare(cfg, tmp_path / "data")
     data = load_dataset(out)
     meta = json.loads((out / "meta.json").read_text())
@@ -58,7 +59,9 @@ def test_csv_with_string_ids_iso_times_bom_crlf_gzip(tmp_path):
     assert _prepare(cfg, tmp_path / "data") == out  # cached: same sources and options
     # min_rating keeps fewer rows and is another dataset dir
     filtered = _prepare(cfg, tmp_path / "data", min_rating=4.0)
-    assert filtered != out and sum(json.loads((filtered / "meta.json").read_text())["counts"].values()) == int((log["stars"] >= 4).sum())
+    assert filtered != out and sum(json.loads((filtered / "meta.json").read_text())["counts"].values()) == int(
+        (log["stars"] >= 4).sum()
+    )
 
 
 def test_parquet_folder_with_epoch_times_and_item_categories(tmp_path):
@@ -74,8 +77,15 @@ def test_parquet_folder_with_epoch_times_and_item_categories(tmp_path):
     items["genres"] = ["A|B" if i % 3 == 0 else ("B" if i % 3 == 1 else "") for i in range(len(items))]
     items["brand"] = [f"brand{i % 4}" for i in range(len(items))]
     items.to_csv(tmp_path / "items.csv", index=False)
-    cfg = InteractionsDataConfig(path=str(folder), user_column="user", item_column="item", timestamp_column="time",
-                                 items_path=str(tmp_path / "items.csv"), items_id_column="item", categories_column="genres")
+    cfg = InteractionsDataConfig(
+        path=str(folder),
+        user_column="user",
+        item_column="item",
+        timestamp_column="time",
+        items_path=str(tmp_path / "items.csv"),
+        items_id_column="item",
+        categories_column="genres",
+    )
     out = _prepare(cfg, tmp_path / "data", protocol="loo")
     data = load_dataset(out)
     assert data.num_categories == 3  # A, B and "(none)" for the items listed without one
@@ -103,8 +113,12 @@ def test_given_adjacency_split_carves_valid_from_train_only(tmp_path):
     _adjacency(tmp_path / "train.txt", train)
     _adjacency(tmp_path / "test.txt", test)
     md5 = hashlib.md5((tmp_path / "train.txt").read_bytes()).hexdigest()
-    cfg = InteractionsDataConfig(train_path=str(tmp_path / "train.txt"), test_path=str(tmp_path / "test.txt"),
-                                 valid_fraction=0.2, md5={"train.txt": md5})
+    cfg = InteractionsDataConfig(
+        train_path=str(tmp_path / "train.txt"),
+        test_path=str(tmp_path / "test.txt"),
+        valid_fraction=0.2,
+        md5={"train.txt": md5},
+    )
     out = _prepare(cfg, tmp_path / "data", protocol="given")
     data = load_dataset(out)
     meta = json.loads((out / "meta.json").read_text())
@@ -117,18 +131,31 @@ def test_given_adjacency_split_carves_valid_from_train_only(tmp_path):
     got_test = {(int(u), int(raw[i])) for u, i in zip(data.splits["test"].user_ids, data.splits["test"].item_ids)}
     want_test = {(u, i) for u, items in test.items() if u < 20 for i in items if i not in train[u]}
     assert got_test == want_test
-    carved = {(int(u), int(raw[i])) for s in ("train", "valid") for u, i in zip(data.splits[s].user_ids, data.splits[s].item_ids)}
+    carved = {
+        (int(u), int(raw[i]))
+        for s in ("train", "valid")
+        for u, i in zip(data.splits[s].user_ids, data.splits[s].item_ids)
+    }
     assert carved == {(u, i) for u, items in train.items() for i in items}
     # a different md5 is refused before anything is written
     with pytest.raises(DatasetError, match=r"train\.txt: md5 [0-9a-f]{32}, expected 0+"):
-        _prepare(InteractionsDataConfig(train_path=cfg.train_path, test_path=cfg.test_path, md5={"train.txt": "0" * 32}),
-                 tmp_path / "data2", protocol="given")
+        _prepare(
+            InteractionsDataConfig(train_path=cfg.train_path, test_path=cfg.test_path, md5={"train.txt": "0" * 32}),
+            tmp_path / "data2",
+            protocol="given",
+        )
     assert not (tmp_path / "data2").exists()
 
 
 def test_carve_valid_is_per_user_seeded_and_keeps_a_train_row():
-    df = pd.DataFrame({"user_id": np.repeat(np.arange(4), [1, 2, 10, 25]), "item_id": np.arange(38),
-                       "timestamp": np.arange(38), "rating": np.ones(38, np.float32)})
+    df = pd.DataFrame(
+        {
+            "user_id": np.repeat(np.arange(4), [1, 2, 10, 25]),
+            "item_id": np.arange(38),
+            "timestamp": np.arange(38),
+            "rating": np.ones(38, np.float32),
+        }
+    )
     train, valid = carve_valid(df, fraction=0.1, seed=5)
     assert np.bincount(valid["user_id"], minlength=4).tolist() == [0, 0, 1, 3]  # round half up of 0.1 n, n - 1 at most
     assert len(train) + len(valid) == 38 and not set(train["item_id"]) & set(valid["item_id"])
@@ -159,12 +186,26 @@ def _bad(tmp_path, name: str, text: str, **kw) -> InteractionsDataConfig:
 @pytest.mark.parametrize(
     "name, text, kw, pattern",
     [
-        ("cols.csv", "user,item\n1,2\n", {}, r"cols\.csv: no column\(s\) \['u', 'i'\] in the header \['user', 'item'\]"),
-        ("time.csv", "u,i,t\n1,2,2024-01-01\n1,3,yesterday\n", {"timestamp_column": "t"},
-         r"time\.csv: row 2: field 't' = 'yesterday' is neither epoch seconds nor an ISO-8601 time"),
+        (
+            "cols.csv",
+            "user,item\n1,2\n",
+            {},
+            r"cols\.csv: no column\(s\) \['u', 'i'\] in the header \['user', 'item'\]",
+        ),
+        (
+            "time.csv",
+            "u,i,t\n1,2,2024-01-01\n1,3,yesterday\n",
+            {"timestamp_column": "t"},
+            r"time\.csv: row 2: field 't' = 'yesterday' is neither epoch seconds nor an ISO-8601 time",
+        ),
         ("empty.csv", "", {}, r"empty\.csv: empty file"),
         ("header.csv", "u,i\n", {}, r"header\.csv: no rows"),
-        ("mixed.csv", "u,i\n1,2\n1;3\n2,4\n", {}, r"mixed\.csv: not readable as CSV \(line 3 has 1 field\(s\), line 1 has 2"),
+        (
+            "mixed.csv",
+            "u,i\n1,2\n1;3\n2,4\n",
+            {},
+            r"mixed\.csv: not readable as CSV \(line 3 has 1 field\(s\), line 1 has 2",
+        ),
         ("nulls.csv", "u,i\n1,2\n,3\n", {}, r"nulls\.csv: row 2: field 'u' is empty"),
     ],
 )
@@ -184,7 +225,9 @@ def test_bad_adjacency_token_and_unusable_given_test(tmp_path):
     _adjacency(tmp_path / "train.txt", {0: [1, 2, 3, 4], 1: [2, 3, 4, 5]})
     _adjacency(tmp_path / "test.txt", {7: [1], 8: [2]})  # users with no train rows
     cfg = InteractionsDataConfig(train_path=str(tmp_path / "train.txt"), test_path=str(tmp_path / "test.txt"))
-    with pytest.raises(DatasetError, match=r"test\.txt: no test interaction is usable: of 2 rows, 2 have a user with no train rows"):
+    with pytest.raises(
+        DatasetError, match=r"test\.txt: no test interaction is usable: of 2 rows, 2 have a user with no train rows"
+    ):
         _prepare(cfg, tmp_path / "data", protocol="given")
 
 
@@ -206,15 +249,29 @@ def test_readme_examples_compose_and_prepare(tmp_path):
 
     log = _log()
     log.to_csv(tmp_path / "clicks.csv.gz", index=False, compression="gzip")
-    cfg = tiny_config([f"data.root={tmp_path / 'data'}", "data=interactions", f"data.interactions.path={tmp_path / 'clicks.csv.gz'}",
-                       "data.interactions.user_column=visitor", "data.interactions.item_column=sku",
-                       "data.interactions.timestamp_column=ts"])
+    cfg = tiny_config(
+        [
+            f"data.root={tmp_path / 'data'}",
+            "data=interactions",
+            f"data.interactions.path={tmp_path / 'clicks.csv.gz'}",
+            "data.interactions.user_column=visitor",
+            "data.interactions.item_column=sku",
+            "data.interactions.timestamp_column=ts",
+        ]
+    )
     assert cfg.data.protocol == "recbole" and cfg.data.query_history == "profile"
     assert load_dataset(prepare_dataset(cfg.data)).num_users == 30
     _adjacency(tmp_path / "train.txt", {u: list(range(u, u + 10)) for u in range(5)})
     _adjacency(tmp_path / "test.txt", {u: [u + 10, u + 11] for u in range(5)})
-    cfg = tiny_config([f"data.root={tmp_path / 'data'}", "data=interactions", "data/protocol=given",
-                       f"data.interactions.train_path={tmp_path / 'train.txt'}", f"data.interactions.test_path={tmp_path / 'test.txt'}"])
+    cfg = tiny_config(
+        [
+            f"data.root={tmp_path / 'data'}",
+            "data=interactions",
+            "data/protocol=given",
+            f"data.interactions.train_path={tmp_path / 'train.txt'}",
+            f"data.interactions.test_path={tmp_path / 'test.txt'}",
+        ]
+    )
     data = load_dataset(prepare_dataset(cfg.data))
     # items 14 and 15 never occur in train: those 3 test rows are dropped and counted
     assert {s: len(v) for s, v in data.splits.items()} == {"train": 45, "valid": 5, "test": 7}

@@ -39,7 +39,9 @@ def _emit_a_run():
     logging.getLogger("torchrec.distributed.planner.stats").info("# Planner Statistics")
     logging.getLogger().info("[TBE=abc] [AMD FP16 TEST] cache_precision=fp32")  # fbgemm logs on the root logger
     logging.getLogger("faiss.loader").info("Could not load library with AVX512 support")
-    logging.getLogger("torchrec.distributed.planner.storage_reservations").warning("There is a known issue with dry run")
+    logging.getLogger("torchrec.distributed.planner.storage_reservations").warning(
+        "There is a known issue with dry run"
+    )
     logging.getLogger("torch.fx._symbolic_trace").warning("is_fx_tracing will return true")
     logging.getLogger("torchrec.distributed").error("a library error still shows")
     warnings.warn("Please use DTensor instead and we are deprecating ShardedTensor.", FutureWarning, stacklevel=1)
@@ -53,8 +55,15 @@ def test_rank0_console_shows_recsys_lines_and_errors_only(hydra_like_logging):
     shown = console.getvalue().splitlines()
     assert shown == ["epoch 0: valid recall@20 = 0.25", "fault injection: rank 1 exits", "a library error still shows"]
     logged = log_file.read_text()
-    for line in ("the full table", "Planner Statistics", "AMD FP16 TEST", "AVX512", "known issue with dry run",
-                 "is_fx_tracing", "an unknown library warning"):
+    for line in (
+        "the full table",
+        "Planner Statistics",
+        "AMD FP16 TEST",
+        "AVX512",
+        "known issue with dry run",
+        "is_fx_tracing",
+        "an unknown library warning",
+    ):
         assert line in logged, line
     assert "ShardedTensor" not in logged  # a known harmless warning: ignored where it arises
 
@@ -74,15 +83,22 @@ def _table_wise(rank, rows, dim):
 
 def test_plan_summary_names_tables_types_ranks_and_memory():
     column_wise = ParameterSharding(
-        sharding_type="column_wise", compute_kernel="fused", ranks=[0, 1],
-        sharding_spec=EnumerableShardingSpec([ShardMetadata([0, 0], [1024, 64], "rank:0/cpu"),
-                                              ShardMetadata([0, 64], [1024, 64], "rank:1/cpu")]),
+        sharding_type="column_wise",
+        compute_kernel="fused",
+        ranks=[0, 1],
+        sharding_spec=EnumerableShardingSpec(
+            [ShardMetadata([0, 0], [1024, 64], "rank:0/cpu"), ShardMetadata([0, 64], [1024, 64], "rank:1/cpu")]
+        ),
     )
     data_parallel = ParameterSharding(sharding_type="data_parallel", compute_kernel="dense", ranks=[0, 1, 2])
-    plan = ShardingPlan({"model.ebc": {"user": _table_wise(2, 2048, 128), "item": column_wise, "category": data_parallel}})
+    plan = ShardingPlan(
+        {"model.ebc": {"user": _table_wise(2, 2048, 128), "item": column_wise, "category": data_parallel}}
+    )
     line = plan_summary(plan, {"category": (256, 32)}, world_size=3)
-    assert line.startswith("sharding plan: user table_wise on rank 2, item column_wise on ranks 0-1, "
-                           "category data_parallel on ranks 0-2 | ")
+    assert line.startswith(
+        "sharding plan: user table_wise on rank 2, item column_wise on ranks 0-1, "
+        "category data_parallel on ranks 0-2 | "
+    )
     # rank 2: user 2048 x 128 x 4 B = 1 MB + category 256 x 32 x 4 B = 0.03 MB; ranks 0, 1: half the item table + category
     assert line.endswith("rank 0 0.28 MB, rank 1 0.28 MB, rank 2 1.03 MB")
     assert "\n" not in line

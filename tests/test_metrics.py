@@ -50,12 +50,8 @@ from recsys.evaluation.metrics import (
 # ---------------------------------------------------------------------------------------------
 
 TOPK = np.array([[3, 1, 4, 0], [2, 5, -1, -1], [0, 1, 2, 3], [4, 5, 1, 2]], dtype=np.int64)
-RELEVANT = UserItemCSR.from_pairs(
-    np.array([0, 0, 0, 1, 3, 3]), np.array([5, 1, 0, 2, 3, 0]), num_users=4, num_items=6
-)
-HITS = np.array(
-    [[False, True, False, True], [True, False, False, False], [False] * 4, [False] * 4]
-)
+RELEVANT = UserItemCSR.from_pairs(np.array([0, 0, 0, 1, 3, 3]), np.array([5, 1, 0, 2, 3, 0]), num_users=4, num_items=6)
+HITS = np.array([[False, True, False, True], [True, False, False, False], [False] * 4, [False] * 4])
 NREL = np.array([3, 1, 0, 2])
 NAN = float("nan")
 

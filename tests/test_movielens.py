@@ -73,7 +73,14 @@ def test_ml100k_user_features(tmp_path):
     # ages 24, 31, 38, 45, 52, 59 -> buckets 18-24, 25-34, 35-44, 45-49, 50-55, 56+
     assert users.age_bucket.tolist() == [1, 2, 3, 4, 5, 6]
     names = pd.read_parquet(_prepare(tmp_path).joinpath("vocab/occupations.parquet")).name.tolist()
-    assert [names[o] for o in users.occupation] == ["writer", "other", "student", "educator", "programmer", "technician"]
+    assert [names[o] for o in users.occupation] == [
+        "writer",
+        "other",
+        "student",
+        "educator",
+        "programmer",
+        "technician",
+    ]
 
 
 @pytest.mark.parametrize("release", ["ml-1m", "ml-25m"])
@@ -81,7 +88,14 @@ def test_zip_gives_the_same_tables_as_the_folder(tmp_path, release):
     write_folder(tmp_path / "a", release)
     write_zip(tmp_path / "b", release)
     a, b = _prepare(tmp_path / "a", release), _prepare(tmp_path / "b", release)
-    for f in ("train.parquet", "valid.parquet", "test.parquet", "items.parquet", "users.parquet", "vocab/items.parquet"):
+    for f in (
+        "train.parquet",
+        "valid.parquet",
+        "test.parquet",
+        "items.parquet",
+        "users.parquet",
+        "vocab/items.parquet",
+    ):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     assert read_meta(b)["sources"][0]["file"] == f"{release}.zip"
 
@@ -138,30 +152,75 @@ def _first_lines(data: bytes, n: int) -> bytes:
 
 BAD_INPUTS = {
     # id: (release, mutate(files) -> files, regex naming file, line and field)
-    "wrong separator": ("ml-1m", lambda f: {**f, "ratings.dat": f["ratings.dat"].replace(b"::", b"\t")},
-                        r"ratings\.dat line 1: expected 4 fields .* separated by '::', got 1"),
-    "missing column": ("ml-25m", lambda f: {**f, "ratings.csv": f["ratings.csv"].replace(b"userId,movieId,rating,timestamp", b"userId,movieId,timestamp")},
-                       r"ratings\.csv line 1: missing column\(s\) \['rating'\]"),
-    "non-numeric rating": ("ml-100k", lambda f: _bad(f, "u.data", b"1\t3\t4\t", b"1\t3\tfive\t"),
-                           r"u\.data line 3, field 'rating': 'five' is not a number"),
-    "NaN rating": ("ml-20m", lambda f: _bad(f, "ratings.csv", b"1,2,5.0,", b"1,2,NaN,"),
-                   r"ratings\.csv line 3, field 'rating': 'NaN' is not a finite number"),
-    "negative rating": ("ml-100k", lambda f: _bad(f, "u.data", b"1\t3\t4\t", b"1\t3\t-3\t"),
-                        r"u\.data line 3, field 'rating': '-3' is outside \[0\.5, 5\.0\]"),
-    "rating above 5": ("ml-25m", lambda f: _bad(f, "ratings.csv", b"1,2,5.0,", b"1,2,50,"),
-                       r"ratings\.csv line 3, field 'rating': '50' is outside \[0\.5, 5\.0\]"),
-    "non-integer user id": ("ml-10m", lambda f: _bad(f, "ratings.dat", b"\n2::1::", b"\n2.5::1::"),
-                            r"ratings\.dat line 12, field 'user id': '2\.5' is not an integer"),
-    "non-integer movie id": ("ml-latest-small", lambda f: _bad(f, "movies.csv", b"\n5,", b"\nfive,"),
-                             r"movies\.csv line 6, field 'movie id': 'five' is not an integer"),
+    "wrong separator": (
+        "ml-1m",
+        lambda f: {**f, "ratings.dat": f["ratings.dat"].replace(b"::", b"\t")},
+        r"ratings\.dat line 1: expected 4 fields .* separated by '::', got 1",
+    ),
+    "missing column": (
+        "ml-25m",
+        lambda f: {
+            **f,
+            "ratings.csv": f["ratings.csv"].replace(b"userId,movieId,rating,timestamp", b"userId,movieId,timestamp"),
+        },
+        r"ratings\.csv line 1: missing column\(s\) \['rating'\]",
+    ),
+    "non-numeric rating": (
+        "ml-100k",
+        lambda f: _bad(f, "u.data", b"1\t3\t4\t", b"1\t3\tfive\t"),
+        r"u\.data line 3, field 'rating': 'five' is not a number",
+    ),
+    "NaN rating": (
+        "ml-20m",
+        lambda f: _bad(f, "ratings.csv", b"1,2,5.0,", b"1,2,NaN,"),
+        r"ratings\.csv line 3, field 'rating': 'NaN' is not a finite number",
+    ),
+    "negative rating": (
+        "ml-100k",
+        lambda f: _bad(f, "u.data", b"1\t3\t4\t", b"1\t3\t-3\t"),
+        r"u\.data line 3, field 'rating': '-3' is outside \[0\.5, 5\.0\]",
+    ),
+    "rating above 5": (
+        "ml-25m",
+        lambda f: _bad(f, "ratings.csv", b"1,2,5.0,", b"1,2,50,"),
+        r"ratings\.csv line 3, field 'rating': '50' is outside \[0\.5, 5\.0\]",
+    ),
+    "non-integer user id": (
+        "ml-10m",
+        lambda f: _bad(f, "ratings.dat", b"\n2::1::", b"\n2.5::1::"),
+        r"ratings\.dat line 12, field 'user id': '2\.5' is not an integer",
+    ),
+    "non-integer movie id": (
+        "ml-latest-small",
+        lambda f: _bad(f, "movies.csv", b"\n5,", b"\nfive,"),
+        r"movies\.csv line 6, field 'movie id': 'five' is not an integer",
+    ),
     "empty ratings": ("ml-1m", lambda f: {**f, "ratings.dat": b""}, r"ratings\.dat: empty file"),
-    "empty csv": ("ml-25m", lambda f: {**f, "ratings.csv": b"userId,movieId,rating,timestamp\n"}, r"ratings\.csv: empty file"),
-    "bad genre flag": ("ml-100k", lambda f: _bad(f, "u.item", b"|0|", b"|x|"), r"u\.item line 1, field '.*': genre flag 'x'"),
-    "unquoted comma title": ("ml-20m", lambda f: _bad(f, "movies.csv", b'"American President, The (1995)"', b"American President, The (1995)"),
-                             r"movies\.csv line 4: expected 3 fields .* got 4 \(a title with a comma must be quoted\)"),
-    "unknown movie": ("ml-1m", lambda f: {**f, "movies.dat": _first_lines(f["movies.dat"], 15)},
-                      r"ratings\.dat: movie id\(s\) \[16, 17, 18, 19, 20\] .* have no row in .*movies\.dat"),
-    "bad gender": ("ml-1m", lambda f: _bad(f, "users.dat", b"2::M::", b"2::X::"), r"users\.dat line 2, field 'gender': 'X'"),
+    "empty csv": (
+        "ml-25m",
+        lambda f: {**f, "ratings.csv": b"userId,movieId,rating,timestamp\n"},
+        r"ratings\.csv: empty file",
+    ),
+    "bad genre flag": (
+        "ml-100k",
+        lambda f: _bad(f, "u.item", b"|0|", b"|x|"),
+        r"u\.item line 1, field '.*': genre flag 'x'",
+    ),
+    "unquoted comma title": (
+        "ml-20m",
+        lambda f: _bad(f, "movies.csv", b'"American President, The (1995)"', b"American President, The (1995)"),
+        r"movies\.csv line 4: expected 3 fields .* got 4 \(a title with a comma must be quoted\)",
+    ),
+    "unknown movie": (
+        "ml-1m",
+        lambda f: {**f, "movies.dat": _first_lines(f["movies.dat"], 15)},
+        r"ratings\.dat: movie id\(s\) \[16, 17, 18, 19, 20\] .* have no row in .*movies\.dat",
+    ),
+    "bad gender": (
+        "ml-1m",
+        lambda f: _bad(f, "users.dat", b"2::M::", b"2::X::"),
+        r"users\.dat line 2, field 'gender': 'X'",
+    ),
 }
 
 
@@ -207,14 +266,28 @@ def test_protocol_leaving_a_split_empty_is_an_error(tmp_path):
 
 
 def test_no_copy_and_no_download_says_where_to_put_the_file(tmp_path):
-    with pytest.raises(MovieLensError, match=rf"put ml-1m\.zip \(from https://files\.grouplens\.org/datasets/movielens/ml-1m\.zip\) or its extracted folder ml-1m/ .* in {tmp_path}"):
+    with pytest.raises(
+        MovieLensError,
+        match=rf"put ml-1m\.zip \(from https://files\.grouplens\.org/datasets/movielens/ml-1m\.zip\) or its extracted folder ml-1m/ .* in {tmp_path}",
+    ):
         _prepare(tmp_path, "ml-1m")
 
 
 def test_cli_without_network_exits_nonzero_with_one_message(tmp_path):
-    result = launch(["-m", "data_pipelines.prepare", "data=movielens_1m", f"data.root={tmp_path}",
-                     "data.movielens.url=http://127.0.0.1:9/ml-1m.zip", "hydra.run.dir=" + str(tmp_path / "run"),
-                     "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"], check=False, timeout=120)
+    result = launch(
+        [
+            "-m",
+            "data_pipelines.prepare",
+            "data=movielens_1m",
+            f"data.root={tmp_path}",
+            "data.movielens.url=http://127.0.0.1:9/ml-1m.zip",
+            "hydra.run.dir=" + str(tmp_path / "run"),
+            "hydra/job_logging=disabled",
+            "hydra/hydra_logging=disabled",
+        ],
+        check=False,
+        timeout=120,
+    )
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith("error: cannot download http://127.0.0.1:9/ml-1m.zip")
     assert "put ml-1m.zip (from https://files.grouplens.org/datasets/movielens/ml-1m.zip)" in result.stderr
@@ -227,8 +300,16 @@ def test_fit_trains_on_an_ml100k_format_fixture(tmp_path, process_group):
 
     files = release_files("ml-100k", random_ratings(120, 150, seed=0), num_movies=150, num_users=120)
     write_folder(tmp_path / "data", "ml-100k", files)
-    cfg = tiny_config(["data=movielens_100k", f"data.root={tmp_path / 'data'}", "data.movielens.download=false",
-                       "trainer.epochs=1", "trainer.max_steps_per_epoch=3", "trainer.global_batch_size=64"])
+    cfg = tiny_config(
+        [
+            "data=movielens_100k",
+            f"data.root={tmp_path / 'data'}",
+            "data.movielens.download=false",
+            "trainer.epochs=1",
+            "trainer.max_steps_per_epoch=3",
+            "trainer.global_batch_size=64",
+        ]
+    )
     results = fit(cfg, tmp_path / "run")
     assert results["dataset"]["name"] == "movielens_100k" and results["train"]["steps"] == 3
     assert results["dataset"]["counts"]["users"] == 120
@@ -243,9 +324,19 @@ def test_fit_strong_generalization_trains_on_training_users_only(tmp_path, proce
 
     files = release_files("ml-100k", random_ratings(120, 150, seed=0), num_movies=150, num_users=120)
     write_folder(tmp_path / "data", "ml-100k", files)
-    cfg = tiny_config(["data=movielens_100k", "data/protocol=strong_generalization", f"data.root={tmp_path / 'data'}",
-                       "data.movielens.download=false", "data.num_heldout_users=10", "trainer.epochs=1",
-                       "trainer.global_batch_size=64", "eval.ks=[20,100]", "eval.valid_metric=recall_liang@20"])
+    cfg = tiny_config(
+        [
+            "data=movielens_100k",
+            "data/protocol=strong_generalization",
+            f"data.root={tmp_path / 'data'}",
+            "data.movielens.download=false",
+            "data.num_heldout_users=10",
+            "trainer.epochs=1",
+            "trainer.global_batch_size=64",
+            "eval.ks=[20,100]",
+            "eval.valid_metric=recall_liang@20",
+        ]
+    )
     results = fit(cfg, tmp_path / "run")
     data = load_dataset(results["dataset"]["dir"])
     assert len(data.heldout_users) == 20 and results["dataset"]["protocol"] == "strong_generalization"

@@ -17,7 +17,9 @@ from data_pipelines.splits import (
 )
 
 
-@pytest.mark.parametrize("n, user_hi, ts_hi, item_hi", [(10_000, 50, 10**9, 5000), (5_000, 3, 5, 4), (2000, 2**20, 2**40, 2**20)])
+@pytest.mark.parametrize(
+    "n, user_hi, ts_hi, item_hi", [(10_000, 50, 10**9, 5000), (5_000, 3, 5, 4), (2000, 2**20, 2**40, 2**20)]
+)
 def test_lexsort_fast_is_lexsort(n, user_hi, ts_hi, item_hi):
     rng = np.random.default_rng(n)
     keys = (rng.integers(0, item_hi, n), rng.integers(-5, ts_hi, n), rng.integers(0, user_hi, n))
@@ -61,9 +63,15 @@ def test_strong_generalization_by_hand():
 
 def test_strong_generalization_small_users_and_unseen_items():
     # user 9 is the only one with items 50..53; fewer than 5 rows after dropping them -> all fold-in
-    rows = [(u, i, i, 5.0) for u in range(9) for i in range(6)] + [(9, 50 + i, i, 5.0) for i in range(4)] + [(9, 0, 9, 5.0)]
+    rows = (
+        [(u, i, i, 5.0) for u in range(9) for i in range(6)]
+        + [(9, 50 + i, i, 5.0) for i in range(4)]
+        + [(9, 0, 9, 5.0)]
+    )
     df = _df(rows)
-    seed = next(s for s in range(100) if 9 in np.concatenate(strong_generalization_users(df, seed=s, num_heldout_users=1)))
+    seed = next(
+        s for s in range(100) if 9 in np.concatenate(strong_generalization_users(df, seed=s, num_heldout_users=1))
+    )
     parts = split_strong_generalization(df, seed=seed, num_heldout_users=1, drop_unseen_items=True)
     assert 9 not in set(pd.concat(parts[1:]).user_id)  # 1 row left (< 5): no targets
     assert parts[0].item_id[parts[0].user_id == 9].tolist() == [0]  # items 50..53 dropped, item 0 is fold-in

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from recsys.evaluate import EvaluateConfig, evaluate_run
-from recsys.trainer import fit
+from recsys.run import fit
 from tests.helpers.config import tiny_config
 from tests.helpers.launch import launch
 from tests.helpers.two_rank import JOBS
@@ -27,8 +27,18 @@ def read_run(run_dir):
 @pytest.mark.parametrize(
     "job,steps",
     [  # table_wise with the plain loop, a full epoch of UNEVEN batches; column_wise with the sparse-dist pipeline
-        pytest.param("table_wise_uneven", 16, marks=pytest.mark.two_rank_runs("table_wise_uneven"), id="table_wise-uneven-full-epoch"),
-        pytest.param("column_wise_pipeline", 24, marks=pytest.mark.two_rank_runs("column_wise_pipeline"), id="column_wise-pipeline"),
+        pytest.param(
+            "table_wise_uneven",
+            16,
+            marks=pytest.mark.two_rank_runs("table_wise_uneven"),
+            id="table_wise-uneven-full-epoch",
+        ),
+        pytest.param(
+            "column_wise_pipeline",
+            24,
+            marks=pytest.mark.two_rank_runs("column_wise_pipeline"),
+            id="column_wise-pipeline",
+        ),
     ],
 )
 def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, process_group, two_rank_runs, job, steps):
@@ -42,20 +52,35 @@ def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, pro
         assert b == pytest.approx(a, rel=2e-4, abs=2e-4), f"step {step}: 1 rank {a}, 2 ranks {b}"
     assert double_results["train"]["world_size"] == 2
     for model in ("two_tower", "popularity"):
-        assert double_results["test"][model]["recall@20"] == pytest.approx(single_results["test"][model]["recall@20"], abs=5e-3)
+        assert double_results["test"][model]["recall@20"] == pytest.approx(
+            single_results["test"][model]["recall@20"], abs=5e-3
+        )
 
 
 def test_a_failing_rank_ends_the_job_instead_of_hanging(tmp_path, data_root, tiny_data):
     """Rank 0 fails while preparing data (the others wait in a collective): exit non-zero, promptly."""
-    proc = launch(["-m", "recsys.train", "+experiment=tiny", "data=movielens_100k", f"data.root={tmp_path / 'empty'}",
-                   "data.movielens.download=false", f"hydra.run.dir={tmp_path / 'run'}"],
-                  nproc=2, check=False, timeout=120)  # it hung for good before the fix
+    proc = launch(
+        [
+            "-m",
+            "recsys.train",
+            "+experiment=tiny",
+            "data=movielens_100k",
+            f"data.root={tmp_path / 'empty'}",
+            "data.movielens.download=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        nproc=2,
+        check=False,
+        timeout=120,
+    )  # it hung for good before the fix
     assert proc.returncode != 0
     assert "put ml-100k.zip" in proc.stdout + proc.stderr
 
 
 @pytest.mark.two_rank_runs("by_user_uneven")
-def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(tmp_path, two_rank_runs, tiny_data, process_group):
+def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(
+    tmp_path, two_rank_runs, tiny_data, process_group
+):
     """data.shard_by_user on 2 ranks: a full epoch of uneven per-rank batches trains, and the metrics the
     ranks combine from their own users equal a one-process evaluation of the same checkpoint on the whole data."""
     run_dir = two_rank_runs["by_user_uneven"]
@@ -64,7 +89,9 @@ def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(t
     assert results["train"]["world_size"] == 2
     assert results["dataset"]["counts"]["train"] == len(tiny_data.splits["train"])  # whole-split counts, not a shard's
     # in this process: 1 rank
-    evaluate_run(EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ease=False, ks=[10, 20, 50], out_dir=str(tmp_path / "eval")))
+    evaluate_run(
+        EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ease=False, ks=[10, 20, 50], out_dir=str(tmp_path / "eval"))
+    )
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     for split in ("valid", "test"):
         for model in ("two_tower", "popularity"):

@@ -13,8 +13,8 @@ from data_pipelines.prepare import prepare_dataset
 from recsys.data.dataset import load_dataset
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
-from recsys.serving import load_bundle
 from recsys.run import fit
+from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
 
 
@@ -36,15 +36,26 @@ def _write_split(folder, num_users=120, num_items=90, seed=0):
 def run(tmp_path_factory, process_group):
     folder = tmp_path_factory.mktemp("adjacency")
     _write_split(folder)
-    cfg = tiny_config([f"data.root={folder / 'data'}", "data=interactions", "data/protocol=given",
-                       f"data.interactions.train_path={folder / 'train.txt'}", f"data.interactions.test_path={folder / 'test.txt'}",
-                       "data.history_length=10", "trainer.epochs=4", "trainer.global_batch_size=128"])
+    cfg = tiny_config(
+        [
+            f"data.root={folder / 'data'}",
+            "data=interactions",
+            "data/protocol=given",
+            f"data.interactions.train_path={folder / 'train.txt'}",
+            f"data.interactions.test_path={folder / 'test.txt'}",
+            "data.history_length=10",
+            "trainer.epochs=4",
+            "trainer.global_batch_size=128",
+        ]
+    )
     run_dir = folder / "run"
     results = fit(cfg, run_dir)
     from omegaconf import OmegaConf
 
     (run_dir / ".hydra").mkdir()
-    OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")  # as `python -m recsys.train` writes it
+    OmegaConf.save(
+        OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml"
+    )  # as `python -m recsys.train` writes it
     return cfg, run_dir, results
 
 

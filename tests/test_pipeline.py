@@ -11,12 +11,21 @@ from tests.helpers.config import tiny_config
 
 
 def losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    return [
+        json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line
+    ]
 
 
 def test_sparse_dist_pipeline_equals_plain_loop(tmp_path, data_root, process_group):
-    common = [f"data.root={data_root}", "trainer.epochs=2", "trainer.max_steps_per_epoch=9", "trainer.log_every_steps=1",
-              "trainer.checkpoint_every_steps=4", "trainer.early_stopping_patience=0", "model.num_uniform_negatives=8"]
+    common = [
+        f"data.root={data_root}",
+        "trainer.epochs=2",
+        "trainer.max_steps_per_epoch=9",
+        "trainer.log_every_steps=1",
+        "trainer.checkpoint_every_steps=4",
+        "trainer.early_stopping_patience=0",
+        "model.num_uniform_negatives=8",
+    ]
     plain = fit(tiny_config([*common, "trainer.pipeline=none"]), tmp_path / "plain")
     piped = fit(tiny_config([*common, "trainer.pipeline=sparse_dist"]), tmp_path / "piped")
     assert losses(tmp_path / "plain") == losses(tmp_path / "piped") and len(losses(tmp_path / "plain")) == 18

@@ -31,7 +31,9 @@ def run_script(monkeypatch, capsys):
     """``python scripts/plan_sharding.py OVERRIDES`` in this process (no torch import to pay again): exit status and output."""
 
     def run(*overrides: str) -> ScriptRun:
-        monkeypatch.setenv("PYTHONHASHSEED", "0")  # what the script re-executes itself with otherwise (it pins the seed)
+        monkeypatch.setenv(
+            "PYTHONHASHSEED", "0"
+        )  # what the script re-executes itself with otherwise (it pins the seed)
         monkeypatch.setattr(sys, "argv", [str(SCRIPT), *overrides])
         capsys.readouterr()
         try:

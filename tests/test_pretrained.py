@@ -28,9 +28,16 @@ def item_vectors(tmp_path_factory):
 @pytest.mark.parametrize("frozen", [True, False])
 def test_pretrained_item_table_frozen_or_trainable(tmp_path, data_root, process_group, item_vectors, frozen, caplog):
     path, vectors = item_vectors
-    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=8",
-                       f"model.tables.item.pretrained_path={path}", f"model.tables.item.frozen={str(frozen).lower()}",
-                       "model.query_user_id=true"])  # a user table beside the pretrained one
+    cfg = tiny_config(
+        [
+            f"data.root={data_root}",
+            "trainer.epochs=1",
+            "trainer.max_steps_per_epoch=8",
+            f"model.tables.item.pretrained_path={path}",
+            f"model.tables.item.frozen={str(frozen).lower()}",
+            "model.query_user_id=true",
+        ]
+    )  # a user table beside the pretrained one
     caplog.set_level(logging.INFO, logger="recsys")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -52,12 +59,22 @@ def test_pretrained_item_table_frozen_or_trainable(tmp_path, data_root, process_
 def test_wrong_shape_npy_is_a_clear_error(tmp_path):
     path = tmp_path / "bad.npy"
     np.save(path, np.zeros((10, 4), dtype=np.float32))
-    with pytest.raises(ValueError, match=r"model.tables.item.pretrained_path=.*bad.npy.*shape \(10, 4\), expected \(300, 16\)"):
+    with pytest.raises(
+        ValueError, match=r"model.tables.item.pretrained_path=.*bad.npy.*shape \(10, 4\), expected \(300, 16\)"
+    ):
         open_pretrained(path, table="item", num_rows=300, dim=16)
 
 
 def _parquet(path, ids, dim=4):
-    pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "vector": pa.array([[float(i)] * dim for i in ids], pa.list_(pa.float32()))}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "id": pa.array(ids, pa.int64()),
+                "vector": pa.array([[float(i)] * dim for i in ids], pa.list_(pa.float32())),
+            }
+        ),
+        path,
+    )
     return path
 
 

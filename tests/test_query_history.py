@@ -35,8 +35,15 @@ def _bags(batches: TrainBatches, epoch: int):
 
 def test_profile_bag_is_other_training_items_never_the_target(tiny_data):
     history_length = 6
-    batches = TrainBatches(tiny_data, history_length=history_length, global_batch_size=64, num_uniform_negatives=0,
-                           seed=0, query_history="profile", prefetch=0)
+    batches = TrainBatches(
+        tiny_data,
+        history_length=history_length,
+        global_batch_size=64,
+        num_uniform_negatives=0,
+        seed=0,
+        query_history="profile",
+        prefetch=0,
+    )
     train = tiny_data.splits["train"]
     bags0, bags1 = _bags(batches, 0), _bags(batches, 1)
     changed = 0
@@ -59,7 +66,11 @@ def test_profile_bag_is_other_training_items_never_the_target(tiny_data):
         assert hist.values()[hist.offsets()[j] : hist.offsets()[j + 1]].tolist() == bags0[int(row)]
     cats = features["category"]  # the bag items' categories follow them
     first = bags0[int(rows[0])]
-    expected = [c for i in first for c in tiny_data.item_category_ids[tiny_data.item_category_indptr[i] : tiny_data.item_category_indptr[i + 1]]]
+    expected = [
+        c
+        for i in first
+        for c in tiny_data.item_category_ids[tiny_data.item_category_indptr[i] : tiny_data.item_category_indptr[i + 1]]
+    ]
     assert cats.values()[cats.offsets()[0] : cats.offsets()[1]].tolist() == expected
 
 

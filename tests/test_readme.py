@@ -6,8 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from recsys.export import ExportConfig, export_run
-from recsys.run import fit
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -48,11 +46,18 @@ def test_results_table_script_writes_the_readme_table_format():
 
     def split(base):
         return {
-            "metrics": {m: {f"{name}@{k}": base * k / 100 for name in ("recall", "ndcg") for k in (10, 20, 50, 100)}
-                        for m in ("two_tower", "ease", "popularity")},
-            "breakdowns": {m: {"item_popularity": {"buckets": [{"bucket": "head", "recall@20": 0.9},
-                                                               {"bucket": "tail", "recall@20": base}]}}
-                           for m in ("two_tower", "ease", "popularity")},
+            "metrics": {
+                m: {f"{name}@{k}": base * k / 100 for name in ("recall", "ndcg") for k in (10, 20, 50, 100)}
+                for m in ("two_tower", "ease", "popularity")
+            },
+            "breakdowns": {
+                m: {
+                    "item_popularity": {
+                        "buckets": [{"bucket": "head", "recall@20": 0.9}, {"bucket": "tail", "recall@20": base}]
+                    }
+                }
+                for m in ("two_tower", "ease", "popularity")
+            },
         }
 
     report = {"splits": {"valid": split(0.5), "test": split(0.25)}, "ease": {"lambda": 1000.0}}
@@ -62,11 +67,16 @@ def test_results_table_script_writes_the_readme_table_format():
     assert lines[2] == "| two-tower | 0.0250 | 0.0500 | 0.1250 | 0.2500 | 0.0250 | 0.0500 | 0.2500 |"
     assert lines[3].startswith("| EASE (λ = 1000, tuned on valid) | 0.2810 | 0.0500 |")
     del report["splits"]["test"]["metrics"]["ease"]  # EASE skipped: no row
-    assert [line.split(" | ")[0] for line in script.results_table(report).splitlines()[2:]] == ["| two-tower", "| popularity"]
+    assert [line.split(" | ")[0] for line in script.results_table(report).splitlines()[2:]] == [
+        "| two-tower",
+        "| popularity",
+    ]
 
 
-@pytest.mark.parametrize("entry,keys", [("evaluate", ["max_users:", "out_dir:", "ann_kinds:"]),
-                                        ("export", ["out_dir:", "checkpoint:", "device:"])])
+@pytest.mark.parametrize(
+    "entry,keys",
+    [("evaluate", ["max_users:", "out_dir:", "ann_kinds:"]), ("export", ["out_dir:", "checkpoint:", "device:"])],
+)
 def test_help_lists_the_entry_points_own_keys_only(entry, keys, capsys):
     """`python -m recsys.evaluate --help` (and export's): no training config groups, which do not apply there."""
     import importlib
@@ -85,7 +95,9 @@ def test_help_lists_the_entry_points_own_keys_only(entry, keys, capsys):
     try:
         with initialize_config_dir(config_dir=str(README.parent / "conf"), version_base="1.3", job_name=entry):
             parser = get_args_parser()
-            GlobalHydra.instance().hydra.app_help(config_name=entry, args_parser=parser, args=parser.parse_args(["--help"]))
+            GlobalHydra.instance().hydra.app_help(
+                config_name=entry, args_parser=parser, args=parser.parse_args(["--help"])
+            )
     finally:
         root.handlers, root.level = saved  # app_help configures Hydra's logging
     shown = capsys.readouterr().out

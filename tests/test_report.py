@@ -41,22 +41,42 @@ def _inputs(dataset_dir=None) -> EvalInputs:
     valid_users = np.arange(NUM_USERS)
     test_users = np.arange(0, NUM_USERS, 2)  # a subset, not in id order of the full table
     splits = {
-        "valid": SplitInputs(valid_users, user_emb, valid.select_rows(valid_users), train.select_rows(valid_users), ("train",)),
+        "valid": SplitInputs(
+            valid_users, user_emb, valid.select_rows(valid_users), train.select_rows(valid_users), ("train",)
+        ),
         "test": SplitInputs(
-            test_users, torch.from_numpy(user_emb[test_users]), test.select_rows(test_users),
-            train.union(valid).select_rows(test_users), ("train", "valid"),
+            test_users,
+            torch.from_numpy(user_emb[test_users]),
+            test.select_rows(test_users),
+            train.union(valid).select_rows(test_users),
+            ("train", "valid"),
         ),  # fmt: skip
     }
-    return EvalInputs(item_emb=item_emb, splits=splits, train=train, ks=KS, dataset_dir=dataset_dir, checkpoint="runs/x/checkpoints/epoch_3")
+    return EvalInputs(
+        item_emb=item_emb,
+        splits=splits,
+        train=train,
+        ks=KS,
+        dataset_dir=dataset_dir,
+        checkpoint="runs/x/checkpoints/epoch_3",
+    )
 
 
 def _dataset_dir(tmp_path):
     root = tmp_path / "dataset"
     (root / "vocab").mkdir(parents=True)
-    (root / "meta.json").write_text(json.dumps({"name": "toy", "protocol": "recbole", "counts": {"train": 1, "valid": 2, "test": 3}}))
-    pd.DataFrame({"raw_id": [f"u{i}" for i in range(NUM_USERS)], "user_id": np.arange(NUM_USERS)}).to_parquet(root / "vocab" / "users.parquet")
+    (root / "meta.json").write_text(
+        json.dumps({"name": "toy", "protocol": "recbole", "counts": {"train": 1, "valid": 2, "test": 3}})
+    )
+    pd.DataFrame({"raw_id": [f"u{i}" for i in range(NUM_USERS)], "user_id": np.arange(NUM_USERS)}).to_parquet(
+        root / "vocab" / "users.parquet"
+    )
     pd.DataFrame(
-        {"raw_id": np.arange(NUM_ITEMS) + 1000, "item_id": np.arange(NUM_ITEMS), "title": [f"Movie {i}" for i in range(NUM_ITEMS)]}
+        {
+            "raw_id": np.arange(NUM_ITEMS) + 1000,
+            "item_id": np.arange(NUM_ITEMS),
+            "title": [f"Movie {i}" for i in range(NUM_ITEMS)],
+        }
     ).to_parquet(root / "vocab" / "items.parquet")
     return root
 
@@ -77,7 +97,12 @@ def written(tmp_path_factory):
 
 def test_writes_every_file_and_no_temporaries(written):
     _, _, out = written
-    assert sorted(p.name for p in out.iterdir()) == ["recall_at_k.png", "recommendations.parquet", "report.json", "report.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "recall_at_k.png",
+        "recommendations.parquet",
+        "report.json",
+        "report.md",
+    ]
     assert (out / "recall_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -86,7 +111,9 @@ def test_json_numbers_equal_compute_metrics(written):
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk == report
     for name, split in inputs.splits.items():
-        _, ids = exact_topk(torch.as_tensor(split.user_emb), torch.from_numpy(inputs.item_emb), 20, exclude=split.exclude)
+        _, ids = exact_topk(
+            torch.as_tensor(split.user_emb), torch.from_numpy(inputs.item_emb), 20, exclude=split.exclude
+        )
         expected = compute_metrics(ids.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
         assert on_disk["splits"][name]["metrics"]["two_tower"] == pytest.approx(expected, rel=1e-12)
         counts = torch.from_numpy(np.bincount(inputs.train.indices, minlength=NUM_ITEMS))
@@ -122,7 +149,12 @@ def test_recommendations_parquet(written):
     assert len(recs) == 20 * test.relevant.num_users and (recs.groupby("user_id").size() == 20).all()
     assert set(recs["user_id"]) == set(test.users.tolist())
     first = recs[recs["user_id"] == test.users[1]].sort_values("rank")
-    _, ids = exact_topk(torch.as_tensor(test.user_emb[1:2]), torch.from_numpy(inputs.item_emb), 20, exclude=test.exclude.select_rows([1]))
+    _, ids = exact_topk(
+        torch.as_tensor(test.user_emb[1:2]),
+        torch.from_numpy(inputs.item_emb),
+        20,
+        exclude=test.exclude.select_rows([1]),
+    )
     assert first["item_id"].tolist() == ids[0].tolist()
     assert first["user_raw_id"].iloc[0] == f"u{test.users[1]}"
     assert (first["item_raw_id"] == first["item_id"] + 1000).all()
@@ -164,16 +196,24 @@ def test_ials_block_and_its_numbers(written):
     grid = {(g["regularization"], g["alpha"]): g["recall@20"] for g in ials["grid"]}
     assert list(grid) == [(0.1, 3.0), (0.1, 30.0), (10.0, 3.0), (10.0, 30.0)]
     assert grid[(ials["regularization"], ials["alpha"])] == max(grid.values())
-    assert (ials["factors"], ials["iterations"], ials["seed"]) == (8, 5, 0) and ials["tuned_on"] == "valid recall@20, 120 users"
+    assert (ials["factors"], ials["iterations"], ials["seed"]) == (8, 5, 0) and ials[
+        "tuned_on"
+    ] == "valid recall@20, 120 users"
     # the report's iALS numbers are those of the chosen point refitted and ranked with the same masking
-    model = fit_ials(inputs.train, regularization=ials["regularization"], alpha=ials["alpha"], factors=8, iterations=5, seed=0)
+    model = fit_ials(
+        inputs.train, regularization=ials["regularization"], alpha=ials["alpha"], factors=8, iterations=5, seed=0
+    )
     for name, split in inputs.splits.items():
         _, ids = ials_topk(model, split.exclude, 20, exclude=split.exclude)
         expected = compute_metrics(ids.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
         assert report["splits"][name]["metrics"]["ials"] == pytest.approx(expected, rel=1e-12)
     assert "% of iALS's" in report["gaps"][1]
     md = (out / "report.md").read_text()
-    assert "## iALS" in md and "| iALS |" in md and f"λ = {ials['regularization']:g}, α = {ials['alpha']:g} (8 factors" in md
+    assert (
+        "## iALS" in md
+        and "| iALS |" in md
+        and f"λ = {ials['regularization']:g}, α = {ials['alpha']:g} (8 factors" in md
+    )
     assert "Inverse in float64 on cpu: estimated peak" in md and report["ease"]["dtype"] == "float64"
 
 
@@ -189,7 +229,9 @@ def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
         assert half["ease"]["dtype"] == "float32" and half["ease"]["lambda"] == full["ease"]["lambda"]
         assert half["ease"]["best_b_kept"] == kept  # else B is refitted in G's memory
         for name in inputs.splits:  # float32's top-k is float64's on this catalogue
-            assert half["splits"][name]["metrics"]["ease"] == pytest.approx(full["splits"][name]["metrics"]["ease"], rel=1e-12)
+            assert half["splits"][name]["metrics"]["ease"] == pytest.approx(
+                full["splits"][name]["metrics"]["ease"], rel=1e-12
+            )
     none = compute_report(inputs, ReportOptions(ease_available_bytes=need32 // 2, **fast)).report
     assert none["ease"]["skipped"].startswith(f"needs {need32 / 1e9:.1f} GB, have {need32 // 2 / 1e9:.1f} GB")
     assert set(none["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}

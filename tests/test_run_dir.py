@@ -4,8 +4,8 @@ import json
 import logging
 
 from recsys.checkpoint import TrainerState, latest_checkpoint
-from recsys.run_dir import is_finished
 from recsys.run import fit
+from recsys.run_dir import is_finished
 from tests.helpers.config import tiny_config
 
 SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.num_uniform_negatives=8"]
@@ -15,7 +15,9 @@ def _records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_finished_run_is_not_retrained_and_starting_over_sets_its_logs_aside(tmp_path, data_root, process_group, caplog):
+def test_finished_run_is_not_retrained_and_starting_over_sets_its_logs_aside(
+    tmp_path, data_root, process_group, caplog
+):
     caplog.set_level(logging.INFO, logger="recsys")
     config = lambda *extra: tiny_config([f"data.root={data_root}", *SHORT, *extra])  # noqa: E731
     first = fit(config("trainer.epochs=1"), tmp_path)

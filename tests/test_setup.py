@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _setup_commands() -> list:
     # -n: print the recipe without running it; -B: as on a fresh clone (no stamp yet)
-    out = subprocess.run(["make", "-n", "-B", "setup", f"VENV={sys.prefix}"], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["make", "-n", "-B", "setup", f"VENV={sys.prefix}"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     return [line for line in out.stdout.splitlines() if not line.startswith("#")]  # the recipe's comments
 
 

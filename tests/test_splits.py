@@ -8,7 +8,16 @@ from data_pipelines.splits import PROTOCOLS, recbole_split_sizes, split, split_l
 
 # user_id -> number of interactions, and the recbole (train, valid, test) sizes by the rule
 # n < 3: all train; n_test = clip(round_half_up(0.1 n), 1, n-2); n_valid = clip(round_half_up(0.1 n), 1, n-1-n_test)
-HAND = {0: (1, (1, 0, 0)), 1: (3, (1, 1, 1)), 2: (10, (8, 1, 1)), 3: (20, (16, 2, 2)), 4: (15, (11, 2, 2)), 5: (4, (2, 1, 1)), 6: (2, (2, 0, 0)), 7: (5, (3, 1, 1))}
+HAND = {
+    0: (1, (1, 0, 0)),
+    1: (3, (1, 1, 1)),
+    2: (10, (8, 1, 1)),
+    3: (20, (16, 2, 2)),
+    4: (15, (11, 2, 2)),
+    5: (4, (2, 1, 1)),
+    6: (2, (2, 0, 0)),
+    7: (5, (3, 1, 1)),
+}
 
 
 def _hand_df() -> pd.DataFrame:
@@ -44,7 +53,20 @@ def test_recbole_exact_sizes_per_user():
 
 def test_recbole_split_sizes_rule():
     n = np.array([0, 1, 2, 3, 4, 5, 9, 14, 15, 24, 25, 100])
-    expected = [(0, 0, 0), (1, 0, 0), (2, 0, 0), (1, 1, 1), (2, 1, 1), (3, 1, 1), (7, 1, 1), (12, 1, 1), (11, 2, 2), (20, 2, 2), (19, 3, 3), (80, 10, 10)]
+    expected = [
+        (0, 0, 0),
+        (1, 0, 0),
+        (2, 0, 0),
+        (1, 1, 1),
+        (2, 1, 1),
+        (3, 1, 1),
+        (7, 1, 1),
+        (12, 1, 1),
+        (11, 2, 2),
+        (20, 2, 2),
+        (19, 3, 3),
+        (80, 10, 10),
+    ]
     assert [tuple(r) for r in recbole_split_sizes(n).tolist()] == expected
     # lopsided ratios still leave every splittable user one train row
     assert recbole_split_sizes(np.array([3, 10]), (0.1, 0.45, 0.45)).tolist() == [[1, 1, 1], [1, 4, 5]]
@@ -86,7 +108,9 @@ def test_loo_latest_is_test_second_latest_is_valid():
 
 
 def test_loo_breaks_timestamp_ties_by_item_id():
-    df = pd.DataFrame({"user_id": [0, 0, 0, 0], "item_id": [9, 4, 7, 1], "timestamp": [5, 5, 5, 1], "rating": [1.0] * 4})
+    df = pd.DataFrame(
+        {"user_id": [0, 0, 0, 0], "item_id": [9, 4, 7, 1], "timestamp": [5, 5, 5, 1], "rating": [1.0] * 4}
+    )
     train, valid, test = split_loo(df)
     assert test.item_id.tolist() == [9] and valid.item_id.tolist() == [7] and sorted(train.item_id) == [1, 4]
 
@@ -106,11 +130,13 @@ def test_recbole_on_one_million_rows_keeps_every_row():
     a wall-clock bound here failed on a loaded machine)."""
     rng = np.random.default_rng(0)
     n = 1_000_000
-    df = pd.DataFrame({
-        "user_id": rng.integers(0, 6040, n),
-        "item_id": rng.integers(0, 3706, n),
-        "timestamp": rng.integers(0, 10**9, n),
-        "rating": rng.integers(1, 6, n).astype(np.float32),
-    })
+    df = pd.DataFrame(
+        {
+            "user_id": rng.integers(0, 6040, n),
+            "item_id": rng.integers(0, 3706, n),
+            "timestamp": rng.integers(0, 10**9, n),
+            "rating": rng.integers(1, 6, n).astype(np.float32),
+        }
+    )
     parts = split_recbole(df, seed=0)
     assert sum(len(p) for p in parts) == n

@@ -1,6 +1,7 @@
 """`-m` sweeps: jobs in runs/<run_name>/<n>, one summary table of overrides and metrics; a quiet console."""
 
 import json
+import os
 
 from hydra.types import RunMode
 from omegaconf import OmegaConf
@@ -8,14 +9,36 @@ from omegaconf import OmegaConf
 from recsys.sweep_summary import SweepSummary, collect_jobs
 from tests.helpers.launch import launch
 
-LIBRARY_CHATTER = ("Planner Statistics", "TBE=", "faiss", "FutureWarning", "UserWarning", "known issue", "is_fx_tracing",
-                   "ERROR", "Traceback")
+LIBRARY_CHATTER = (
+    "Planner Statistics",
+    "TBE=",
+    "faiss",
+    "FutureWarning",
+    "UserWarning",
+    "known issue",
+    "is_fx_tracing",
+    "ERROR",
+    "Traceback",
+)
 
 
 def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
-    out = launch(["-m", "recsys.train", "-m", "+experiment=tiny", "run_name=sw", f"data.root={data_root}",
-                  "trainer.epochs=1", "trainer.max_steps_per_epoch=3", "model.temperature=0.05,0.1"],
-                 cwd=tmp_path, check=False, timeout=300)
+    out = launch(
+        [
+            "-m",
+            "recsys.train",
+            "-m",
+            "+experiment=tiny",
+            "run_name=sw",
+            f"data.root={data_root}",
+            "trainer.epochs=1",
+            "trainer.max_steps_per_epoch=3",
+            "model.temperature=0.05,0.1",
+        ],
+        cwd=tmp_path,
+        check=False,
+        timeout=300,
+    )
     console = out.stdout + out.stderr
     assert out.returncode == 0, console
     sweep = tmp_path / "runs" / "sw"
@@ -37,14 +60,21 @@ def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
         assert chatter not in console, chatter
     assert "Planner Statistics" in (sweep / "0" / "train.log").read_text()  # kept in the log file
 
-    # a later, shorter sweep under the same run_name lists its own jobs only
+    # a later, shorter sweep under the same run_name lists its own jobs only (job 0 dated a minute back:
+    # 3-step jobs now start within the 1 s that collect_jobs allows for coarse file-system clocks)
+    job0 = sweep / "0" / ".hydra" / "overrides.yaml"
+    os.utime(job0, (job0.stat().st_atime - 60, job0.stat().st_mtime - 60))
     assert len(collect_jobs(sweep, since=(sweep / "1" / ".hydra" / "overrides.yaml").stat().st_mtime)) == 1
 
     # the table is rewritten after each job of a sweep (a failed job stops Hydra's sweep: the jobs done so far
     # stay listed), and never by a plain run
     (sweep / "sweep.md").unlink()
     callback = SweepSummary()
-    callback.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.RUN, "sweep": {"dir": str(sweep)}}}), job_return=None)
+    callback.on_job_end(
+        OmegaConf.create({"hydra": {"mode": RunMode.RUN, "sweep": {"dir": str(sweep)}}}), job_return=None
+    )
     assert not (sweep / "sweep.md").exists()
-    callback.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "sweep": {"dir": str(sweep)}}}), job_return=None)
+    callback.on_job_end(
+        OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "sweep": {"dir": str(sweep)}}}), job_return=None
+    )
     assert (sweep / "sweep.md").read_text() == table

@@ -24,7 +24,14 @@ def test_same_spec_gives_byte_identical_files(tmp_path):
     b = prepare_synthetic(TINY_SPEC, root=tmp_path / "b")
     assert a.name == b.name
     assert _snapshot(a) == _snapshot(b)
-    assert set(_snapshot(a)) == {"meta.json", "train.parquet", "valid.parquet", "test.parquet", "items.parquet", "users.parquet"}
+    assert set(_snapshot(a)) == {
+        "meta.json",
+        "train.parquet",
+        "valid.parquet",
+        "test.parquet",
+        "items.parquet",
+        "users.parquet",
+    }
 
 
 def test_different_seeds_give_different_data():
@@ -62,9 +69,16 @@ def test_generated_invariants():
     assert (inter.groupby("user_id").timestamp.diff().dropna() > 0).all(), "timestamps strictly increase per user"
     assert inter.timestamp.min() >= spec.start_timestamp
     assert set(inter.rating.unique()) == {1.0, 2.0, 3.0, 4.0, 5.0}
-    assert items.item_id.tolist() == list(range(spec.num_items)) and users.user_id.tolist() == list(range(spec.num_users))
+    assert items.item_id.tolist() == list(range(spec.num_items)) and users.user_id.tolist() == list(
+        range(spec.num_users)
+    )
     for cats in items.categories:
-        assert 1 <= len(cats) <= 3 and list(cats) == sorted(set(cats)) and 0 <= min(cats) and max(cats) < spec.num_categories
+        assert (
+            1 <= len(cats) <= 3
+            and list(cats) == sorted(set(cats))
+            and 0 <= min(cats)
+            and max(cats) < spec.num_categories
+        )
 
 
 def _recall_at_k(scores, train, test, k=20):

@@ -40,7 +40,9 @@ def test_loss_matches_naive_reference_with_hits_and_uniform_negatives(use_log_q)
     log_q = torch.log((b * p[c_items] + b_neg / num_items) / (b + b_neg)) if use_log_q else None
     labels = torch.arange(b)
 
-    args = dict(labels=labels, query_item_ids=pos_items, candidate_item_ids=c_items, temperature=0.1, candidate_log_q=log_q)
+    args = dict(
+        labels=labels, query_item_ids=pos_items, candidate_item_ids=c_items, temperature=0.1, candidate_log_q=log_q
+    )
     loss = sampled_softmax_loss(q, c, **args)
     logits = masked_logits(q, c, **args)
     expected = naive_loss(q.numpy(), c.numpy(), labels.numpy(), pos_items.numpy(), c_items.numpy(), 0.1, log_q)
@@ -53,7 +55,9 @@ def test_loss_matches_naive_reference_with_hits_and_uniform_negatives(use_log_q)
 def test_task_mixture_log_q_and_forward_equal_reference():
     """RetrievalTask's q(i) is the mixture (B p(i) + B'/N)/(B + B')."""
     counts = torch.tensor([1.0, 3.0, 6.0, 0.0])
-    task = RetrievalTask(torch.nn.Identity(), item_counts=counts, temperature=1.0, logq_correction=True, num_uniform_negatives=2)
+    task = RetrievalTask(
+        torch.nn.Identity(), item_counts=counts, temperature=1.0, logq_correction=True, num_uniform_negatives=2
+    )
     ids = torch.tensor([0, 1, 2, 3])
     got = task.candidate_log_q(ids, global_batch_size=8).exp()
     p = counts / counts.sum()
@@ -66,7 +70,14 @@ def test_task_mixture_log_q_and_forward_equal_reference():
 def test_loss_gradient_flows_to_both_towers():
     q = torch.randn(4, 3, requires_grad=True)
     c = torch.randn(4, 3, requires_grad=True)
-    loss = sampled_softmax_loss(q, c, labels=torch.arange(4), query_item_ids=torch.arange(4), candidate_item_ids=torch.arange(4), temperature=0.5)
+    loss = sampled_softmax_loss(
+        q,
+        c,
+        labels=torch.arange(4),
+        query_item_ids=torch.arange(4),
+        candidate_item_ids=torch.arange(4),
+        temperature=0.5,
+    )
     loss.backward()
     assert q.grad.abs().sum() > 0 and c.grad.abs().sum() > 0
 
@@ -102,7 +113,15 @@ def test_hand_written_backward_equals_autograd(use_log_q, device_variant, monkey
         if fn is None:
             loss = autograd_reference(q, c, labels, q_items, c_items, tau, log_q)
         else:
-            loss = fn(q, c, labels=labels, query_item_ids=q_items, candidate_item_ids=c_items, temperature=tau, candidate_log_q=log_q)
+            loss = fn(
+                q,
+                c,
+                labels=labels,
+                query_item_ids=q_items,
+                candidate_item_ids=c_items,
+                temperature=tau,
+                candidate_log_q=log_q,
+            )
         (3.0 * loss).backward()  # a non-unit upstream gradient must scale the result
         grads.append((loss.item(), q.grad, c.grad))
     (l1, gq1, gc1), (l2, gq2, gc2) = grads
@@ -128,8 +147,14 @@ def test_accidental_hits_equal_dense_comparison():
 
 def test_backward_twice_is_an_error():
     q = torch.randn(4, 3, requires_grad=True)
-    loss = sampled_softmax_loss(q, torch.randn(4, 3), labels=torch.arange(4), query_item_ids=torch.arange(4),
-                                candidate_item_ids=torch.arange(4), temperature=0.5)
+    loss = sampled_softmax_loss(
+        q,
+        torch.randn(4, 3),
+        labels=torch.arange(4),
+        query_item_ids=torch.arange(4),
+        candidate_item_ids=torch.arange(4),
+        temperature=0.5,
+    )
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
@@ -151,7 +176,8 @@ def test_cosine_contrastive_loss_matches_naive_reference():
         negatives = [j for j in range(7) if j != u and c_items[j] != pos_items[u]]
         hinge = sum(max(0.0, float(q[u] @ c[j]) - margin) for j in negatives) / len(negatives)
         expected += (1.0 - float(q[u] @ c[u])) + weight * hinge
-    got = cosine_contrastive_loss(q, c, labels=labels, query_item_ids=pos_items, candidate_item_ids=c_items,
-                                  margin=margin, negative_weight=weight)
+    got = cosine_contrastive_loss(
+        q, c, labels=labels, query_item_ids=pos_items, candidate_item_ids=c_items, margin=margin, negative_weight=weight
+    )
     assert got.item() == pytest.approx(expected / 4, rel=1e-5)
     assert 0.0 < got.item()

@@ -30,7 +30,11 @@ def test_results_json_contract(tiny_run, data_root):
     assert dataset["name"] == "synthetic" and dataset["protocol"] == "recbole"
     assert dataset["dir"].startswith(str(data_root)) and (run_dir / "results.json").is_file()
     # data_pipelines/README.md: TINY spec, recbole, seed 0
-    assert {k: dataset["counts"][k] for k in ("train", "valid", "test")} == {"train": 15944, "valid": 2028, "test": 2028}
+    assert {k: dataset["counts"][k] for k in ("train", "valid", "test")} == {
+        "train": 15944,
+        "valid": 2028,
+        "test": 2028,
+    }
 
 
 def test_two_tower_beats_popularity_clearly(tiny_run):
@@ -110,7 +114,9 @@ def test_a_non_finite_loss_stops_training(tmp_path, data_root, process_group, mo
 
     real = task_module.sampled_softmax_loss
     monkeypatch.setattr(task_module, "sampled_softmax_loss", lambda *a, **kw: real(*a, **kw) * float("nan"))
-    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.log_every_steps=2"])
+    cfg = tiny_config(
+        [f"data.root={data_root}", "trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.log_every_steps=2"]
+    )
     with pytest.raises(FloatingPointError, match=r"training loss is nan at step 2 \(epoch 0\)"):
         fit(cfg, tmp_path)
     assert not (tmp_path / "results.json").exists()

@@ -72,7 +72,9 @@ def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path,
     step = run_dir / "checkpoints" / "step_00000004"
     load_checkpoint(sharded, step, env=process_group, with_optimizer=False)
     (step / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
-    with pytest.raises(UnsafeFileError, match=r"step_00000004/.metadata: refused to load: it asks for (builtins|io).open"):
+    with pytest.raises(
+        UnsafeFileError, match=r"step_00000004/.metadata: refused to load: it asks for (builtins|io).open"
+    ):
         load_checkpoint(sharded, step, env=process_group)
     assert not marker.exists()
 
@@ -81,7 +83,9 @@ def test_planted_config_yaml_is_refused_without_running_it(short_run, tmp_path):
     from recsys.run import load_run_config
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
-    (run_dir / "checkpoints" / "best" / "config.yaml").write_text(f"data: !!python/object/apply:builtins.open ['{marker}', 'w']\n")
+    (run_dir / "checkpoints" / "best" / "config.yaml").write_text(
+        f"data: !!python/object/apply:builtins.open ['{marker}', 'w']\n"
+    )
     with pytest.raises(Exception, match="python/object/apply"):
         load_run_config(run_dir)
     assert not marker.exists()
@@ -146,7 +150,9 @@ def test_bundle_loader_runs_no_code_from_the_bundle(bundle, tmp_path):
     expected = load_bundle(bundle)
     served = load_bundle(planted)
     queries = served.encode(np.array([0, 1]), np.array([2, 0]), np.array([3, 4]))
-    torch.testing.assert_close(served.scores(queries), expected.scores(expected.encode(np.array([0, 1]), np.array([2, 0]), np.array([3, 4]))))
+    torch.testing.assert_close(
+        served.scores(queries), expected.scores(expected.encode(np.array([0, 1]), np.array([2, 0]), np.array([3, 4])))
+    )
     assert not marker.exists()
     # the files it does read are weights-only / pickle-free
     torch.save({"user.weight": Payload(marker)}, planted / "query_encoder.pt")
@@ -189,7 +195,9 @@ def test_export_replaces_only_a_bundle_it_wrote(short_run, bundle, tmp_path, pro
 # --- 6: one training per run dir ------------------------------------------------------------------
 
 
-def test_a_second_training_in_a_locked_run_dir_fails_at_once_naming_dir_and_owner(tmp_path, data_root, process_group, monkeypatch):
+def test_a_second_training_in_a_locked_run_dir_fails_at_once_naming_dir_and_owner(
+    tmp_path, data_root, process_group, monkeypatch
+):
     import os
     import socket
     import time
@@ -201,8 +209,11 @@ def test_a_second_training_in_a_locked_run_dir_fails_at_once_naming_dir_and_owne
     cfg = tiny_config([f"data.root={data_root}", *SHORT])
     with RunLock(run_dir):  # the first training, still running (flock: conflicts even within one process)
         start = time.perf_counter()
-        with pytest.raises(RunDirLockedError, match=rf"{run_dir}: another training holds this run dir \(pid {os.getpid()} "
-                                                     rf"on host {socket.gethostname()}, since .*; lock file {run_dir}/.lock\)"):
+        with pytest.raises(
+            RunDirLockedError,
+            match=rf"{run_dir}: another training holds this run dir \(pid {os.getpid()} "
+            rf"on host {socket.gethostname()}, since .*; lock file {run_dir}/.lock\)",
+        ):
             fit(cfg, run_dir)
         assert time.perf_counter() - start < 2  # at once: before the dataset, the model or any checkpoint
         assert not (run_dir / "checkpoints").exists()
@@ -225,10 +236,16 @@ def test_prepare_writes_nothing_into_run_dirs(tmp_path, data_root):
     run = tmp_path / "runs" / "tiny"  # a training run named like the experiment
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text("the run's config\n")
-    proc = launch(["-m", "data_pipelines.prepare", "+experiment=tiny", f"data.root={data_root}"], cwd=tmp_path, timeout=120)
+    proc = launch(
+        ["-m", "data_pipelines.prepare", "+experiment=tiny", f"data.root={data_root}"], cwd=tmp_path, timeout=120
+    )
     assert Path(proc.stdout.strip().splitlines()[-1]).is_dir()
-    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [Path("runs"), run.relative_to(tmp_path),
-                                                                           Path("runs/tiny/.hydra"), Path("runs/tiny/.hydra/config.yaml")]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [
+        Path("runs"),
+        run.relative_to(tmp_path),
+        Path("runs/tiny/.hydra"),
+        Path("runs/tiny/.hydra/config.yaml"),
+    ]
     assert (run / ".hydra" / "config.yaml").read_text() == "the run's config\n"
 
 
@@ -236,8 +253,11 @@ def test_prepare_writes_nothing_into_run_dirs(tmp_path, data_root):
 
 
 def test_batch_sizes_that_leave_one_candidate_are_refused_naming_the_key():
-    with pytest.raises(ValueError, match=r"trainer.global_batch_size=1: in-batch softmax needs >= 2 candidates per step, "
-                                         r"this leaves 1 \(with model.num_uniform_negatives=0\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.global_batch_size=1: in-batch softmax needs >= 2 candidates per step, "
+        r"this leaves 1 \(with model.num_uniform_negatives=0\)",
+    ):
         tiny_config(["trainer.global_batch_size=1"])
     assert tiny_config(["trainer.global_batch_size=1", "model.num_uniform_negatives=1"]).trainer.global_batch_size == 1
     assert tiny_config(["trainer.global_batch_size=2"]).trainer.global_batch_size == 2
@@ -246,7 +266,9 @@ def test_batch_sizes_that_leave_one_candidate_are_refused_naming_the_key():
 # --- 7: another batch size mid-epoch ---------------------------------------------------------------
 
 
-def test_resuming_mid_epoch_with_another_batch_size_is_refused_naming_both(short_run, tmp_path, data_root, process_group):
+def test_resuming_mid_epoch_with_another_batch_size_is_refused_naming_both(
+    short_run, tmp_path, data_root, process_group
+):
     run_dir = copy_run(short_run, tmp_path)
     step = run_dir / "checkpoints" / "step_00000004"
     state = json.loads((step / "trainer_state.json").read_text())
@@ -255,9 +277,15 @@ def test_resuming_mid_epoch_with_another_batch_size_is_refused_naming_both(short
     fit(tiny_config([f"data.root={data_root}", *SHORT, "trainer.epochs=2", "trainer.global_batch_size=128"]), run_dir)
     # mid-epoch it may not: the checkpoint's batch 2 of 256 is not batch 2 of 128
     (step / "trainer_state.json").write_text(json.dumps({**state, "epoch": 0, "next_batch": 2}))
-    with pytest.raises(ValueError, match=r"trainer.global_batch_size=128: .*step_00000004 was saved mid-epoch \(epoch 0, batch 2\) "
-                                         r"with trainer.global_batch_size=256; .* Resume with trainer.global_batch_size=256"):
-        fit(tiny_config([f"data.root={data_root}", *SHORT, "trainer.global_batch_size=128", f"trainer.resume={step}"]), run_dir)
+    with pytest.raises(
+        ValueError,
+        match=r"trainer.global_batch_size=128: .*step_00000004 was saved mid-epoch \(epoch 0, batch 2\) "
+        r"with trainer.global_batch_size=256; .* Resume with trainer.global_batch_size=256",
+    ):
+        fit(
+            tiny_config([f"data.root={data_root}", *SHORT, "trainer.global_batch_size=128", f"trainer.resume={step}"]),
+            run_dir,
+        )
 
 
 # --- 17: SIGTERM ----------------------------------------------------------------------------------
@@ -280,7 +308,9 @@ def sigterm_at_step(monkeypatch, at: int) -> None:
     monkeypatch.setattr(trainer_module, "_maybe_inject_fault", fault)
 
 
-def test_sigterm_checkpoints_the_finished_step_and_the_rerun_loses_none(tmp_path, data_root, process_group, monkeypatch):
+def test_sigterm_checkpoints_the_finished_step_and_the_rerun_loses_none(
+    tmp_path, data_root, process_group, monkeypatch
+):
     from recsys.checkpoint import read_trainer_state
     from recsys.preemption import Preempted
 
@@ -304,8 +334,19 @@ def test_sigterm_exits_train_with_the_preempted_status(tmp_path, data_root, monk
     from recsys.preemption import PREEMPTED_EXIT_CODE
 
     sigterm_at_step(monkeypatch, 1)
-    monkeypatch.setattr(sys, "argv", ["recsys.train", "+experiment=tiny", f"data.root={data_root}", *SHORT,
-                                      f"hydra.run.dir={tmp_path / 'run'}", "hydra/job_logging=none", "hydra/hydra_logging=none"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "recsys.train",
+            "+experiment=tiny",
+            f"data.root={data_root}",
+            *SHORT,
+            f"hydra.run.dir={tmp_path / 'run'}",
+            "hydra/job_logging=none",
+            "hydra/hydra_logging=none",
+        ],
+    )
     with pytest.raises(SystemExit) as exited:
         runpy.run_module("recsys.train", run_name="__main__", alter_sys=True)  # as `python -m recsys.train`
     assert exited.value.code == PREEMPTED_EXIT_CODE == 75
@@ -352,20 +393,27 @@ def test_evaluate_refuses_a_run_config_the_weights_were_not_trained_with(short_r
     changed = OmegaConf.structured(cfg)
     changed.data.split_seed = 1  # another split: other test users, inflated recall
     OmegaConf.save(changed, run_dir / ".hydra" / "config.yaml")
-    with pytest.raises(ValueError, match=r"\.hydra/config.yaml: another data/model config \(fingerprint \w+\) than the weights "
-                                         r"in .*checkpoints/best were trained with"):
+    with pytest.raises(
+        ValueError,
+        match=r"\.hydra/config.yaml: another data/model config \(fingerprint \w+\) than the weights "
+        r"in .*checkpoints/best were trained with",
+    ):
         load_run_config(run_dir)
 
 
 # --- 8: best/ deleted ------------------------------------------------------------------------------
 
 
-def test_a_deleted_best_checkpoint_is_replaced_by_the_same_weights_or_named(short_run, tmp_path, data_root, process_group):
+def test_a_deleted_best_checkpoint_is_replaced_by_the_same_weights_or_named(
+    short_run, tmp_path, data_root, process_group
+):
     run_dir = copy_run(short_run, tmp_path)
     expected = json.loads((run_dir / "results.json").read_text())
     assert expected["checkpoint"] == str(short_run[0] / "checkpoints" / "best")
     shutil.rmtree(run_dir / "checkpoints" / "best")
-    (run_dir / "results.json").unlink()  # the final test evaluation runs again (a finished run with results only prints them)
+    (
+        run_dir / "results.json"
+    ).unlink()  # the final test evaluation runs again (a finished run with results only prints them)
     cfg = tiny_config([f"data.root={data_root}", *SHORT])
     results = fit(cfg, run_dir)  # the finished run again: step_00000004 ended the best epoch (0)
     assert results["checkpoint"] == str(run_dir / "checkpoints" / "step_00000004")
@@ -374,9 +422,14 @@ def test_a_deleted_best_checkpoint_is_replaced_by_the_same_weights_or_named(shor
     last = run_dir / "checkpoints" / "step_00000009"
     (run_dir / "checkpoints" / "step_00000004").rename(last)
     state = json.loads((last / "trainer_state.json").read_text())
-    (last / "trainer_state.json").write_text(json.dumps({**state, "step": 9, "epoch": 2, "best_epoch": 0, "bad_epochs": 1}))
-    with pytest.raises(FileNotFoundError, match=r"checkpoints/best: missing or damaged, and no step checkpoint from the end of "
-                                                r"the best epoch \(0\) is left"):
+    (last / "trainer_state.json").write_text(
+        json.dumps({**state, "step": 9, "epoch": 2, "best_epoch": 0, "bad_epochs": 1})
+    )
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"checkpoints/best: missing or damaged, and no step checkpoint from the end of "
+        r"the best epoch \(0\) is left",
+    ):
         fit(tiny_config([f"data.root={data_root}", *SHORT, "trainer.epochs=2"]), run_dir)
 
 
@@ -400,7 +453,10 @@ def test_every_count_in_meta_json_is_checked_against_its_file(dataset_copy):
 
     load_dataset(dataset_copy)
     edit_meta(dataset_copy, num_users=401)  # one user table row more than users.parquet: silently the wrong size
-    with pytest.raises(ValueError, match=rf"{dataset_copy}/meta.json: 'num_users' is 401, but {dataset_copy}/users.parquet has 400 rows"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{dataset_copy}/meta.json: 'num_users' is 401, but {dataset_copy}/users.parquet has 400 rows",
+    ):
         load_dataset(dataset_copy)
     edit_meta(dataset_copy, num_users=400, counts={"train": 15944, "valid": 2028, "test": 9999})
     with pytest.raises(ValueError, match=r"'counts.test' is 9999, but .*/test.parquet has 2028 rows"):
@@ -422,11 +478,16 @@ def test_an_empty_train_split_is_named_as_such(dataset_copy):
 # --- 14: best/ is not a resume point --------------------------------------------------------------
 
 
-def test_resuming_from_best_says_it_holds_weights_only_and_init_from_starts_from_it(short_run, tmp_path, data_root, process_group):
+def test_resuming_from_best_says_it_holds_weights_only_and_init_from_starts_from_it(
+    short_run, tmp_path, data_root, process_group
+):
     best = short_run[0] / "checkpoints" / "best"
     cfg = [f"data.root={data_root}", *SHORT, "trainer.max_steps_per_epoch=2"]
-    with pytest.raises(ValueError, match=rf"trainer.resume='{best}': {best} holds weights only .* start a new run from these "
-                                         rf"weights: trainer.init_from={best} trainer.resume=none"):
+    with pytest.raises(
+        ValueError,
+        match=rf"trainer.resume='{best}': {best} holds weights only .* start a new run from these "
+        rf"weights: trainer.init_from={best} trainer.resume=none",
+    ):
         fit(tiny_config([*cfg, f"trainer.resume={best}"]), tmp_path / "a")
     results = fit(tiny_config([*cfg, f"trainer.init_from={best}"]), tmp_path / "b")
     assert results["train"]["steps"] == 2  # a new run: step 0, fresh optimizer
@@ -453,7 +514,9 @@ def test_a_full_disk_during_a_checkpoint_names_the_path(short_run, tmp_path, pro
 
     monkeypatch.setattr(dcp_filesystem, "_write_item", full_disk)
     root = run_dir / "checkpoints"
-    with pytest.raises(OSError, match=rf"{root}/step_00000009.tmp: writing the checkpoint failed \(.*No space left on device") as e:
+    with pytest.raises(
+        OSError, match=rf"{root}/step_00000009.tmp: writing the checkpoint failed \(.*No space left on device"
+    ) as e:
         save_checkpoint(sharded, TrainerState(step=9), root=root, env=process_group)
     assert e.value.errno == errno.ENOSPC
     assert latest_checkpoint(root).name == "step_00000004"
@@ -466,7 +529,9 @@ def test_metrics_log_holds_each_step_once_after_a_crash_and_resume(tmp_path, dat
         if step == 3:
             raise RuntimeError("killed")
 
-    cfg = tiny_config([f"data.root={data_root}", *SHORT, "trainer.log_every_steps=1", "trainer.checkpoint_every_steps=2"])
+    cfg = tiny_config(
+        [f"data.root={data_root}", *SHORT, "trainer.log_every_steps=1", "trainer.checkpoint_every_steps=2"]
+    )
     monkeypatch.setattr(trainer_module, "_maybe_inject_fault", crash)
     with pytest.raises(RuntimeError, match="killed"):
         fit(cfg, tmp_path)  # logged step 3, checkpointed step 2
@@ -489,7 +554,9 @@ def test_evaluate_and_export_of_a_missing_run_dir_create_nothing(tmp_path, monke
 
     missing = tmp_path / "runs" / "typo"
     for module in ("recsys.evaluate", "recsys.export"):
-        monkeypatch.setattr(sys, "argv", [module, f"run_dir={missing}", "hydra/job_logging=none", "hydra/hydra_logging=none"])
+        monkeypatch.setattr(
+            sys, "argv", [module, f"run_dir={missing}", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        )
         with pytest.raises(SystemExit) as exited:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         assert exited.value.code == 1

@@ -47,12 +47,34 @@ from __future__ import annotations
 from data_pipelines.movielens.parse import read_release
 from data_pipelines.movielens.prepare import cache_key, prepare_movielens
 from data_pipelines.movielens.releases import (
-    AGE_BUCKET_EDGES, BASE_URL, GENDERS, ML1M_OCCUPATIONS, ML100K_GENRES, NO_GENRE, PIPELINE_VERSION, RELEASES,
-    YEAR_BUCKET_EDGES, MovieLensError, Release, locate_source,
+    AGE_BUCKET_EDGES,
+    BASE_URL,
+    GENDERS,
+    ML1M_OCCUPATIONS,
+    ML100K_GENRES,
+    NO_GENRE,
+    PIPELINE_VERSION,
+    RELEASES,
+    YEAR_BUCKET_EDGES,
+    MovieLensError,
+    Release,
+    locate_source,
 )  # fmt: skip
 
 __all__ = [
-    "AGE_BUCKET_EDGES", "BASE_URL", "GENDERS", "ML1M_OCCUPATIONS", "ML100K_GENRES", "NO_GENRE", "PIPELINE_VERSION",
-    "RELEASES", "YEAR_BUCKET_EDGES", "MovieLensError", "Release", "cache_key", "locate_source", "prepare_movielens",
+    "AGE_BUCKET_EDGES",
+    "BASE_URL",
+    "GENDERS",
+    "ML1M_OCCUPATIONS",
+    "ML100K_GENRES",
+    "NO_GENRE",
+    "PIPELINE_VERSION",
+    "RELEASES",
+    "YEAR_BUCKET_EDGES",
+    "MovieLensError",
+    "Release",
+    "cache_key",
+    "locate_source",
+    "prepare_movielens",
     "read_release",
 ]

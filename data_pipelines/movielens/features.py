@@ -5,10 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from data_pipelines.movielens.releases import (
-    AGE_BUCKET_EDGES, GENDERS, ML1M_OCCUPATIONS, NO_GENRE, YEAR_BUCKET_EDGES, MovieLensError, _RAW_ID_LOOKUP_LIMIT, _YEAR,
-)
 from data_pipelines.movielens.parse import _Movie
+from data_pipelines.movielens.releases import (
+    _RAW_ID_LOOKUP_LIMIT,
+    _YEAR,
+    AGE_BUCKET_EDGES,
+    GENDERS,
+    ML1M_OCCUPATIONS,
+    NO_GENRE,
+    YEAR_BUCKET_EDGES,
+    MovieLensError,
+)
 
 
 def _dense_map(raw: np.ndarray, present: np.ndarray) -> np.ndarray:
@@ -67,8 +74,9 @@ def _items_tables(raw_item_ids: np.ndarray, movies: dict[int, _Movie], ratings_l
     return items, vocab, category_vocab
 
 
-def _users_tables(raw_user_ids: np.ndarray, users: pd.DataFrame | None, ratings_label: str, users_label: str | None,
-                  layout: str):
+def _users_tables(
+    raw_user_ids: np.ndarray, users: pd.DataFrame | None, ratings_label: str, users_label: str | None, layout: str
+):
     n = len(raw_user_ids)
     vocab = pd.DataFrame({"raw_id": raw_user_ids.astype(np.int64), "user_id": np.arange(n, dtype=np.int64)})
     table = pd.DataFrame({"user_id": np.arange(n, dtype=np.int64)})
@@ -86,7 +94,9 @@ def _users_tables(raw_user_ids: np.ndarray, users: pd.DataFrame | None, ratings_
     occupations = list(ML1M_OCCUPATIONS) if layout == "dat" else sorted(set(users["occupation"]))
     occupation_index = {name: i for i, name in enumerate(occupations)}
     table["gender"] = rows["gender"].to_numpy(np.int64)
-    table["age_bucket"] = np.searchsorted(np.asarray(AGE_BUCKET_EDGES), rows["age"].to_numpy(), side="right").astype(np.int64)
+    table["age_bucket"] = np.searchsorted(np.asarray(AGE_BUCKET_EDGES), rows["age"].to_numpy(), side="right").astype(
+        np.int64
+    )
     table["occupation"] = np.array([occupation_index[o] for o in rows["occupation"]], dtype=np.int64)
     occupation_vocab = pd.DataFrame({"occupation": np.arange(len(occupations), dtype=np.int64), "name": occupations})
     sizes = {"gender": len(GENDERS), "age_bucket": len(AGE_BUCKET_EDGES) + 1, "occupation": len(occupations)}

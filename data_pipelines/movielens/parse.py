@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,15 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from data_pipelines.movielens.releases import (
-    GENDERS, ML100K_GENRES, ML1M_OCCUPATIONS, NO_GENRE, MovieLensError, Release, _RATINGS_BLOCK_BYTES, _RELEASE_EVERY_BATCHES, _Source,
+    _RATINGS_BLOCK_BYTES,
+    _RELEASE_EVERY_BATCHES,
+    GENDERS,
+    ML1M_OCCUPATIONS,
+    ML100K_GENRES,
+    NO_GENRE,
+    MovieLensError,
+    Release,
+    _Source,
 )
 
 
@@ -51,7 +60,9 @@ def _as_rating(label: str, line_no: int, field: str, value: str) -> float:
     if not math.isfinite(x):
         raise MovieLensError(f"{label} line {line_no}, field {field!r}: {value!r} is not a finite number")
     if not RATING_MIN <= x <= RATING_MAX:
-        raise MovieLensError(f"{label} line {line_no}, field {field!r}: {value!r} is outside [{RATING_MIN}, {RATING_MAX}]")
+        raise MovieLensError(
+            f"{label} line {line_no}, field {field!r}: {value!r} is outside [{RATING_MIN}, {RATING_MAX}]"
+        )
     return x
 
 
@@ -154,7 +165,8 @@ def _ratings_table(src: _Source, release: Release) -> pa.Table:
     if table.num_rows == 0:
         raise MovieLensError(f"{label}: empty file (no ratings)")
     if any(table.column(i).null_count for i in range(table.num_columns)) or not all(
-        (np.isfinite(r) & (r >= RATING_MIN) & (r <= RATING_MAX)).all() for r in (c.to_numpy() for c in table.column("rating").chunks)
+        (np.isfinite(r) & (r >= RATING_MIN) & (r <= RATING_MAX)).all()
+        for r in (c.to_numpy() for c in table.column("rating").chunks)
     ):
         locate()
         raise MovieLensError(f"{label}: empty, non-finite or out-of-range values")

@@ -14,16 +14,26 @@ import pandas as pd
 import pyarrow as pa
 
 from data_pipelines.dataset_dir import (
-    CATEGORIES_VOCAB, CODE_VERSION, HELDOUT_USERS_FILE, ITEMS_VOCAB, OCCUPATIONS_VOCAB, USERS_VOCAB, is_complete, is_prepared,
+    CATEGORIES_VOCAB,
+    CODE_VERSION,
+    HELDOUT_USERS_FILE,
+    ITEMS_VOCAB,
+    OCCUPATIONS_VOCAB,
+    USERS_VOCAB,
+    is_complete,
+    is_prepared,
     write_dataset_dir,
 )
-from data_pipelines.splits import PROTOCOLS, filter_interactions, split, strong_generalization_users
-
-from data_pipelines.movielens.releases import (
-    MovieLensError, PIPELINE_VERSION, RELEASES, YEAR_BUCKET_EDGES, locate_source,
-)
-from data_pipelines.movielens.parse import _ratings_frame, _ratings_table, _read_movies, _read_users
 from data_pipelines.movielens.features import _dense_map, _distinct, _items_tables, _users_tables
+from data_pipelines.movielens.parse import _ratings_frame, _ratings_table, _read_movies, _read_users
+from data_pipelines.movielens.releases import (
+    PIPELINE_VERSION,
+    RELEASES,
+    YEAR_BUCKET_EDGES,
+    MovieLensError,
+    locate_source,
+)
+from data_pipelines.splits import PROTOCOLS, filter_interactions, split, strong_generalization_users
 
 
 def cache_key(release: str, sources: list[dict[str, str]], protocol: str, seed: int, options: dict[str, Any]) -> str:
@@ -89,7 +99,9 @@ def prepare_movielens(
         if is_prepared(out_dir, key):
             return out_dir
     kept, movies, users, num_raw, pending_sources = _read_and_filter(src, rel, options, pending_sources)
-    raw_users, raw_items, parts, heldout = _split_ids(kept, rel, protocol, seed, options, protocol_options, num_heldout_users)
+    raw_users, raw_items, parts, heldout = _split_ids(
+        kept, rel, protocol, seed, options, protocol_options, num_heldout_users
+    )
     ratings_label = src.describe(rel.ratings)
     items, item_vocab, category_vocab = _items_tables(raw_items, movies, ratings_label, src.describe(rel.movies))
     users_table, user_vocab, occupation_vocab, user_feature_sizes = _users_tables(
@@ -100,13 +112,27 @@ def prepare_movielens(
         extra[OCCUPATIONS_VOCAB] = occupation_vocab
     sources = pending_sources.result()
     key, out_dir = key_and_dir(sources)
-    meta = _meta(rel, name, protocol, seed, options, protocol_options, raw_users, raw_items, len(category_vocab),
-                 num_raw, user_feature_sizes, sources, key)
+    meta = _meta(
+        rel,
+        name,
+        protocol,
+        seed,
+        options,
+        protocol_options,
+        raw_users,
+        raw_items,
+        len(category_vocab),
+        num_raw,
+        user_feature_sizes,
+        sources,
+        key,
+    )
     if heldout is not None:
         _add_heldout(heldout, extra, meta)
     train, valid, test = parts
-    return write_dataset_dir(out_dir, train=train, valid=valid, test=test, items=items, users=users_table,
-                             meta=meta, extra_tables=extra)
+    return write_dataset_dir(
+        out_dir, train=train, valid=valid, test=test, items=items, users=users_table, meta=meta, extra_tables=extra
+    )
 
 
 def _hashed_if_maybe_cached(src, candidates) -> Future | None:
@@ -120,9 +146,21 @@ def _hashed_if_maybe_cached(src, candidates) -> Future | None:
     return done
 
 
-def _meta(rel, name: str | None, protocol: str, seed: int, options: dict[str, Any], protocol_options: dict[str, Any],
-          raw_users: np.ndarray, raw_items: np.ndarray, num_categories: int, num_raw: int, user_feature_sizes: dict,
-          sources: list[dict[str, str]], key: str) -> dict[str, Any]:
+def _meta(
+    rel,
+    name: str | None,
+    protocol: str,
+    seed: int,
+    options: dict[str, Any],
+    protocol_options: dict[str, Any],
+    raw_users: np.ndarray,
+    raw_items: np.ndarray,
+    num_categories: int,
+    num_raw: int,
+    user_feature_sizes: dict,
+    sources: list[dict[str, str]],
+    key: str,
+) -> dict[str, Any]:
     """meta.json of a prepared release (``write_dataset_dir`` adds the counts)."""
     return {
         "name": name or f"movielens_{rel.name.removeprefix('ml-').replace('-', '_')}",
@@ -171,8 +209,15 @@ def _read_and_filter(src, rel, options: dict[str, Any], pending_sources: Future 
     return kept, movies, users, num_raw, pending_sources
 
 
-def _split_ids(kept: pd.DataFrame, rel, protocol: str, seed: int, options: dict[str, Any],
-               protocol_options: dict[str, Any], num_heldout_users: int):
+def _split_ids(
+    kept: pd.DataFrame,
+    rel,
+    protocol: str,
+    seed: int,
+    options: dict[str, Any],
+    protocol_options: dict[str, Any],
+    num_heldout_users: int,
+):
     """(raw user ids, raw item ids, [train, valid, test], held-out (valid, test) users or None): contiguous ids,
     the split protocol, and ids compacted again when the protocol dropped users or items."""
     # contiguous ids before the split: small ids make its sorts one-pass (splits.lexsort_fast)

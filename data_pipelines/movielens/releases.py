@@ -12,7 +12,6 @@ from pathlib import Path
 from data_pipelines.download import DownloadError, download, sha256_file
 from data_pipelines.errors import DatasetError
 
-
 BASE_URL = "https://files.grouplens.org/datasets/movielens"
 PIPELINE_VERSION = "movielens/1"  # bump when this module's output for the same input changes
 NO_GENRE = "(no genres listed)"  # ml-20m's own name for a movie without genres; used for every release
@@ -20,14 +19,48 @@ YEAR_BUCKET_EDGES = tuple(range(1920, 2030, 10))  # decade starts; bucket 1 is b
 AGE_BUCKET_EDGES = (18, 25, 35, 45, 50, 56)  # ml-1m's age groups; ml-100k's ages are cut the same way
 GENDERS = {"F": 0, "M": 1}
 ML100K_GENRES = (  # u.genre, in the order of u.item's 19 flags
-    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama",
-    "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western",
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
 )
 ML1M_OCCUPATIONS = (  # ml-1m README: users.dat occupation codes 0..20
-    "other or not specified", "academic/educator", "artist", "clerical/admin", "college/grad student",
-    "customer service", "doctor/health care", "executive/managerial", "farmer", "homemaker", "K-12 student",
-    "lawyer", "programmer", "retired", "sales/marketing", "scientist", "self-employed", "technician/engineer",
-    "tradesman/craftsman", "unemployed", "writer",
+    "other or not specified",
+    "academic/educator",
+    "artist",
+    "clerical/admin",
+    "college/grad student",
+    "customer service",
+    "doctor/health care",
+    "executive/managerial",
+    "farmer",
+    "homemaker",
+    "K-12 student",
+    "lawyer",
+    "programmer",
+    "retired",
+    "sales/marketing",
+    "scientist",
+    "self-employed",
+    "technician/engineer",
+    "tradesman/craftsman",
+    "unemployed",
+    "writer",
 )
 _YEAR = re.compile(r"\((\d{4})(?:[-\u2013]\d{0,4})?\)\s*$")  # "Toy Story (1995)", "Babylon 5 (1994-1998)"
 _RATINGS_BLOCK_BYTES = 1 << 24  # CSV bytes per Arrow batch (~640k ml-25m rows)
@@ -54,8 +87,18 @@ RELEASES: dict[str, Release] = {
     r.name: r
     for r in (
         Release("ml-100k", ("ml-100k",), "100k", "u.data", "u.item", "u.user", "0e33842e24a9c977be4e0107933c0723"),
-        Release("ml-1m", ("ml-1m",), "dat", "ratings.dat", "movies.dat", "users.dat", "c4d9eecfca2ab87c1945afe126590906"),
-        Release("ml-10m", ("ml-10M100K", "ml-10m"), "dat", "ratings.dat", "movies.dat", None, "ce571fd55effeba0271552578f2648bd"),
+        Release(
+            "ml-1m", ("ml-1m",), "dat", "ratings.dat", "movies.dat", "users.dat", "c4d9eecfca2ab87c1945afe126590906"
+        ),
+        Release(
+            "ml-10m",
+            ("ml-10M100K", "ml-10m"),
+            "dat",
+            "ratings.dat",
+            "movies.dat",
+            None,
+            "ce571fd55effeba0271552578f2648bd",
+        ),
         Release("ml-20m", ("ml-20m",), "csv", "ratings.csv", "movies.csv", None, "cd245b17a1ae2cc31bb14903e1204af3"),
         Release("ml-25m", ("ml-25m",), "csv", "ratings.csv", "movies.csv", None, "6b51fb2759a8657d3bfcbfc42b592ada"),
         # ml-latest-small is re-issued from time to time: no fixed checksum, its sha256 is recorded
@@ -129,7 +172,9 @@ class _ZipSource(_Source):
             with zipfile.ZipFile(self.zip_path) as zf:
                 return zf.read(self.members[file])
         except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as e:
-            raise MovieLensError(f"{self.describe(file)}: corrupt zip member ({e}); delete {self.zip_path} and run again") from None
+            raise MovieLensError(
+                f"{self.describe(file)}: corrupt zip member ({e}); delete {self.zip_path} and run again"
+            ) from None
 
     def checksums(self) -> list[dict[str, str]]:
         return [{"file": self.zip_path.name, "sha256": sha256_file(self.zip_path), "from": self.how}]
@@ -139,8 +184,15 @@ def _release_files(release: Release) -> tuple[str, ...]:
     return tuple(f for f in (release.ratings, release.movies, release.users) if f)
 
 
-def locate_source(release: Release, root: str | os.PathLike, *, url: str = "", md5: str = "",
-                  allow_download: bool = True, progress: bool = True) -> _Source:
+def locate_source(
+    release: Release,
+    root: str | os.PathLike,
+    *,
+    url: str = "",
+    md5: str = "",
+    allow_download: bool = True,
+    progress: bool = True,
+) -> _Source:
     """The extracted folder in ``root``, else ``<root>/<name>.zip``, else a verified download of it.
 
     ``url``: "" = ``BASE_URL/<name>.zip``. ``md5``: "" = the release's published md5 (if any),
@@ -168,7 +220,9 @@ def locate_source(release: Release, root: str | os.PathLike, *, url: str = "", m
     if incomplete is not None:
         where = f"{incomplete[0]} lacks {', '.join(incomplete[1])}; " + where
     if not allow_download:
-        raise MovieLensError(f"{release.name}: no local copy and downloads are off (data.movielens.download=false): {where}")
+        raise MovieLensError(
+            f"{release.name}: no local copy and downloads are off (data.movielens.download=false): {where}"
+        )
     expected = None if md5 == "skip" else (md5 or release.md5)
 
     def validate(tmp: Path) -> None:
@@ -181,7 +235,9 @@ def locate_source(release: Release, root: str | os.PathLike, *, url: str = "", m
         download(url or official, zip_path, md5=expected, validate=validate, progress=progress)
     except DownloadError as e:
         raise MovieLensError(f"{e}\n{release.name}: {where}, then run again") from None
-    return _ZipSource(zip_path, release, files, f"download {url or official}" + (f" md5 {expected}" if expected else ""))
+    return _ZipSource(
+        zip_path, release, files, f"download {url or official}" + (f" md5 {expected}" if expected else "")
+    )
 
 
 # ---------------------------------------------------------------- parsing

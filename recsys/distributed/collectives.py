@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,14 +28,18 @@ class GatheredCandidates(nn.Module):
         super().__init__()
         self.rank, self.world_size = rank, world_size
 
-    def forward(self, t: torch.Tensor, global_size: int, sizes: Optional[Sequence[int]] = None) -> Tuple[torch.Tensor, int]:
+    def forward(
+        self, t: torch.Tensor, global_size: int, sizes: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, int]:
         sizes = rank_shares(global_size, self.world_size) if sizes is None else list(sizes)
         if sizes[self.rank] != t.shape[0]:
-            raise ValueError(f"rank {self.rank} holds {t.shape[0]} candidates, expected {sizes[self.rank]} of {global_size}")
+            raise ValueError(
+                f"rank {self.rank} holds {t.shape[0]} candidates, expected {sizes[self.rank]} of {global_size}"
+            )
         widest = max(sizes)
         padded = torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1) + (0, widest - t.shape[0])).contiguous()
         if t.requires_grad:
-            parts: List[torch.Tensor] = list(dist_fn.all_gather(padded))
+            parts: list[torch.Tensor] = list(dist_fn.all_gather(padded))
         else:
             parts = [torch.empty_like(padded) for _ in range(self.world_size)]
             dist.all_gather(parts, padded)
@@ -47,7 +51,7 @@ def candidate_gather(rank: int, world_size: int) -> nn.Module:
 
 
 def all_gather_rows(
-    t: torch.Tensor, world_size: int, *, device: Optional[torch.device] = None, round_bytes: int = 256 << 20
+    t: torch.Tensor, world_size: int, *, device: torch.device | None = None, round_bytes: int = 256 << 20
 ) -> torch.Tensor:
     """Concatenate each rank's ``n_r x ...`` block (sizes may differ) in rank order; the result is on ``t.device``.
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional
 
 import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -47,10 +47,10 @@ class TablePlan:
     embedding_dim: int
     sharding_type: str
     compute_kernel: str
-    shard_ranks: List[int]  # one entry per shard (a rank may hold several column-wise shards)
+    shard_ranks: list[int]  # one entry per shard (a rank may hold several column-wise shards)
 
     @property
-    def ranks(self) -> List[int]:
+    def ranks(self) -> list[int]:
         return sorted(set(self.shard_ranks))
 
 
@@ -58,18 +58,18 @@ class TablePlan:
 class RankUse:
     hbm_bytes: int = 0
     ddr_bytes: int = 0
-    tables: List[str] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
 
 
 @dataclass
 class PlanReport:
     fits: bool
     cluster: ClusterConfig
-    table_bytes: Dict[str, int]  # weights alone, fp32: rows x dim x 4
-    tables: Dict[str, TablePlan] = field(default_factory=dict)  # empty when it does not fit
-    ranks: List[RankUse] = field(default_factory=list)  # world_size entries when it fits
-    usable_hbm_bytes: Optional[int] = None  # per rank, after the planner's reservation
-    usable_ddr_bytes: Optional[int] = None
+    table_bytes: dict[str, int]  # weights alone, fp32: rows x dim x 4
+    tables: dict[str, TablePlan] = field(default_factory=dict)  # empty when it does not fit
+    ranks: list[RankUse] = field(default_factory=list)  # world_size entries when it fits
+    usable_hbm_bytes: int | None = None  # per rank, after the planner's reservation
+    usable_ddr_bytes: int | None = None
     reason: str = ""  # why it does not fit ("" when it does)
 
     def summary(self) -> dict:
@@ -98,11 +98,22 @@ class _LastPlan(Stats):
     """Keeps what the planner hands its stats: the chosen plan (or, failing, the last proposal)."""
 
     def __init__(self) -> None:
-        self.best_plan: Optional[List[ShardingOption]] = None
-        self.reserved_topology: Optional[Topology] = None
+        self.best_plan: list[ShardingOption] | None = None
+        self.reserved_topology: Topology | None = None
 
-    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
-            run_time, best_plan, *args, **kwargs) -> None:
+    def log(
+        self,
+        sharding_plan,
+        topology,
+        batch_size,
+        storage_reservation,
+        num_proposals,
+        num_plans,
+        run_time,
+        best_plan,
+        *args,
+        **kwargs,
+    ) -> None:
         self.best_plan = best_plan
         self.reserved_topology = getattr(storage_reservation, "last_reserved_topology", None)
 
@@ -154,12 +165,16 @@ def _check(cfg: PlanConfig) -> None:
 
 def build_meta_task(cfg: PlanConfig) -> RetrievalTask:
     """The training module (towers, tables and the item-probability buffer) on the meta device."""
-    return build_retrieval_task(cfg.model, num_rows={t: getattr(cfg.num_rows, t) for t in TABLES},
-                                history_length=cfg.history_length, item_counts=torch.ones(cfg.num_rows.item, device="meta"),
-                                device=torch.device("meta"))
+    return build_retrieval_task(
+        cfg.model,
+        num_rows={t: getattr(cfg.num_rows, t) for t in TABLES},
+        history_length=cfg.history_length,
+        item_counts=torch.ones(cfg.num_rows.item, device="meta"),
+        device=torch.device("meta"),
+    )
 
 
-def _no_plan_reason(cfg: PlanConfig, error: PlannerError, table_bytes: Dict[str, int], usable_hbm: Optional[int]) -> str:
+def _no_plan_reason(cfg: PlanConfig, error: PlannerError, table_bytes: dict[str, int], usable_hbm: int | None) -> str:
     """The planner's verdict, plus which tables are too big for what the cluster offers."""
     c = cfg.cluster
     verdict = str(error).strip().splitlines()[0].strip()
@@ -181,7 +196,8 @@ def _no_plan_reason(cfg: PlanConfig, error: PlannerError, table_bytes: Dict[str,
         parts.append("the tables together are larger than the whole cluster")
     else:
         whole = [
-            t for t in TABLES
+            t
+            for t in TABLES
             if t in cfg.sharding.tables
             and cfg.sharding.tables[t].sharding_types
             and set(cfg.sharding.tables[t].sharding_types) <= WHOLE_TABLE_TYPES
@@ -220,8 +236,13 @@ def plan_dry_run(cfg: PlanConfig) -> PlanReport:
     last = _LastPlan()
     try:
         with _quiet_dry_run_noise():
-            topology = make_topology(c.world_size, c.local_world_size, c.compute_device,
-                                     hbm_cap=int(c.hbm_gb * GB), ddr_cap=int(c.ddr_gb * GB))
+            topology = make_topology(
+                c.world_size,
+                c.local_world_size,
+                c.compute_device,
+                hbm_cap=int(c.hbm_gb * GB),
+                ddr_cap=int(c.ddr_gb * GB),
+            )
             planner = EmbeddingShardingPlanner(
                 topology=topology,
                 batch_size=c.batch_size_per_rank,
@@ -233,7 +254,10 @@ def plan_dry_run(cfg: PlanConfig) -> PlanReport:
     except PlannerError as e:
         usable = last.reserved_topology.devices[0].storage.hbm if last.reserved_topology else None
         return PlanReport(
-            fits=False, cluster=c, table_bytes=table_bytes, usable_hbm_bytes=usable,
+            fits=False,
+            cluster=c,
+            table_bytes=table_bytes,
+            usable_hbm_bytes=usable,
             reason=_no_plan_reason(cfg, e, table_bytes, usable),
         )
 

@@ -1,7 +1,7 @@
 """Process group set-up: from torchrun's environment, or a one-process group.
 
-    $ python -m recsys.train                                   # one process, gloo on CPU
-    $ torchrun --standalone --nproc_per_node=4 -m recsys.train # 4 processes (GPUs if present)
+$ python -m recsys.train                                   # one process, gloo on CPU
+$ torchrun --standalone --nproc_per_node=4 -m recsys.train # 4 processes (GPUs if present)
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ import gc
 import os
 import socket
 import sys
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-
 
 # How long a rank waits in a collective. Ranks do wait on rank 0 alone: preparing a dataset,
 # building the evaluation report (EASE, FAISS). NCCL's default is 10 minutes, gloo's 30.
@@ -62,7 +61,10 @@ def _attempt_store(world_size: int):
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
         timeout=COLLECTIVE_TIMEOUT,
     )
     return dist.PrefixStore(f"recsys/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
@@ -94,8 +96,13 @@ def init_distributed(device: str = "auto", backend: str = "auto") -> DistEnv:
         backend = "nccl" if dev.type == "cuda" else "gloo"
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, store=_attempt_store(world_size),
-                                timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(
+            backend=backend,
+            rank=rank,
+            world_size=world_size,
+            store=_attempt_store(world_size),
+            timeout=COLLECTIVE_TIMEOUT,
+        )
     return DistEnv(rank, world_size, local_rank, local_world_size, dev, backend, owns_group)
 
 

@@ -9,7 +9,7 @@ reaches the run's log file; this is what a user reads on the console::
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Tuple
+from collections.abc import Iterable
 
 from torchrec.distributed.types import ShardingPlan
 
@@ -21,7 +21,7 @@ MAX_RANKS_LISTED = 8  # beyond this, the memory part gives the smallest and larg
 def rank_ranges(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5'."""
     ranks = sorted(set(ranks))
-    out: List[str] = []
+    out: list[str] = []
     for r in ranks:
         if out and r == int(out[-1].split("-")[-1]) + 1:
             out[-1] = f"{out[-1].split('-')[0]}-{r}"
@@ -30,7 +30,7 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ",".join(out) or "-"
 
 
-def plan_summary(plan: ShardingPlan, table_shapes: Dict[str, Tuple[int, int]], world_size: int) -> str:
+def plan_summary(plan: ShardingPlan, table_shapes: dict[str, tuple[int, int]], world_size: int) -> str:
     """``table_shapes``: table -> (rows, dim), for tables the plan replicates (data_parallel: no shard spec)."""
     tables, rank_bytes = [], [0] * world_size
     for module_plan in plan.plan.values():
@@ -43,11 +43,18 @@ def plan_summary(plan: ShardingPlan, table_shapes: Dict[str, Tuple[int, int]], w
                 shards = [(s.placement.rank(), s.shard_sizes[0] * s.shard_sizes[1]) for s in spec.shards]
             for rank, values in shards:
                 rank_bytes[rank] += values * BYTES_PER_VALUE
-            tables.append(f"{table} {sharding.sharding_type} on rank{'s' if len({r for r, _ in shards}) > 1 else ''} "
-                          f"{rank_ranges(r for r, _ in shards)}")
+            tables.append(
+                f"{table} {sharding.sharding_type} on rank{'s' if len({r for r, _ in shards}) > 1 else ''} "
+                f"{rank_ranges(r for r, _ in shards)}"
+            )
     if world_size <= MAX_RANKS_LISTED:
         memory = ", ".join(f"rank {r} {b / MB:.2f} MB" for r, b in enumerate(rank_bytes))
     else:
-        low, high = min(range(world_size), key=rank_bytes.__getitem__), max(range(world_size), key=rank_bytes.__getitem__)
-        memory = f"smallest rank {low} {rank_bytes[low] / MB:.2f} MB, largest rank {high} {rank_bytes[high] / MB:.2f} MB"
+        low, high = (
+            min(range(world_size), key=rank_bytes.__getitem__),
+            max(range(world_size), key=rank_bytes.__getitem__),
+        )
+        memory = (
+            f"smallest rank {low} {rank_bytes[low] / MB:.2f} MB, largest rank {high} {rank_bytes[high] / MB:.2f} MB"
+        )
     return f"sharding plan: {', '.join(tables)} | table weights per rank (fp32, without optimizer state): {memory}"

@@ -10,8 +10,8 @@ Accepted files (``model.tables.<name>.pretrained_path``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -49,7 +49,9 @@ def open_pretrained(path: str | Path, *, table: str, num_rows: int, dim: int) ->
         lengths = np.diff(vectors.offsets.to_numpy())
         bad = np.nonzero(lengths != dim)[0]
         if bad.size:
-            raise ValueError(f"{where}: id {int(ids[bad[0]])} has a vector of length {int(lengths[bad[0]])}, expected {dim}")
+            raise ValueError(
+                f"{where}: id {int(ids[bad[0]])} has a vector of length {int(lengths[bad[0]])}, expected {dim}"
+            )
         out_of_range = ids[(ids < 0) | (ids >= num_rows)]
         if out_of_range.size:
             raise ValueError(f"{where}: id {int(out_of_range[0])} outside table '{table}' of {num_rows} rows")
@@ -68,6 +70,7 @@ def open_pretrained(path: str | Path, *, table: str, num_rows: int, dim: int) ->
 
 def _finite(read_rows: RowReader, where: str) -> RowReader:
     """``read_rows`` that refuses a NaN or infinite value (it would train to a NaN loss), naming its row and column."""
+
     def checked(lo: int, hi: int) -> np.ndarray:
         rows = read_rows(lo, hi)
         bad = np.argwhere(~np.isfinite(rows))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -23,19 +22,19 @@ from recsys.data.dataset import RetrievalData, load_dataset, read_dataset_meta, 
 from recsys.distributed.env import DistEnv
 
 
-def user_range(dataset_dir: str | Path, rank: int, world_size: int) -> Tuple[int, int]:
+def user_range(dataset_dir: str | Path, rank: int, world_size: int) -> tuple[int, int]:
     """Rank ``rank``'s users ``[lo, hi)`` of ``world_size``: the same cut on every rank, from the dataset dir alone."""
     root = Path(dataset_dir)
     bounds = user_boundaries(root / split_file("train"), world_size, read_dataset_meta(root)["num_users"])
     return bounds[rank], bounds[rank + 1]
 
 
-def rank_user_range(dataset_dir: str | Path, env: DistEnv) -> Tuple[int, int]:
+def rank_user_range(dataset_dir: str | Path, env: DistEnv) -> tuple[int, int]:
     """This rank's users ``[lo, hi)``."""
     return user_range(dataset_dir, env.rank, env.world_size)
 
 
-def load_rank_data(dataset_dir: str | Path, env: DistEnv) -> Tuple[RetrievalData, List[int]]:
+def load_rank_data(dataset_dir: str | Path, env: DistEnv) -> tuple[RetrievalData, list[int]]:
     """(this rank's users' data with the global item counts set, every rank's number of training examples)."""
     data = load_dataset(dataset_dir, rank_user_range(dataset_dir, env))
     train = data.splits["train"]

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Collection, Dict, Mapping, Optional, Tuple, Type
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torch import nn
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, ParameterConstraints, TopologyFactory
 from torchrec.distributed.planner.types import TrainerConfig as PlannerTrainerConfig
-from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import CacheParams, ShardingEnv, ShardingPlan, ShardingType
 from torchrec.optim import LAMB, Adam, PartialRowWiseAdam, PartialRowWiseLAMB, RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -30,9 +31,9 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig
+from recsys.data.features import TABLES
 from recsys.distributed.env import DistEnv
 from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
-from recsys.data.features import TABLES
 from recsys.distributed.table_init import init_tables
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 # fbgemm's EmbOptimType and passes the kwargs (lr renamed learning_rate) to fbgemm's kernel
 # constructor, so the kwargs use fbgemm's names (beta1 / beta2, not torch's betas) and the Adam
 # family uses torchrec's placeholders, which accept them.
-SPARSE_OPTIMIZERS: Dict[str, Tuple[Type[torch.optim.Optimizer], Tuple[str, ...]]] = {
+SPARSE_OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], tuple[str, ...]]] = {
     "sgd": (torch.optim.SGD, ("cpu", "cuda")),
     "adagrad": (torch.optim.Adagrad, ("cpu", "cuda")),
     "rowwise_adagrad": (RowWiseAdagrad, ("cpu", "cuda")),
@@ -51,7 +52,7 @@ SPARSE_OPTIMIZERS: Dict[str, Tuple[Type[torch.optim.Optimizer], Tuple[str, ...]]
     "lamb": (LAMB, ("cuda",)),
     "partial_rowwise_lamb": (PartialRowWiseLAMB, ("cuda",)),
 }
-DENSE_OPTIMIZERS: Dict[str, Type[torch.optim.Optimizer]] = {
+DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
     "adamw": torch.optim.AdamW,
     "adagrad": torch.optim.Adagrad,
@@ -79,13 +80,15 @@ class ShardedModel:
     plan: ShardingPlan
 
 
-def sparse_fused_params(cfg: SparseOptimConfig) -> Optional[Dict[str, Any]]:
+def sparse_fused_params(cfg: SparseOptimConfig) -> dict[str, Any] | None:
     """Settings every table's fbgemm kernel gets beyond the optimizer's own: fbgemm ignores
     weight_decay unless weight_decay_mode says how to apply it (its default is NONE)."""
     return {"weight_decay_mode": WeightDecayMode.L2} if cfg.weight_decay > 0 else None
 
 
-def sparse_optimizer_kwargs(cfg: SparseOptimConfig, device: torch.device) -> Tuple[Type[torch.optim.Optimizer], Dict[str, Any]]:
+def sparse_optimizer_kwargs(
+    cfg: SparseOptimConfig, device: torch.device
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     if cfg.name not in SPARSE_OPTIMIZERS:
         raise ValueError(f"optim.sparse.name={cfg.name!r}: unknown; choose one of {sorted(SPARSE_OPTIMIZERS)}")
     cls, devices = SPARSE_OPTIMIZERS[cfg.name]
@@ -97,9 +100,11 @@ def sparse_optimizer_kwargs(cfg: SparseOptimConfig, device: torch.device) -> Tup
     if cfg.weight_decay > 0 and device.type == "cpu":
         # measured: with weight_decay_mode=L2 reaching the kernel, fbgemm 1.8's CPU updates are
         # bit-identical with and without weight decay; refuse rather than train without it silently
-        raise ValueError(f"optim.sparse.weight_decay={cfg.weight_decay}: fbgemm's CPU kernels ignore weight decay; "
-                         "set it to 0 on CPU (it applies on CUDA)")
-    kwargs: Dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+        raise ValueError(
+            f"optim.sparse.weight_decay={cfg.weight_decay}: fbgemm's CPU kernels ignore weight decay; "
+            "set it to 0 on CPU (it applies on CUDA)"
+        )
+    kwargs: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
     if cfg.name != "sgd":
         kwargs["eps"] = cfg.eps
     if cfg.name in ("adam", "partial_rowwise_adam", "lamb", "partial_rowwise_lamb"):
@@ -107,7 +112,7 @@ def sparse_optimizer_kwargs(cfg: SparseOptimConfig, device: torch.device) -> Tup
     return cls, kwargs
 
 
-def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) -> Dict[str, ParameterConstraints]:
+def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) -> dict[str, ParameterConstraints]:
     constraints = {}
     for table, tcfg in cfg.tables.items():
         if table not in table_names and table in TABLES:
@@ -130,7 +135,9 @@ def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) 
                     f"choose from {TRAINING_KERNELS['cuda']}"
                 )
             if device.type == "cpu" and kernel in CUDA_ONLY_KERNELS:
-                raise ValueError(f"sharding.tables.{table}.compute_kernels: {kernel!r} needs CUDA (UVM); on CPU use 'fused'")
+                raise ValueError(
+                    f"sharding.tables.{table}.compute_kernels: {kernel!r} needs CUDA (UVM); on CPU use 'fused'"
+                )
         constraints[table] = ParameterConstraints(
             sharding_types=list(tcfg.sharding_types) or MODEL_PARALLEL_TYPES[device.type],
             compute_kernels=list(tcfg.compute_kernels) or None,
@@ -170,7 +177,9 @@ def planner_topology(cfg: ShardingConfig, env: DistEnv) -> Topology:
     return make_topology(env.world_size, env.local_world_size, env.device.type, hbm_cap=hbm_cap, ddr_cap=ddr_cap)
 
 
-def make_topology(world_size: int, local_world_size: int, compute_device: str, *, hbm_cap: int | None, ddr_cap: int) -> Topology:
+def make_topology(
+    world_size: int, local_world_size: int, compute_device: str, *, hbm_cap: int | None, ddr_cap: int
+) -> Topology:
     """A planner Topology through torchrec's factory (it validates the figures; direct construction is deprecated)."""
     return TopologyFactory.create_topology(
         trainer_config=PlannerTrainerConfig(world_size=world_size, local_world_size=local_world_size),
@@ -251,14 +260,21 @@ def shard_model(
     for table, read_rows in readers.items():
         load_pretrained_table(dmp, table, read_rows)
         if env.is_main:
-            log.info("table %s: %d x %d loaded from %s, %s", table, configs[table].num_embeddings, configs[table].embedding_dim,
-                     pretrained[table], "frozen" if table in frozen_tables else "trainable")
+            log.info(
+                "table %s: %d x %d loaded from %s, %s",
+                table,
+                configs[table].num_embeddings,
+                configs[table].embedding_dim,
+                pretrained[table],
+                "frozen" if table in frozen_tables else "trainable",
+            )
 
     if dense.name not in DENSE_OPTIMIZERS:
         raise ValueError(f"optim.dense.name={dense.name!r}: unknown; choose one of {sorted(DENSE_OPTIMIZERS)}")
     dense_cls = DENSE_OPTIMIZERS[dense.name]
     dense_params = {
-        k: p for k, p in in_backward_optimizer_filter(dmp.named_parameters())
+        k: p
+        for k, p in in_backward_optimizer_filter(dmp.named_parameters())
         if not any(k.endswith(f".embedding_bags.{t}.weight") for t in frozen_tables)  # a frozen data_parallel table
     }
     dense_opt = KeyedOptimizerWrapper(

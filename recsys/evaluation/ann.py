@@ -123,7 +123,9 @@ def ann_topk(
     queries = _as_f32(queries)
     num_queries, num_items = queries.shape[0], index.ntotal
     if exclude is not None and (exclude.num_users != num_queries or exclude.num_items != num_items):
-        raise ValueError(f"exclude is ({exclude.num_users}, {exclude.num_items}), queries/items are ({num_queries}, {num_items})")
+        raise ValueError(
+            f"exclude is ({exclude.num_users}, {exclude.num_items}), queries/items are ({num_queries}, {num_items})"
+        )
     out_scores = np.full((num_queries, k), -np.inf, dtype=np.float32)
     out_ids = np.full((num_queries, k), -1, dtype=np.int64)
     lengths = exclude.lengths() if exclude is not None else np.zeros(num_queries, dtype=np.int64)
@@ -207,7 +209,9 @@ def compare_ann(
     faiss = require_faiss()
     items, users = _as_f32(item_emb), _as_f32(user_emb)
     num_queries = users.shape[0]
-    sample = np.sort(np.random.default_rng(seed).choice(num_queries, size=min(latency_sample, num_queries), replace=False))
+    sample = np.sort(
+        np.random.default_rng(seed).choice(num_queries, size=min(latency_sample, num_queries), replace=False)
+    )
     items_t, users_t = torch.from_numpy(items), torch.from_numpy(users)
 
     def timing(seconds: float, single_ms: float) -> dict:
@@ -234,10 +238,18 @@ def compare_ann(
     all_ids = {"exact": exact_ids}
     for kind in kinds:
         index, build_s = _timed(lambda: build_index(items, kind, params))
-        (_, ids), search_s = _timed(lambda: ann_topk(index, users, k, exclude=exclude, batch_size=chunk_size, ef_search=params.ef_search))
+        (_, ids), search_s = _timed(
+            lambda: ann_topk(index, users, k, exclude=exclude, batch_size=chunk_size, ef_search=params.ef_search)
+        )
 
         def ann_one(u: int):
-            return ann_topk(index, users[u : u + 1], k, exclude=None if exclude is None else exclude.select_rows([u]), ef_search=params.ef_search)
+            return ann_topk(
+                index,
+                users[u : u + 1],
+                k,
+                exclude=None if exclude is None else exclude.select_rows([u]),
+                ef_search=params.ef_search,
+            )
 
         entry = {"recall_vs_exact": recall_vs_exact(ids, exact_ids), "build_s": build_s}
         entry.update(timing(search_s, _single_query_ms(ann_one, sample)))
@@ -256,8 +268,14 @@ def _nprobe_sweep(index, users, k, exclude, exact_ids, params: AnnParams, chunk_
         index.nprobe = nprobe
         (_, ids), seconds = _timed(lambda: ann_topk(index, users, k, exclude=exclude, batch_size=chunk_size))
         speed = timing(seconds, float("nan"))
-        out.append({"nprobe": nprobe, "recall_vs_exact": recall_vs_exact(ids, exact_ids),
-                    "ms_per_query": speed["ms_per_query"], "users_per_s": speed["users_per_s"]})
+        out.append(
+            {
+                "nprobe": nprobe,
+                "recall_vs_exact": recall_vs_exact(ids, exact_ids),
+                "ms_per_query": speed["ms_per_query"],
+                "users_per_s": speed["users_per_s"],
+            }
+        )
     index.nprobe = configured
     return out
 
@@ -268,5 +286,3 @@ def _index_params(index, kind: str, params: AnnParams, num_items: int) -> dict:
     if kind == "hnsw":
         return {"M": params.hnsw_m, "ef_construction": params.ef_construction, "ef_search": params.ef_search}
     return {}
-
-

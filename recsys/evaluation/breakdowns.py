@@ -44,7 +44,9 @@ def _nanmean(values: np.ndarray) -> float:
     return float(values.mean()) if values.size else float("nan")
 
 
-def activity_buckets(user_train_counts: np.ndarray, edges: Sequence[int] = ACTIVITY_EDGES) -> tuple[np.ndarray, list[str]]:
+def activity_buckets(
+    user_train_counts: np.ndarray, edges: Sequence[int] = ACTIVITY_EDGES
+) -> tuple[np.ndarray, list[str]]:
     """Bucket index of every user, int64 [U], and the bucket labels ("5-9", ..., "1000+").
 
     Args:
@@ -102,7 +104,9 @@ def activity_breakdown(
     return rows
 
 
-def popularity_buckets(item_train_counts: np.ndarray, *, head_share: float = 0.2, tail_share: float = 0.5) -> np.ndarray:
+def popularity_buckets(
+    item_train_counts: np.ndarray, *, head_share: float = 0.2, tail_share: float = 0.5
+) -> np.ndarray:
     """Bucket of every item by training popularity: int8 [I], 0 = head, 1 = torso, 2 = tail.
 
     Exact rule in the module docstring (``before(i)`` = interaction share of the items sorted
@@ -110,7 +114,9 @@ def popularity_buckets(item_train_counts: np.ndarray, *, head_share: float = 0.2
     """
     counts = np.asarray(item_train_counts, dtype=np.float64)
     if not (0.0 <= head_share <= 1.0 and 0.0 <= tail_share <= 1.0 and head_share + tail_share <= 1.0):
-        raise ValueError(f"need 0 <= head_share, tail_share and head_share + tail_share <= 1, got {head_share}, {tail_share}")
+        raise ValueError(
+            f"need 0 <= head_share, tail_share and head_share + tail_share <= 1, got {head_share}, {tail_share}"
+        )
     total = counts.sum()
     out = np.full(counts.shape[0], 2, dtype=np.int8)
     if total <= 0:
@@ -152,7 +158,8 @@ def popularity_breakdown(
     slot_bucket = np.where(topk_ids >= 0, item_bucket[np.maximum(topk_ids, 0)], -1)  # [U, Kmax]
     # |relevant(u) ∩ b| for every (u, b): [U, num_buckets]
     rel_per_bucket = np.bincount(
-        relevant.row_user_ids() * num_buckets + item_bucket[relevant.indices], minlength=relevant.num_users * num_buckets
+        relevant.row_user_ids() * num_buckets + item_bucket[relevant.indices],
+        minlength=relevant.num_users * num_buckets,
     ).reshape(relevant.num_users, num_buckets)
     total = counts.sum()
     rows = []

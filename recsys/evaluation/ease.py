@@ -35,13 +35,12 @@ other jobs (load ~7), so at 40,981 items expect (41/16)³ ≈ 17x that per λ on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-
 import argparse
 import contextlib
 import time
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -78,10 +77,18 @@ def _csr_tensor(csr: UserItemCSR, start: int, stop: int, device: torch.device) -
     col = torch.from_numpy(csr.indices[lo:hi])
     values = torch.ones(hi - lo, dtype=torch.float32)
     with _quiet_sparse():
-        return torch.sparse_csr_tensor(crow, col, values, (stop - start, csr.num_items), check_invariants=False).to(device)
+        return torch.sparse_csr_tensor(crow, col, values, (stop - start, csr.num_items), check_invariants=False).to(
+            device
+        )
 
 
-def gram_matrix(train: UserItemCSR, *, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu", block: int = GRAM_BLOCK) -> torch.Tensor:
+def gram_matrix(
+    train: UserItemCSR,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: str | torch.device = "cpu",
+    block: int = GRAM_BLOCK,
+) -> torch.Tensor:
     """G = XᵀX for the binary matrix X of ``train`` [U rows, I items]; dense [I, I] of ``dtype``.
 
     Computed as sparse(Xᵀ) @ dense(X[:, cols]) for blocks of ``block`` item columns: nnz x I work,
@@ -92,9 +99,17 @@ def gram_matrix(train: UserItemCSR, *, dtype: torch.dtype = torch.float64, devic
     users = torch.from_numpy(train.row_user_ids())
     items = torch.from_numpy(train.indices)
     with _quiet_sparse():
-        xt = torch.sparse_coo_tensor(
-            torch.stack([items, users]), torch.ones(train.nnz, dtype=torch.float32), (num_items, train.num_users), check_invariants=False
-        ).coalesce().to_sparse_csr().to(device)  # [I, U]
+        xt = (
+            torch.sparse_coo_tensor(
+                torch.stack([items, users]),
+                torch.ones(train.nnz, dtype=torch.float32),
+                (num_items, train.num_users),
+                check_invariants=False,
+            )
+            .coalesce()
+            .to_sparse_csr()
+            .to(device)
+        )  # [I, U]
     gram = torch.zeros(num_items, num_items, dtype=dtype, device=device)
     order = np.argsort(train.indices, kind="stable")  # the pairs in column (item) order
     items_sorted = train.indices[order]
@@ -108,7 +123,9 @@ def gram_matrix(train: UserItemCSR, *, dtype: torch.dtype = torch.float64, devic
     return gram
 
 
-def ease_from_gram(gram: torch.Tensor, lam: float, *, dtype: torch.dtype | None = None, overwrite: bool = False) -> torch.Tensor:
+def ease_from_gram(
+    gram: torch.Tensor, lam: float, *, dtype: torch.dtype | None = None, overwrite: bool = False
+) -> torch.Tensor:
     """B [I, I] (float32, diag 0) from G [I, I]: B = I - P diagMat(1/diag(P)), P = (G + λI)⁻¹.
 
     G + λI is symmetric positive definite for λ > 0, so P comes from its Cholesky factor. Both are
@@ -144,7 +161,9 @@ def ease_from_gram(gram: torch.Tensor, lam: float, *, dtype: torch.dtype | None 
     return p if p.dtype == torch.float32 else p.to(torch.float32)
 
 
-def fit_ease(train: UserItemCSR, lam: float, *, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> torch.Tensor:
+def fit_ease(
+    train: UserItemCSR, lam: float, *, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu"
+) -> torch.Tensor:
     """The EASE weight matrix B, float32 [I, I], diag 0, fitted on the binary ``train`` matrix.
 
     Args:
@@ -181,7 +200,9 @@ def available_memory_bytes(device: str | torch.device = "cpu") -> int | None:
     return None
 
 
-def ease_peak_bytes(num_items: int, dtype: torch.dtype, *, num_users: int, chunk_size: int = 4096, keep_best: bool = False) -> int:
+def ease_peak_bytes(
+    num_items: int, dtype: torch.dtype, *, num_users: int, chunk_size: int = 4096, keep_best: bool = False
+) -> int:
     """Estimated peak bytes of the report's EASE (G, λ sweep, scoring) with the inverse in ``dtype``.
 
     The λ sweep is the peak: G [I, I] (float32, see ``gram_dtype``) + A [I, I] of ``dtype`` + B's
@@ -197,7 +218,9 @@ def ease_peak_bytes(num_items: int, dtype: torch.dtype, *, num_users: int, chunk
     inverse = i2 * dtype.itemsize + (i2 * 4 if dtype.itemsize > 4 else 0) + (i2 * 4 if keep_best else 0)
     scoring = 3 * min(chunk_size, max(num_users, 1)) * num_items * 4
     block = min(GRAM_BLOCK, num_items)
-    building = num_users * block * 4 + num_items * block * (4 + (gram_dtype(num_users, dtype).itemsize if num_users >= 2**24 else 0))
+    building = num_users * block * 4 + num_items * block * (
+        4 + (gram_dtype(num_users, dtype).itemsize if num_users >= 2**24 else 0)
+    )
     return int(gram + max(inverse + scoring, building))
 
 
@@ -290,7 +313,9 @@ def ease_topk(
             return out
         return torch.mm(rows.to_dense(), b, out=out)
 
-    return chunked_topk(score_chunk, history.num_users, history.num_items, k, exclude=exclude, chunk_size=chunk_size, device=device)
+    return chunked_topk(
+        score_chunk, history.num_users, history.num_items, k, exclude=exclude, chunk_size=chunk_size, device=device
+    )
 
 
 @dataclass
@@ -376,7 +401,9 @@ def _peak_rss_bytes(reset: bool = False) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="The report's EASE path on a synthetic matrix: estimated vs measured peak memory, times.")
+    parser = argparse.ArgumentParser(
+        description="The report's EASE path on a synthetic matrix: estimated vs measured peak memory, times."
+    )
     parser.add_argument("--num-users", type=int, default=30_000)
     parser.add_argument("--num-items", type=int, default=8_000)
     parser.add_argument("--nnz", type=int, default=800_000)
@@ -395,7 +422,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     start = time.perf_counter()
     gram = gram_matrix(train, dtype=gram_dtype(train.num_users, dtype))
     t_gram = time.perf_counter() - start
-    tuning = tune_ease(train, train, valid, lambdas=(args.lam,), dtype=dtype, gram=gram)  # one fit, up to 10,000 users scored
+    tuning = tune_ease(
+        train, train, valid, lambdas=(args.lam,), dtype=dtype, gram=gram
+    )  # one fit, up to 10,000 users scored
     t_tune = time.perf_counter() - start - t_gram
     start = time.perf_counter()
     b = ease_from_gram(gram, args.lam, dtype=dtype, overwrite=True)

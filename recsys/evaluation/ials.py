@@ -224,7 +224,9 @@ def tune_ials(
 # ------------------------------------------------------------------------------- benchmark
 
 
-def synthetic_split(num_users: int, num_items: int, nnz: int, *, holdout: float = 0.1, seed: int = 0) -> tuple[UserItemCSR, UserItemCSR]:
+def synthetic_split(
+    num_users: int, num_items: int, nnz: int, *, holdout: float = 0.1, seed: int = 0
+) -> tuple[UserItemCSR, UserItemCSR]:
     """A (train, valid) pair of the given size for timing: users with a lognormal number of items
     drawn from a Zipf-like popularity (exponent 0.8), ``holdout`` of each user's pairs held out.
     Repeats are collapsed, so the pair count comes out a little under ``nnz``."""
@@ -248,15 +250,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-users", type=int, default=10_000)
     args = parser.parse_args(argv)
     train, valid = synthetic_split(args.num_users, args.num_items, args.nnz)
-    print(f"train: {train.num_users:,} users x {train.num_items:,} items, {train.nnz:,} pairs; valid {valid.nnz:,} pairs")
+    print(
+        f"train: {train.num_users:,} users x {train.num_items:,} items, {train.nnz:,} pairs; valid {valid.nnz:,} pairs"
+    )
     start = time.perf_counter()
     fit_ials(train, regularization=1.0, alpha=10.0)
     print(f"one fit: {time.perf_counter() - start:.1f} s")
     tuning = tune_ials(train, train, valid, max_users=args.max_users)
     for (reg, alpha), value in tuning.scores.items():
         print(f"  λ={reg:g} α={alpha:g}: {tuning.metric} {value:.4f}")
-    print(f"best λ={tuning.best_regularization:g} α={tuning.best_alpha:g}; grid of {len(tuning.scores)} in {tuning.seconds:.1f} s "
-          f"on {tuning.num_users:,} validation users, {torch.get_num_threads()} torch threads")
+    print(
+        f"best λ={tuning.best_regularization:g} α={tuning.best_alpha:g}; grid of {len(tuning.scores)} in {tuning.seconds:.1f} s "
+        f"on {tuning.num_users:,} validation users, {torch.get_num_threads()} torch threads"
+    )
 
 
 if __name__ == "__main__":

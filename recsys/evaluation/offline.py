@@ -7,8 +7,8 @@ the report itself (baselines, ANN, files) is ``recsys.evaluation.report``, on pl
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import torch.distributed as dist
@@ -40,8 +40,9 @@ def report_dir(ecfg: EvaluateConfig, run_dir: Path) -> Path:
     return run_dir / (f"eval_sample_{ecfg.max_users}_seed_{ecfg.seed}" if ecfg.max_users else EVAL_DIR)
 
 
-def _embed_split_users(ecfg: EvaluateConfig, evaluator: Evaluator, split: str, embed_users, env: DistEnv,
-                       user_range) -> Optional[SplitInputs]:
+def _embed_split_users(
+    ecfg: EvaluateConfig, evaluator: Evaluator, split: str, embed_users, env: DistEnv, user_range
+) -> SplitInputs | None:
     """Collective: one split's users embedded (each rank those in its range), gathered to rank 0 (None elsewhere)."""
     data = evaluator.data
     lo, hi = user_range
@@ -52,19 +53,38 @@ def _embed_split_users(ecfg: EvaluateConfig, evaluator: Evaluator, split: str, e
         dist.broadcast_object_list(holder, src=0)
         users = holder[0]
     mine = users[(users >= lo) & (users < hi)]
-    user_emb = all_gather_rows(embed_users(mine, timeline), env.world_size, device=env.device)  # rank order = ascending users
+    user_emb = all_gather_rows(
+        embed_users(mine, timeline), env.world_size, device=env.device
+    )  # rank order = ascending users
     if not env.is_main:
         return None
     if user_emb.shape[0] != len(users):
         raise RuntimeError(f"{split}: gathered {user_emb.shape[0]} user embeddings for {len(users)} users")
     num_users = len(np.unique(data.splits[split].user_ids))
-    sample = f"a uniform sample (seed {ecfg.seed}) of {len(users)} of the split's {num_users} users" if len(users) < num_users else ""
-    return SplitInputs(users=users, user_emb=user_emb, relevant=relevant, exclude=exclude,
-                       masked_splits=PRECEDING_SPLITS[split], sample=sample)
+    sample = (
+        f"a uniform sample (seed {ecfg.seed}) of {len(users)} of the split's {num_users} users"
+        if len(users) < num_users
+        else ""
+    )
+    return SplitInputs(
+        users=users,
+        user_emb=user_emb,
+        relevant=relevant,
+        exclude=exclude,
+        masked_splits=PRECEDING_SPLITS[split],
+        sample=sample,
+    )
 
 
-def evaluate_trained(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv, data: RetrievalData,
-                     sharded: ShardedModel, checkpoint: Path) -> Optional[dict]:
+def evaluate_trained(
+    ecfg: EvaluateConfig,
+    cfg: Config,
+    run_dir: Path,
+    env: DistEnv,
+    data: RetrievalData,
+    sharded: ShardedModel,
+    checkpoint: Path,
+) -> dict | None:
     """Collective: the report of ``sharded`` (the run's weights) over ``ecfg.splits``; rank 0 returns it and prints report.md."""
     user_range = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
     two_tower = sharded.module.module.model
@@ -77,20 +97,35 @@ def evaluate_trained(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: Dist
         return embed(two_tower, builder, side="query", ids=users, timeline=timeline, local=True, **common)
 
     if env.is_main:
-        log.info("%s loaded; embedding %d items and the users of %s", checkpoint, data.num_items, ", ".join(ecfg.splits))
+        log.info(
+            "%s loaded; embedding %d items and the users of %s", checkpoint, data.num_items, ", ".join(ecfg.splits)
+        )
     item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common)
     splits = {split: _embed_split_users(ecfg, evaluator, split, embed_users, env, user_range) for split in ecfg.splits}
     if not env.is_main:
         return None
     train = data.splits["train"]
     inputs = EvalInputs(
-        item_emb=item_emb, splits=splits, ks=ecfg.ks,
-        train=UserItemCSR.from_pairs(train.user_ids, train.item_ids, num_users=data.num_users, num_items=data.num_items),
-        item_train_counts=data.item_counts(), dataset_dir=data.dir, checkpoint=str(checkpoint.resolve()),
+        item_emb=item_emb,
+        splits=splits,
+        ks=ecfg.ks,
+        train=UserItemCSR.from_pairs(
+            train.user_ids, train.item_ids, num_users=data.num_users, num_items=data.num_items
+        ),
+        item_train_counts=data.item_counts(),
+        dataset_dir=data.dir,
+        checkpoint=str(checkpoint.resolve()),
         extra={"run_dir": str(run_dir.resolve()), "world_size": env.world_size},
     )
-    options = ReportOptions(ease=ecfg.ease, ease_max_items=ecfg.ease_max_items, ease_lambdas=tuple(ecfg.ease_lambdas),
-                            ials=ecfg.ials, ann_kinds=ecfg.ann_kinds, chunk_size=ecfg.chunk_size, device=env.device.type)
+    options = ReportOptions(
+        ease=ecfg.ease,
+        ease_max_items=ecfg.ease_max_items,
+        ease_lambdas=tuple(ecfg.ease_lambdas),
+        ials=ecfg.ials,
+        ann_kinds=ecfg.ann_kinds,
+        chunk_size=ecfg.chunk_size,
+        device=env.device.type,
+    )
     out_dir = report_dir(ecfg, run_dir)
     report = evaluate_and_report(inputs, run_dir, options, out_dir=out_dir)
     print((out_dir / "report.md").read_text(), flush=True)

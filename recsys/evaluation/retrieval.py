@@ -9,7 +9,7 @@ Only ``chunk_size x I`` scores exist at any time, never the full U x I matrix.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -52,7 +52,9 @@ def exact_topk(
     def score_chunk(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
         return torch.mm(queries[start:stop].to(dtype=torch.float32), items_t, out=out)
 
-    return chunked_topk(score_chunk, num_queries, num_items, k, exclude=exclude, chunk_size=chunk_size, device=queries.device)
+    return chunked_topk(
+        score_chunk, num_queries, num_items, k, exclude=exclude, chunk_size=chunk_size, device=queries.device
+    )
 
 
 ScoreChunk = Callable[[int, int, torch.Tensor], torch.Tensor]

@@ -11,7 +11,7 @@ Excluded items are never ranked; ids are -1 where fewer than k items remain.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -19,8 +19,8 @@ from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
 from recsys.evaluation.retrieval import exact_topk, popularity_topk
 
-Ranked = Tuple[torch.Tensor, torch.Tensor]  # (scores [U, k], item ids [U, k])
-Metrics = Dict[str, float]
+Ranked = tuple[torch.Tensor, torch.Tensor]  # (scores [U, k], item ids [U, k])
+Metrics = dict[str, float]
 Scorer = Callable[..., Metrics]  # (topk ids [U, k] numpy, relevant CSR, ks, num_items=...) -> metrics
 
 
@@ -33,18 +33,18 @@ def rank_and_score(
     relevant: UserItemCSR,
     ks: Sequence[int],
     chunk_size: int,
-    item_counts: Optional[torch.Tensor] = None,
+    item_counts: torch.Tensor | None = None,
     model: str = "two_tower",
     others: Mapping[str, Callable[[], Ranked]] = {},
     score: Scorer = compute_metrics,
-) -> Tuple[Dict[str, Ranked], Dict[str, Metrics]]:
+) -> tuple[dict[str, Ranked], dict[str, Metrics]]:
     """The top ``k`` of ``model`` (and popularity, and ``others``) for every query, and ``score``'s metrics of each.
 
     ``item_counts``: [I] training interactions per item; None leaves popularity out. ``score``:
     ``compute_metrics`` (all users here) or a stand-in that combines ranks' users (the Evaluator's).
     """
     num_items = items.shape[0]
-    ranked: Dict[str, Ranked] = {model: exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size)}
+    ranked: dict[str, Ranked] = {model: exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size)}
     if item_counts is not None:
         ranked["popularity"] = popularity_topk(item_counts, queries.shape[0], k, exclude=exclude, chunk_size=chunk_size)
     for name, rank in others.items():

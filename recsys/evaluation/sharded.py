@@ -12,8 +12,9 @@ metrics are combined across ranks: per-user sums and counts, and the items in an
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import Dict, Iterator, List, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -86,7 +87,7 @@ def embed(
     else:
         batches = item_batches(builder, share, batch_size)
         filler = next(item_batches(builder, some_id, 1))
-    out: List[torch.Tensor] = []
+    out: list[torch.Tensor] = []
     dim = 0  # a rank whose share is empty still runs the filler batches, which give D
     for batch, is_real in _lockstep(batches, num_steps, filler):
         batch = batch.to(device)
@@ -108,8 +109,14 @@ def _max_over_ranks(value: int, device: torch.device, world_size: int) -> int:
 
 
 def metrics_over_ranks(
-    topk_ids: np.ndarray, relevant: UserItemCSR, ks: Sequence[int], *, num_items: int, device: torch.device, world_size: int
-) -> Dict[str, float]:
+    topk_ids: np.ndarray,
+    relevant: UserItemCSR,
+    ks: Sequence[int],
+    *,
+    num_items: int,
+    device: torch.device,
+    world_size: int,
+) -> dict[str, float]:
     """``compute_metrics`` over the union of every rank's users, each rank passing its own rows.
 
     Means are sums over the evaluated users of all ranks / their number (all-reduced in float64);
@@ -119,7 +126,9 @@ def metrics_over_ranks(
     evaluated = relevant.lengths() > 0
     per_user = per_user_metrics(topk_ids, relevant, ks)
     names = [f"{name}@{k}" for k in ks for name in PER_USER_METRICS]
-    sums = torch.tensor([float(per_user[n][evaluated].sum()) for n in names] + [float(evaluated.sum())], dtype=torch.float64)
+    sums = torch.tensor(
+        [float(per_user[n][evaluated].sum()) for n in names] + [float(evaluated.sum())], dtype=torch.float64
+    )
     covered = torch.zeros(len(ks), num_items, dtype=torch.uint8)
     top = np.asarray(topk_ids)[evaluated]
     for j, k in enumerate(ks):
@@ -131,7 +140,7 @@ def metrics_over_ranks(
         dist.all_reduce(covered, op=dist.ReduceOp.MAX)
         sums, covered = sums.cpu(), covered.cpu()
     count = float(sums[-1])
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for j, k in enumerate(ks):
         for name in PER_USER_METRICS:
             out[f"{name}@{k}"] = float(sums[names.index(f"{name}@{k}")]) / count if count else float("nan")
@@ -145,7 +154,13 @@ class Evaluator:
     or, with ``per_rank_users``, on every rank for its own users, the metrics combined across ranks."""
 
     def __init__(
-        self, data: RetrievalData, builder: FeatureBuilder, *, ks: Sequence[int], batch_size: int, chunk_size: int,
+        self,
+        data: RetrievalData,
+        builder: FeatureBuilder,
+        *,
+        ks: Sequence[int],
+        batch_size: int,
+        chunk_size: int,
         per_rank_users: bool = False,
     ) -> None:
         self.data, self.builder = data, builder
@@ -153,9 +168,11 @@ class Evaluator:
         self.per_rank_users = per_rank_users
 
     def _csr(self, split: Interactions) -> UserItemCSR:
-        return UserItemCSR.from_pairs(split.user_ids, split.item_ids, num_users=self.data.num_users, num_items=self.data.num_items)
+        return UserItemCSR.from_pairs(
+            split.user_ids, split.item_ids, num_users=self.data.num_users, num_items=self.data.num_items
+        )
 
-    def protocol(self, split: str, *, max_users: int = 0, seed: int = 0) -> "SplitProtocol":
+    def protocol(self, split: str, *, max_users: int = 0, seed: int = 0) -> SplitProtocol:
         """The evaluated users of a split, their relevant and excluded items, and the history timeline.
 
         ``max_users > 0``: at most that many users, a uniform sample without replacement drawn
@@ -169,23 +186,41 @@ class Evaluator:
         exclude = self._csr(timeline).select_rows(users)
         return SplitProtocol(users, relevant, exclude, timeline)
 
-    def evaluate(self, two_tower: nn.Module, split: str, *, device: torch.device, rank: int = 0, world_size: int = 1, with_popularity: bool = False) -> Dict[str, Dict[str, float]]:
+    def evaluate(
+        self,
+        two_tower: nn.Module,
+        split: str,
+        *,
+        device: torch.device,
+        rank: int = 0,
+        world_size: int = 1,
+        with_popularity: bool = False,
+    ) -> dict[str, dict[str, float]]:
         """``{"two_tower": metrics[, "popularity": metrics]}`` of ``split``, the same on every rank."""
         users, relevant, exclude, timeline = self.protocol(split)
         common = dict(batch_size=self.batch_size, device=device, rank=rank, world_size=world_size)
         was_training = two_tower.training
         two_tower.eval()
         try:
-            user_emb = embed(two_tower, self.builder, side="query", ids=users, timeline=timeline, local=self.per_rank_users, **common)
-            item_emb = embed(two_tower, self.builder, side="candidate", ids=np.arange(self.data.num_items), timeline=None, **common)
+            user_emb = embed(
+                two_tower, self.builder, side="query", ids=users, timeline=timeline, local=self.per_rank_users, **common
+            )
+            item_emb = embed(
+                two_tower, self.builder, side="candidate", ids=np.arange(self.data.num_items), timeline=None, **common
+            )
         finally:
             two_tower.train(was_training)
         counts = torch.from_numpy(self.data.item_counts()).float() if with_popularity else None
         score = dict(exclude=exclude, relevant=relevant, ks=self.ks, chunk_size=self.chunk_size, item_counts=counts)
         if self.per_rank_users:  # every rank ranks its own users; the metrics are combined across ranks
-            return rank_and_score(user_emb, item_emb, max(self.ks), **score,
-                                  score=partial(metrics_over_ranks, device=device, world_size=world_size))[1]
-        results: List[Dict[str, Dict[str, float]] | None] = [None]
+            return rank_and_score(
+                user_emb,
+                item_emb,
+                max(self.ks),
+                **score,
+                score=partial(metrics_over_ranks, device=device, world_size=world_size),
+            )[1]
+        results: list[dict[str, dict[str, float]] | None] = [None]
         if rank == 0:
             results[0] = rank_and_score(user_emb, item_emb, max(self.ks), **score)[1]
         if world_size > 1:

@@ -9,7 +9,7 @@ towers are initialised from ``seed``.
 from __future__ import annotations
 
 import contextlib
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,8 +30,8 @@ def build_retrieval_task(
     item_counts: torch.Tensor,
     has_categories: bool = True,
     user_id: bool = True,
-    seed: Optional[int] = None,
-    device: Optional[torch.device] = None,
+    seed: int | None = None,
+    device: torch.device | None = None,
     extra_tables: Sequence[EmbeddingBagConfig] = (),
 ) -> RetrievalTask:
     """The model (``num_rows`` tables, towers ``model.tower_dims``) wrapped in its loss.
@@ -68,7 +68,7 @@ def build_retrieval_task(
         )
 
 
-def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarray] = None) -> RetrievalTask:
+def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None = None) -> RetrievalTask:
     """A run's model for ``data``: its tables checked against the config, towers seeded by ``trainer.seed``.
 
     ``item_counts``: the items' training frequencies for logQ; None = ``data.item_counts()``.
@@ -84,6 +84,11 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: Optional[np.ndarra
         raise ValueError(f"model.tables: unknown tables {sorted(unknown)}; expected {', '.join(TABLES)}")
     counts = data.item_counts() if item_counts is None else item_counts
     return build_retrieval_task(
-        cfg.model, num_rows=num_rows, history_length=cfg.data.history_length, item_counts=torch.from_numpy(counts),
-        has_categories=data.has_categories, user_id=user_id, seed=cfg.trainer.seed,
+        cfg.model,
+        num_rows=num_rows,
+        history_length=cfg.data.history_length,
+        item_counts=torch.from_numpy(counts),
+        has_categories=data.has_categories,
+        user_id=user_id,
+        seed=cfg.trainer.seed,
     )

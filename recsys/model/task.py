@@ -14,13 +14,14 @@ torchrec / DDP averaging gradients over ranks, N ranks follow the same curve as 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from recsys.data.batch import Batch
 from recsys.model.two_tower import TwoTower
+
 
 class LocalCandidates(nn.Module):
     """One process: the candidates are this rank's own. recsys.distributed swaps in a gather.
@@ -32,13 +33,15 @@ class LocalCandidates(nn.Module):
 
     world_size = 1
 
-    def forward(self, t: torch.Tensor, global_size: int, sizes: Optional[Sequence[int]] = None) -> Tuple[torch.Tensor, int]:
+    def forward(
+        self, t: torch.Tensor, global_size: int, sizes: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, int]:
         return t, 0
 
 
 def accidental_hits(
     query_item_ids: torch.Tensor, candidate_item_ids: torch.Tensor, labels: torch.Tensor
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, columns) of every candidate whose item is its query's positive, the label itself excepted.
 
     Found by sorting the candidates' ids, never as a B_q x C comparison: at batch 8192 the dense
@@ -71,7 +74,7 @@ def masked_logits(
     query_item_ids: torch.Tensor,
     candidate_item_ids: torch.Tensor,
     temperature: float,
-    candidate_log_q: Optional[torch.Tensor] = None,
+    candidate_log_q: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``B_q x C`` scores <q, c> / tau - log q(c), accidental hits set to -inf (no autograd)."""
     with torch.no_grad():
@@ -101,8 +104,13 @@ class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q):
         logits = masked_logits(
-            queries, candidates, labels=labels, query_item_ids=query_item_ids,
-            candidate_item_ids=candidate_item_ids, temperature=temperature, candidate_log_q=candidate_log_q,
+            queries,
+            candidates,
+            labels=labels,
+            query_item_ids=query_item_ids,
+            candidate_item_ids=candidate_item_ids,
+            temperature=temperature,
+            candidate_log_q=candidate_log_q,
         )
         # in place on CPU (the kernel reads each row before writing it; a fresh 8192 x 8192 tensor
         # would page-fault in every step); out of place on other devices, where that is not verified
@@ -137,7 +145,7 @@ def sampled_softmax_loss(
     query_item_ids: torch.Tensor,
     candidate_item_ids: torch.Tensor,
     temperature: float,
-    candidate_log_q: Optional[torch.Tensor] = None,
+    candidate_log_q: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of each query against all candidates (the scores of ``masked_logits``).
 
@@ -215,7 +223,7 @@ class RetrievalTask(nn.Module):
         q = (b * self.item_probs[item_ids] + b_neg / num_items) / (b + b_neg)
         return torch.log(q.clamp_min(1e-12))
 
-    def forward(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss to backpropagate, its detached copy: the output TrainPipelineSparseDist hands back)."""
         n = batch.num_queries
         queries, candidates = self.model(batch.features, n)
@@ -228,8 +236,13 @@ class RetrievalTask(nn.Module):
         labels = torch.arange(offset, offset + n, device=queries.device)
         if self.loss == "ccl":
             loss = cosine_contrastive_loss(
-                queries, all_candidates, labels=labels, query_item_ids=batch.candidate_item_ids[:n],
-                candidate_item_ids=all_ids, margin=self.margin, negative_weight=self.negative_weight,
+                queries,
+                all_candidates,
+                labels=labels,
+                query_item_ids=batch.candidate_item_ids[:n],
+                candidate_item_ids=all_ids,
+                margin=self.margin,
+                negative_weight=self.negative_weight,
             )
             loss = loss * (n * self.gather_candidates.world_size / global_n)
             return loss, loss.detach()

@@ -15,7 +15,7 @@ Shapes (B_q queries, C candidates, D tower output)::
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +29,7 @@ from recsys.data.features import CANDIDATE_TABLES, TABLES
 
 def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
     """Linear layers with ReLU between them and none after the last (the output is normalised)."""
-    layers: List[nn.Module] = []
+    layers: list[nn.Module] = []
     for i, out_dim in enumerate(dims):
         layers.append(nn.Linear(in_dim, out_dim))
         if i < len(dims) - 1:
@@ -38,7 +38,7 @@ def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> List[EmbeddingBagConfig]:
+def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> list[EmbeddingBagConfig]:
     """One EmbeddingBagConfig per table of ``num_rows`` (in ``TABLES`` order), looked up by the one
     KJT key of the same name."""
     return [
@@ -57,7 +57,7 @@ def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> List[Embeddi
 class TwoTower(nn.Module):
     def __init__(
         self,
-        tables: List[EmbeddingBagConfig],
+        tables: list[EmbeddingBagConfig],
         *,
         query_tables: Sequence[str],
         tower_dims: Sequence[int],
@@ -75,7 +75,7 @@ class TwoTower(nn.Module):
         self.query_tower = mlp(sum(dim[k] for k in self.query_keys), tower_dims)
         self.candidate_tower = mlp(sum(dim[k] for k in self.candidate_keys), tower_dims)
 
-    def forward(self, features: KeyedJaggedTensor, num_queries: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: KeyedJaggedTensor, num_queries: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (queries ``B_q x D``, candidates ``C x D``), both with unit L2 norm."""
         # one fused permute (fbgemm's permute_pooled_embs) forward and backward, instead of a
         # split per table, a slice per query table and a cat per tower

@@ -30,8 +30,16 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict:
     return env
 
 
-def launch(args: Sequence[str], *, nproc: int = 1, max_restarts: int | None = None, check: bool = True,
-           timeout: float = 600, cwd: Path = ROOT, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+def launch(
+    args: Sequence[str],
+    *,
+    nproc: int = 1,
+    max_restarts: int | None = None,
+    check: bool = True,
+    timeout: float = 600,
+    cwd: Path = ROOT,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     """``python ARGS`` (nproc=1, no max_restarts) or ``torchrun --standalone --nproc_per_node=N ARGS``.
 
     check: assert exit status 0, showing the tail of both streams otherwise. env: extra variables.
@@ -42,7 +50,9 @@ def launch(args: Sequence[str], *, nproc: int = 1, max_restarts: int | None = No
         prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         if max_restarts is not None:
             prefix.append(f"--max-restarts={max_restarts}")
-    proc = subprocess.run([*prefix, *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    proc = subprocess.run(
+        [*prefix, *args], env=clean_env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc

@@ -21,8 +21,14 @@ from tests.helpers.config import tiny_config
 def reload_checkpoint(ckpt: Path, out: Path, overrides: Sequence[str], env: DistEnv) -> None:
     cfg = tiny_config(overrides)
     data = load_dataset(prepare_dataset(cfg.data))
-    sharded = shard_model(build_task(cfg, data), sharding=cfg.sharding, sparse=cfg.optim.sparse,
-                          dense=cfg.optim.dense, env=env, seed=cfg.trainer.seed + 1)  # other init: load must overwrite it
+    sharded = shard_model(
+        build_task(cfg, data),
+        sharding=cfg.sharding,
+        sparse=cfg.optim.sparse,
+        dense=cfg.optim.dense,
+        env=env,
+        seed=cfg.trainer.seed + 1,
+    )  # other init: load must overwrite it
     state = load_checkpoint(sharded, ckpt, env=env)
     save_checkpoint(sharded, state, root=out, env=env)
     del sharded

@@ -33,8 +33,19 @@ from recsys.evaluation.report.plot import plot_recall_at_k
 from recsys.evaluation.report.types import EVAL_DIR, MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
 
 __all__ = [
-    "EVAL_DIR", "MODEL_LABELS", "EvalInputs", "EvalReport", "ReportOptions", "SplitInputs", "compute_report",
-    "describe_protocol", "evaluate_and_report", "format_markdown", "plot_recall_at_k", "recall_curve", "write_report",
+    "EVAL_DIR",
+    "MODEL_LABELS",
+    "EvalInputs",
+    "EvalReport",
+    "ReportOptions",
+    "SplitInputs",
+    "compute_report",
+    "describe_protocol",
+    "evaluate_and_report",
+    "format_markdown",
+    "plot_recall_at_k",
+    "recall_curve",
+    "write_report",
 ]
 
 
@@ -65,8 +76,9 @@ def write_report(result: EvalReport, run_dir: str | Path, out_dir: str | Path | 
     return out_dir
 
 
-def evaluate_and_report(inputs: EvalInputs, run_dir: str | Path, options: ReportOptions = ReportOptions(),
-                        out_dir: str | Path | None = None) -> dict:
+def evaluate_and_report(
+    inputs: EvalInputs, run_dir: str | Path, options: ReportOptions = ReportOptions(), out_dir: str | Path | None = None
+) -> dict:
     """``compute_report`` then ``write_report``; returns the report dict (as written to report.json)."""
     result = compute_report(inputs, options)
     write_report(result, run_dir, out_dir)

@@ -8,8 +8,15 @@ from typing import Any
 import torch
 
 from recsys.evaluation.ease import (
-    USABLE_MEMORY_SHARE, EasePlan, available_memory_bytes, ease_from_gram, ease_peak_bytes, gram_dtype, gram_matrix,
-    plan_ease, tune_ease,
+    USABLE_MEMORY_SHARE,
+    EasePlan,
+    available_memory_bytes,
+    ease_from_gram,
+    ease_peak_bytes,
+    gram_dtype,
+    gram_matrix,
+    plan_ease,
+    tune_ease,
 )  # fmt: skip
 from recsys.evaluation.ials import tune_ials
 from recsys.evaluation.interactions import UserItemCSR
@@ -32,8 +39,12 @@ def fit_ease(inputs: EvalInputs, options: ReportOptions, num_items: int) -> tupl
             keep_best = plan.available_bytes is not None and ease_peak_bytes(
                 num_items, plan.dtype, num_users=inputs.train.num_users, chunk_size=options.chunk_size, keep_best=True
             ) <= USABLE_MEMORY_SHARE * plan.available_bytes  # fmt: skip
-            log.info("EASE: Gram matrix of %d items (%s), λ tuned on valid over %s", num_items, plan.dtype,
-                     list(options.ease_lambdas))
+            log.info(
+                "EASE: Gram matrix of %d items (%s), λ tuned on valid over %s",
+                num_items,
+                plan.dtype,
+                list(options.ease_lambdas),
+            )
             gram = gram_matrix(inputs.train, dtype=gram_dtype(inputs.train.num_users, plan.dtype), device=ease_device)
             tuning = tune_ease(
                 inputs.train, valid.exclude, valid.relevant, lambdas=options.ease_lambdas, k=options.ease_tune_k,
@@ -80,8 +91,12 @@ def fit_ials(inputs: EvalInputs, options: ReportOptions) -> tuple[Any, dict]:
     if "valid" not in inputs.splits:
         return None, {"skipped": "no 'valid' split given to tune iALS on"}
     valid = inputs.splits["valid"]
-    log.info("iALS: %d factors, λ %s x α %s tuned on valid", options.ials_factors, list(options.ials_regularizations),
-             list(options.ials_alphas))
+    log.info(
+        "iALS: %d factors, λ %s x α %s tuned on valid",
+        options.ials_factors,
+        list(options.ials_regularizations),
+        list(options.ials_alphas),
+    )
     try:
         tuning = tune_ials(
             inputs.train, valid.exclude, valid.relevant, regularizations=options.ials_regularizations, alphas=options.ials_alphas,
@@ -97,7 +112,10 @@ def fit_ials(inputs: EvalInputs, options: ReportOptions) -> tuple[Any, dict]:
         "iterations": tuning.iterations,
         "seed": options.seed,
         "tuned_on": f"valid {tuning.metric}, {tuning.num_users} users",
-        "grid": [{"regularization": reg, "alpha": alpha, tuning.metric: value} for (reg, alpha), value in tuning.scores.items()],
+        "grid": [
+            {"regularization": reg, "alpha": alpha, tuning.metric: value}
+            for (reg, alpha), value in tuning.scores.items()
+        ],
         "tuning_seconds": round(tuning.seconds, 2),
         "fit_on": "train interactions (binary); user factors re-solved from the user's masked items",
         "library": "implicit (CPU, conjugate-gradient ALS)",
@@ -116,5 +134,3 @@ def _ease_skip_reason(inputs: EvalInputs, options: ReportOptions, num_items: int
     if "valid" not in inputs.splits:
         return {"skipped": "no 'valid' split given to tune λ on"}
     return None
-
-

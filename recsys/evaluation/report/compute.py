@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,9 +22,9 @@ from recsys.evaluation.ease import ease_topk
 from recsys.evaluation.ials import ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics, hit_matrix
-from recsys.evaluation.retrieval import exact_topk
 from recsys.evaluation.report.baselines import fit_ease, fit_ials
 from recsys.evaluation.report.types import MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
+from recsys.evaluation.retrieval import exact_topk
 from recsys.evaluation.scoring import rank_and_score
 
 log = logging.getLogger("recsys.evaluation.report")  # one line per stage: the report takes ~40 s on the default run
@@ -109,8 +109,11 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
     items = _tensor(inputs.item_emb, device)
     if items.shape[0] != num_items:
         raise ValueError(f"item_emb has {items.shape[0]} rows, train has {num_items} items")
-    item_counts = np.bincount(inputs.train.indices, minlength=num_items) if inputs.item_train_counts is None \
+    item_counts = (
+        np.bincount(inputs.train.indices, minlength=num_items)
+        if inputs.item_train_counts is None
         else np.asarray(inputs.item_train_counts)
+    )
     user_train_items = inputs.train.lengths()
     model = inputs.model_name
 
@@ -122,17 +125,33 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
     model_top: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # split -> the model's (ids, scores)
     counts_t = torch.from_numpy(item_counts).to(device)
     for name, split in inputs.splits.items():
-        log.info("%s: ranking %d users (%s), metrics, breakdowns", name, split.relevant.num_users,
-                 ", ".join([model, "popularity"] + (["EASE"] if ease_b is not None else [])))
+        log.info(
+            "%s: ranking %d users (%s), metrics, breakdowns",
+            name,
+            split.relevant.num_users,
+            ", ".join([model, "popularity"] + (["EASE"] if ease_b is not None else [])),
+        )
         others = {}
         if ease_b is not None:
-            others["ease"] = lambda: ease_topk(ease_b, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size)
+            others["ease"] = lambda split=split: ease_topk(
+                ease_b, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size
+            )
         if ials_model is not None:
-            others["ials"] = lambda: ials_topk(ials_model, split.exclude, kmax, exclude=split.exclude,
-                                               chunk_size=options.chunk_size, device=device)
-        ranked, metrics = rank_and_score(_tensor(split.user_emb, device), items, kmax, exclude=split.exclude,
-                                         relevant=split.relevant, ks=ks, chunk_size=options.chunk_size,
-                                         item_counts=counts_t, model=model, others=others)
+            others["ials"] = lambda split=split: ials_topk(
+                ials_model, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size, device=device
+            )
+        ranked, metrics = rank_and_score(
+            _tensor(split.user_emb, device),
+            items,
+            kmax,
+            exclude=split.exclude,
+            relevant=split.relevant,
+            ks=ks,
+            chunk_size=options.chunk_size,
+            item_counts=counts_t,
+            model=model,
+            others=others,
+        )
         ids = {m: r[1].cpu().numpy() for m, r in ranked.items()}
         model_top[name] = (ids[model], ranked[model][0].cpu().numpy())
         splits_out[name] = _split_section(split, ids, metrics, ks, user_train_items, item_counts, options)
@@ -158,7 +177,11 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         "gaps": _gap_statements(splits_out, model, headline_k, ease_info, ials_info),
         "more_like_this": _more_like_this(items, item_counts, names, options),
         "breakdown_definitions": _breakdown_definitions(options),
-        "recommendations": {"split": rec_split, "k": int(options.recommend_k or kmax), "rows": int(len(recommendations))},
+        "recommendations": {
+            "split": rec_split,
+            "k": int(options.recommend_k or kmax),
+            "rows": int(len(recommendations)),
+        },
         "run": dict(inputs.extra),
     }
     return EvalReport(report=report, recommendations=recommendations, curves=curves)
@@ -176,8 +199,15 @@ def _breakdown_definitions(options: ReportOptions) -> dict[str, str]:
     }
 
 
-def _split_section(split: SplitInputs, ids: dict[str, np.ndarray], metrics: dict[str, dict], ks: list[int],
-                   user_train_items: np.ndarray, item_counts: np.ndarray, options: ReportOptions) -> dict[str, Any]:
+def _split_section(
+    split: SplitInputs,
+    ids: dict[str, np.ndarray],
+    metrics: dict[str, dict],
+    ks: list[int],
+    user_train_items: np.ndarray,
+    item_counts: np.ndarray,
+    options: ReportOptions,
+) -> dict[str, Any]:
     """One split's block: counts, each model's metrics and activity / popularity breakdowns."""
     users_train = user_train_items[np.asarray(split.users, dtype=np.int64)]
     return {
@@ -187,8 +217,14 @@ def _split_section(split: SplitInputs, ids: dict[str, np.ndarray], metrics: dict
         "metrics": metrics,
         "breakdowns": {
             m: breakdowns(
-                i, split.relevant, ks, user_train_counts=users_train, item_train_counts=item_counts,
-                activity_edges=options.activity_edges, head_share=options.head_share, tail_share=options.tail_share,
+                i,
+                split.relevant,
+                ks,
+                user_train_counts=users_train,
+                item_train_counts=item_counts,
+                activity_edges=options.activity_edges,
+                head_share=options.head_share,
+                tail_share=options.tail_share,
             )  # fmt: skip
             for m, i in ids.items()
         },
@@ -204,7 +240,9 @@ def _ann_section(inputs: EvalInputs, options: ReportOptions, k: int, ks: list[in
         return {"skipped": "ANN disabled (ReportOptions.ann_kinds is empty)"}
     name = _pick(options.ann_split, inputs.splits)
     split = inputs.splits[name]
-    log.info("FAISS: %s indexes on the %s users, recall against the exact top-%d", ", ".join(options.ann_kinds), name, k)
+    log.info(
+        "FAISS: %s indexes on the %s users, recall against the exact top-%d", ", ".join(options.ann_kinds), name, k
+    )
     try:
         summary, ids = compare_ann(
             inputs.item_emb, split.user_emb, k, exclude=split.exclude, kinds=options.ann_kinds,
@@ -259,7 +297,9 @@ def _gap_statements(splits_out: dict, model: str, k: int, ease_info: dict, ials_
     return out
 
 
-def _recommendations(inputs: EvalInputs, split_name: str, ids: np.ndarray, scores: np.ndarray, k: int, names: _Names) -> pd.DataFrame:
+def _recommendations(
+    inputs: EvalInputs, split_name: str, ids: np.ndarray, scores: np.ndarray, k: int, names: _Names
+) -> pd.DataFrame:
     """Long table, one row per (user, rank) with an item: split, user_id, [user_raw_id], rank (1-based),
     item_id, [item_raw_id], [title], score. Slots left empty (fewer than k unmasked items) are omitted."""
     split = inputs.splits[split_name]
@@ -299,5 +339,12 @@ def _more_like_this(items: torch.Tensor, item_counts: np.ndarray, names: _Names,
             for i, s in zip(nearest[j].tolist(), sims[j].tolist())
             if i >= 0
         ]
-        out.append({"item_id": int(seed), "name": _item_label(int(seed), names), "train_count": int(item_counts[seed]), "nearest": neighbours})
+        out.append(
+            {
+                "item_id": int(seed),
+                "name": _item_label(int(seed), names),
+                "train_count": int(item_counts[seed]),
+                "nearest": neighbours,
+            }
+        )
     return out

@@ -45,7 +45,10 @@ def _header(report: dict) -> list[str]:
         out.append(f"- dataset: {ds['name']} (split protocol {ds.get('protocol')})")
     counts = ds.get("counts") or {}
     count_text = ", ".join(f"{s} {n:,}" for s, n in counts.items())
-    out.append(f"- {ds['num_users']:,} users, {ds['num_items']:,} items, {ds['num_train_pairs']:,} distinct training pairs" + (f"; interactions: {count_text}" if count_text else ""))
+    out.append(
+        f"- {ds['num_users']:,} users, {ds['num_items']:,} items, {ds['num_train_pairs']:,} distinct training pairs"
+        + (f"; interactions: {count_text}" if count_text else "")
+    )
     out += ["", "## Protocol", ""]
     out.append(
         f"Full ranking over all {report['protocol']['num_candidates']:,} items (no sampled candidates); "
@@ -67,15 +70,25 @@ def _splits(report: dict) -> list[str]:
         out += [f"## {name} ({split['num_users']:,} users, {split['num_relevant_pairs']:,} held-out pairs)", ""]
         models = list(split["metrics"])
         cols = [f"{m}@{k}" for m in ("recall", "ndcg") for k in ks]
-        out += _table(["model", *cols], [[_label(m, report), *(split["metrics"][m][c] for c in cols)] for m in models]) + [""]
+        out += _table(
+            ["model", *cols], [[_label(m, report), *(split["metrics"][m][c] for c in cols)] for m in models]
+        ) + [""]
         cols = [f"{m}@{k}" for m in ("recall_liang", "hit_rate", "mrr", "coverage") for k in ks]
-        out += _table(["model", *cols], [[_label(m, report), *(split["metrics"][m][c] for c in cols)] for m in models]) + [""]
+        out += _table(
+            ["model", *cols], [[_label(m, report), *(split["metrics"][m][c] for c in cols)] for m in models]
+        ) + [""]
         key = f"recall@{hk}"
         out += [f"### Recall@{hk} by user activity (distinct training items)", ""]
         buckets = split["breakdowns"][model]["user_activity"]["buckets"]
         rows = []
         for j, b in enumerate(buckets):
-            rows.append([b["bucket"], b["num_users_evaluated"], *(split["breakdowns"][m]["user_activity"]["buckets"][j][key] for m in models)])
+            rows.append(
+                [
+                    b["bucket"],
+                    b["num_users_evaluated"],
+                    *(split["breakdowns"][m]["user_activity"]["buckets"][j][key] for m in models),
+                ]
+            )
         out += _table(["training items", "users", *(_label(m, report) for m in models)], rows) + [""]
         out += [f"### Recall@{hk} by item popularity", ""]
         rows = []
@@ -125,7 +138,10 @@ def _ials(report: dict) -> list[str]:
             f"{ials['library']}.", "",
         ]  # fmt: skip
         metric = next(key for key in ials["grid"][0] if key not in ("regularization", "alpha"))
-        out += _table(["λ", "α", f"valid {metric.split('@')[0]}"], [[f"{g['regularization']:g}", f"{g['alpha']:g}", g[metric]] for g in ials["grid"]]) + [""]
+        out += _table(
+            ["λ", "α", f"valid {metric.split('@')[0]}"],
+            [[f"{g['regularization']:g}", f"{g['alpha']:g}", g[metric]] for g in ials["grid"]],
+        ) + [""]
 
     return out
 
@@ -140,19 +156,41 @@ def _ann(report: dict) -> list[str]:
         out += [f"Not run: {ann['skipped']}", ""]
     else:
         k = ann["k"]
-        out += [f"{ann['split']} split, {ann['num_queries']:,} queries, top-{k}, masking as above; threads: {_fmt(ann['threads'])}. Batched = all queries in chunks; single query = median of queries searched one at a time.", ""]
+        out += [
+            f"{ann['split']} split, {ann['num_queries']:,} queries, top-{k}, masking as above; threads: {_fmt(ann['threads'])}. Batched = all queries in chunks; single query = median of queries searched one at a time.",
+            "",
+        ]
         rows = [["exact (torch)", 1.0, report["splits"][ann["split"]]["metrics"][model][f"recall@{k}"], None,
                  ann["exact"]["ms_per_query"], ann["exact"]["users_per_s"], ann["exact"]["single_query_ms"]]]  # fmt: skip
         for kind, e in ann["indexes"].items():
             rows.append([f"{kind} ({_fmt(e['params'])})" if e["params"] else kind, e["recall_vs_exact"], e["metrics"][f"recall@{k}"], e["build_s"],
                          e["ms_per_query"], e["users_per_s"], e["single_query_ms"]])  # fmt: skip
-        out += _table(["index", f"recall vs exact@{k}", f"recall@{k}", "build s", "ms/query (batched)", "users/s", "single query ms"], rows)
+        out += _table(
+            [
+                "index",
+                f"recall vs exact@{k}",
+                f"recall@{k}",
+                "build s",
+                "ms/query (batched)",
+                "users/s",
+                "single query ms",
+            ],
+            rows,
+        )
         out += [""]
         for kind, e in ann["indexes"].items():
             if e.get("nprobe_sweep"):
-                out += [f"{kind}: recall against speed as more of its {e['params']['nlist']} lists are scanned per query (nprobe = nlist scans all):", ""]
-                out += _table(["nprobe", f"recall vs exact@{k}", "ms/query (batched)", "users/s"],
-                              [[p["nprobe"], p["recall_vs_exact"], p["ms_per_query"], p["users_per_s"]] for p in e["nprobe_sweep"]])
+                out += [
+                    f"{kind}: recall against speed as more of its {e['params']['nlist']} lists are scanned per query (nprobe = nlist scans all):",
+                    "",
+                ]
+                out += _table(
+                    ["nprobe", f"recall vs exact@{k}", "ms/query (batched)", "users/s"],
+                    [
+                        [p["nprobe"], p["recall_vs_exact"], p["ms_per_query"], p["users_per_s"]]
+                        for p in e["nprobe_sweep"]
+                    ],
+                )
                 out += [""]
 
     return out
@@ -170,7 +208,8 @@ def _closing(report: dict) -> list[str]:
             out.append(f"- **{seed['name']}** ({seed['train_count']:,} training interactions): {near}")
         out.append("")
     rec = report["recommendations"]
-    out += [f"Per-user top-{rec['k']} of the {model} on {rec['split']}: `recommendations.parquet` ({rec['rows']:,} rows).", ""]
+    out += [
+        f"Per-user top-{rec['k']} of the {model} on {rec['split']}: `recommendations.parquet` ({rec['rows']:,} rows).",
+        "",
+    ]
     return out
-
-
