@@ -12,7 +12,8 @@ rows [0, B_q) carry the queries' ids, rows [B_q, R) the candidates' ids::
 Why not one key per feature (``history_item_ids`` and ``item_id`` both on the item table, stride
 C)? fbgemm's CPU backward takes its fast path (JIT SpMDM + row-wise Adagrad, parallel over rows)
 only for a table looked up by a single feature; a table shared by two features goes through a
-serial scalar loop, ~2x slower. On CUDA both are fast; the layout costs nothing there.
+serial scalar loop, about twice as slow (docs/performance.md, "What changed for speed"). On CUDA
+both are fast; the layout costs nothing there.
 """
 
 from __future__ import annotations

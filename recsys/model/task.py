@@ -44,8 +44,8 @@ def accidental_hits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows, columns) of every candidate whose item is its query's positive, the label itself excepted.
 
-    Found by sorting the candidates' ids, never as a B_q x C comparison: at batch 8192 the dense
-    ``==`` + ``masked_fill_`` takes ~45 ms a step on 2 CPU cores, this ~1.3 ms. (On CUDA the pair
+    Found by sorting the candidates' ids, never as a B_q x C comparison, which is ~35x slower on CPU
+    at large batches (docs/performance.md, "What changed for speed"). (On CUDA the pair
     count would need a host sync to size the result; ``sampled_softmax_loss`` uses the dense mask there.)
     """
     sorted_ids, order = torch.sort(candidate_item_ids)
