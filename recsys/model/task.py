@@ -244,20 +244,19 @@ class RetrievalTask(nn.Module):
                 margin=self.margin,
                 negative_weight=self.negative_weight,
             )
-            loss = loss * (n * self.gather_candidates.world_size / global_n)
-            return loss, loss.detach()
-        log_q = self.candidate_log_q(all_ids, positives.shape[0]) if self.logq_correction else None
-        if log_q is not None and self.logq_weight != 1.0:
-            log_q = log_q * self.logq_weight
-        loss = sampled_softmax_loss(
-            queries,
-            all_candidates,
-            labels=labels,
-            query_item_ids=batch.candidate_item_ids[:n],
-            candidate_item_ids=all_ids,
-            temperature=self.temperature,
-            candidate_log_q=log_q,
-        )
+        else:
+            log_q = self.candidate_log_q(all_ids, positives.shape[0]) if self.logq_correction else None
+            if log_q is not None and self.logq_weight != 1.0:
+                log_q = log_q * self.logq_weight
+            loss = sampled_softmax_loss(
+                queries,
+                all_candidates,
+                labels=labels,
+                query_item_ids=batch.candidate_item_ids[:n],
+                candidate_item_ids=all_ids,
+                temperature=self.temperature,
+                candidate_log_q=log_q,
+            )
         # Mean over this rank's queries, reweighted so that the ranks' average (what DDP and
         # torchrec's gradient division take) is the mean over the global batch, also when the
         # shares differ by a row: loss_r * n_r * W / N.
