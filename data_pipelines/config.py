@@ -126,6 +126,9 @@ class DataConfig:
     history_dropout: float = (
         0.0  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
     )
+    # the candidate tower's co-occurrence neighbours (recsys/data/neighbors.py): each item's this many
+    # best co-occurring training items, mean-pooled from table `neighbor`; 0 turns the feature off
+    item_neighbors: int = 0
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
     min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables

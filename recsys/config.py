@@ -88,9 +88,9 @@ class ModelConfig:
     tower_dims: list[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
     temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
-    logq_weight: float = (
-        1.0  # the correction subtracts this times log q(i): 1 = the unbiased estimate, < 1 keeps some popularity
-    )
+    # the correction subtracts this times log q(i): 1 = the unbiased estimate; w shifts the learned
+    # scores by (w - 1) log q(i), so < 1 favours tail items and > 1 head items (Gowalla: 1 won both ways)
+    logq_weight: float = 1.0
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
     loss: RetrievalLoss = (
         RetrievalLoss.softmax
@@ -263,6 +263,13 @@ def check_values(cfg: Config) -> None:
     need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
     need(t.pipeline in PIPELINES, "trainer.pipeline", t.pipeline, "expected 'none' or 'sparse_dist'")
     need(0.0 <= d.history_dropout < 1.0, "data.history_dropout", d.history_dropout, "must be in [0, 1)")
+    need(d.item_neighbors >= 0, "data.item_neighbors", d.item_neighbors, "must be >= 0 (0 disables the feature)")
+    need(
+        d.item_neighbors == 0 or "neighbor" in m.tables,
+        "data.item_neighbors",
+        d.item_neighbors,
+        "needs a table model.tables.neighbor (embedding_dim, pooling)",
+    )
     need(len(e.ks) > 0 and all(k >= 1 for k in e.ks), "eval.ks", e.ks, "cut-offs must be >= 1")
     metric, _, k = e.valid_metric.partition("@")
     valid_names = [f"{name}@{k}" for name in VALID_METRICS for k in e.ks]

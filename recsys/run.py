@@ -36,7 +36,8 @@ from recsys.config import (
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
-from recsys.data.dataset import RetrievalData, load_dataset
+from recsys.data.dataset import RetrievalData
+from recsys.data.neighbors import load_with_neighbors, with_item_neighbors
 from recsys.distributed.collectives import full_tables
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.plan_summary import plan_summary
@@ -78,8 +79,8 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
             env.rank,
             {s: len(v) for s, v in data.splits.items()},
         )
-        return RunData(data, example_counts)
-    data = load_dataset(dataset_dir)
+        return RunData(with_item_neighbors(data, cfg.data.item_neighbors), example_counts)
+    data = load_with_neighbors(dataset_dir, cfg.data.item_neighbors)
     log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
     return RunData(data, None)
 
@@ -162,7 +163,7 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, w
     ``whole_data=False``: this rank reads only its own users' interactions (``rank_user_range``).
     """
     root = prepare_dataset_on_rank0(cfg.data, env)
-    data = load_dataset(root, None if whole_data else rank_user_range(root, env))
+    data = load_with_neighbors(root, cfg.data.item_neighbors, None if whole_data else rank_user_range(root, env))
     # weights only: the loss never runs (uniform item frequencies do), the sparse optimizer is never
     # stepped or loaded (SGD keeps no state), and the run's GPU-only sharding choices give way on a
     # CPU machine (DCP reshards)

@@ -38,9 +38,10 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(data_root):
     from data_pipelines.prepare import prepare_dataset
-    from recsys.data.dataset import load_dataset
+    from recsys.data.neighbors import load_with_neighbors
 
-    return load_dataset(prepare_dataset(tiny_config([f"data.root={data_root}"]).data))
+    data = tiny_config([f"data.root={data_root}"]).data
+    return load_with_neighbors(prepare_dataset(data), data.item_neighbors)
 
 
 @pytest.fixture(scope="session")

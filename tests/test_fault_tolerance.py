@@ -71,6 +71,7 @@ def test_checkpoint_from_two_ranks_loads_on_other_world_sizes_and_plans(
     assert sorted(fused_states) == [
         "category.momentum1",
         "item.momentum1",
+        "neighbor.momentum1",
         "user.momentum1",
     ]  # row-wise Adagrad state came along
 

@@ -77,10 +77,10 @@ def test_profile_bag_is_other_training_items_never_the_target(tiny_data):
 @pytest.mark.parametrize(
     "overrides, tables",
     [
-        ([], {"item", "category"}),  # profile bag: no user-id table at all
-        (["data.query_history=recent"], {"user", "item", "category"}),
-        (["model.query_user_id=true"], {"user", "item", "category"}),
-        (["data.history_length=0"], {"user", "item", "category"}),  # nothing but the user id to go on
+        ([], {"item", "category", "neighbor"}),  # profile bag: no user-id table at all
+        (["data.query_history=recent"], {"user", "item", "category", "neighbor"}),
+        (["model.query_user_id=true"], {"user", "item", "category", "neighbor"}),
+        (["data.history_length=0"], {"user", "item", "category", "neighbor"}),  # nothing but the user id to go on
     ],
 )
 def test_the_user_id_table_exists_only_where_the_query_uses_it(tiny_data, overrides, tables):

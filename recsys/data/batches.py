@@ -36,7 +36,7 @@ class FeatureBuilder:
         self.data = data
         self.history_length = history_length
         self.user_id = user_id  # false: no user key (the model has no user table)
-        self.keys = tables(data.has_categories, user_id)
+        self.keys = tables(data.has_categories, user_id, data.has_neighbors)
 
     def build(
         self,
@@ -80,6 +80,11 @@ class FeatureBuilder:
             values["category"] = np.concatenate([hist_categories[1], candidate_cats])
             validate_ids("categories", values["category"], sizes["category"])
             lengths["category"] = np.concatenate([hist_categories[0], candidate_cat_lengths])
+        if self.data.has_neighbors:  # candidate rows only: the query tower does not read this table
+            neighbor_lengths, neighbors = gather_rows(self.data.item_neighbor_indptr, self.data.item_neighbor_ids, candidate_item_ids)
+            validate_ids("item_neighbors", neighbors, sizes["neighbor"])
+            lengths["neighbor"] = np.concatenate([np.zeros(num_queries, dtype=np.int64), neighbor_lengths])
+            values["neighbor"] = neighbors
         return Batch(
             features=build_kjt(self.keys, lengths, values),
             candidate_item_ids=torch.from_numpy(np.ascontiguousarray(candidate_item_ids, dtype=np.int64)),

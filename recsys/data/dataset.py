@@ -62,6 +62,10 @@ class RetrievalData:
     user_range: Optional[Tuple[int, int]] = None
     # training frequency of every item over the whole split, when splits hold a part of it
     global_item_counts: Optional[np.ndarray] = None
+    # each item's co-occurrence neighbours (recsys.data.neighbors; data.item_neighbors > 0):
+    # item i's are ids[indptr[i]:indptr[i+1]]
+    item_neighbor_indptr: Optional[np.ndarray] = None
+    item_neighbor_ids: Optional[np.ndarray] = None
 
     def is_heldout(self, user_ids: np.ndarray) -> np.ndarray:
         """Whether each user is a held-out (valid / test) user whose train rows are fold-in history only."""
@@ -72,11 +76,18 @@ class RetrievalData:
         return self.num_categories > 0
 
     @property
+    def has_neighbors(self) -> bool:
+        return self.item_neighbor_indptr is not None
+
+    @property
     def table_num_rows(self) -> Dict[str, int]:
-        """Rows of each table the data feeds (no category table when items have no categories)."""
+        """Rows of each table the data feeds (no category table when items have no categories, a
+        neighbour table only when the items' neighbours were computed)."""
         rows = {"user": self.num_users, "item": self.num_items}
         if self.has_categories:
             rows["category"] = self.num_categories
+        if self.has_neighbors:
+            rows["neighbor"] = self.num_items
         return rows
 
     def item_counts(self) -> np.ndarray:
@@ -111,6 +122,11 @@ def _read_parquet(path: Path, columns: List[str], filters=None) -> pa.Table:
         return pq.read_table(path, columns=columns, filters=filters)
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"{path}: not a readable parquet file ({e}); prepare the dataset again") from None
+
+
+def read_split(root: Path, split: str, num_users: int, num_items: int) -> Interactions:
+    """One whole split of the dataset dir at ``root`` (every user's rows), checked like ``load_dataset``'s."""
+    return _read_split(Path(root) / split_file(split), num_users, num_items)
 
 
 def _read_split(path: Path, num_users: int, num_items: int, user_range: Optional[Tuple[int, int]] = None) -> Interactions:

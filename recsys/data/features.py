@@ -8,6 +8,8 @@ rows [0, B_q) carry the queries' ids, rows [B_q, R) the candidates' ids::
     user       the user id (1)                             empty
     item       the user's history (0..history_length)      the candidate item (1)
     category   the categories of those history items       the candidate's categories (1..3)
+    neighbor   empty                                       the candidate's co-occurrence neighbours
+                                                           (0..data.item_neighbors; only when > 0)
 
 Why not one key per feature (``history_item_ids`` and ``item_id`` both on the item table, stride
 C)? fbgemm's CPU backward takes its fast path (JIT SpMDM + row-wise Adagrad, parallel over rows)
@@ -25,13 +27,18 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 TABLES: List[str] = ["user", "item", "category"]
+# the candidate's neighbour bag looks up a table of its own (item-sized), not the item table: a
+# second key on the item table would leave fbgemm's fast CPU path (see above)
+NEIGHBOR_TABLE = "neighbor"
+ALL_TABLES: List[str] = [*TABLES, NEIGHBOR_TABLE]
 CANDIDATE_TABLES: List[str] = ["item", "category"]
 
 
-def tables(has_categories: bool = True, user_id: bool = True) -> List[str]:
+def tables(has_categories: bool = True, user_id: bool = True, has_neighbors: bool = False) -> List[str]:
     """The tables (= KJT keys) of a model: no category table when items have no categories, no user
-    table when the query does not see the user id."""
-    return [t for t in TABLES if (has_categories or t != "category") and (user_id or t != "user")]
+    table when the query does not see the user id, a neighbour table only with ``data.item_neighbors``."""
+    wanted = {"user": user_id, "category": has_categories, NEIGHBOR_TABLE: has_neighbors}
+    return [t for t in ALL_TABLES if wanted.get(t, True)]
 
 
 def query_tables(history_length: int, has_categories: bool = True, user_id: bool = True) -> List[str]:
@@ -42,8 +49,8 @@ def query_tables(history_length: int, has_categories: bool = True, user_id: bool
     return tables(has_categories, user_id) if history_length > 0 else ["user"]
 
 
-def candidate_tables(has_categories: bool = True) -> List[str]:
-    return CANDIDATE_TABLES if has_categories else ["item"]
+def candidate_tables(has_categories: bool = True, has_neighbors: bool = False) -> List[str]:
+    return (CANDIDATE_TABLES if has_categories else ["item"]) + ([NEIGHBOR_TABLE] if has_neighbors else [])
 
 
 # the named arrays the batch builder validates, and the table each indexes (for error messages)
@@ -54,6 +61,7 @@ FEATURE_TABLES: Dict[str, str] = {
     "item_id": "item",
     "item_categories": "category",
     "categories": "category",  # history's and candidates' together
+    "item_neighbors": NEIGHBOR_TABLE,
 }
 
 

@@ -33,7 +33,7 @@ from torchrec.distributed.planner.types import PlannerError, ShardingOption, Sta
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from recsys.config import ClusterConfig, PlanConfig
-from recsys.data.features import TABLES
+from recsys.data.features import ALL_TABLES, NEIGHBOR_TABLE, TABLES
 from recsys.distributed.sharding import GB, make_topology, planner_constraints, sparse_optimizer_kwargs
 from recsys.model.build import build_retrieval_task
 from recsys.model.task import RetrievalTask
@@ -156,8 +156,12 @@ def _check(cfg: PlanConfig) -> None:
         raise ValueError(f"cluster.batch_size_per_rank={c.batch_size_per_rank} must be >= 1")
     if c.compute_device not in ("cuda", "cpu"):
         raise ValueError(f"cluster.compute_device={c.compute_device!r}: choose 'cuda' or 'cpu'")
-    if set(cfg.model.tables) != set(TABLES):
-        raise ValueError(f"model.tables: expected {list(TABLES)}, got {sorted(cfg.model.tables)}")
+    # the neighbour table (data.item_neighbors) may be configured but is not planned here; when on it
+    # is another table of num_rows.item rows: size a cluster for it too
+    if not set(TABLES) <= set(cfg.model.tables) <= set(ALL_TABLES):
+        raise ValueError(
+            f"model.tables: expected {list(TABLES)} (and optionally {NEIGHBOR_TABLE!r}), got {sorted(cfg.model.tables)}"
+        )
     for name in TABLES:
         if getattr(cfg.num_rows, name) < 1:
             raise ValueError(f"num_rows.{name}={getattr(cfg.num_rows, name)} must be >= 1")

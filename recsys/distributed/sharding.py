@@ -31,7 +31,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig
-from recsys.data.features import TABLES
+from recsys.data.features import ALL_TABLES
 from recsys.distributed.env import DistEnv
 from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
 from recsys.distributed.table_init import init_tables
@@ -115,8 +115,8 @@ def sparse_optimizer_kwargs(
 def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) -> dict[str, ParameterConstraints]:
     constraints = {}
     for table, tcfg in cfg.tables.items():
-        if table not in table_names and table in TABLES:
-            continue  # a table this dataset does not feed (category, for items without categories)
+        if table not in table_names and table in ALL_TABLES:
+            continue  # a table this dataset does not feed (category for items without categories, neighbor when off)
         if table not in table_names:
             raise ValueError(f"sharding.tables.{table}: no such table (tables: {sorted(table_names)})")
         for st in tcfg.sharding_types:

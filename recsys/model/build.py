@@ -17,7 +17,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from recsys.config import Config, ModelConfig, query_uses_user_id
 from recsys.data.dataset import RetrievalData
-from recsys.data.features import TABLES, candidate_tables, query_tables
+from recsys.data.features import ALL_TABLES, candidate_tables, query_tables
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 
@@ -29,6 +29,7 @@ def build_retrieval_task(
     history_length: int,
     item_counts: torch.Tensor,
     has_categories: bool = True,
+    has_neighbors: bool = False,
     user_id: bool = True,
     seed: int | None = None,
     device: torch.device | None = None,
@@ -52,7 +53,7 @@ def build_retrieval_task(
         two_tower = TwoTower(
             configs,
             query_tables=query_tables(history_length, has_categories, user_id) + [c.name for c in extra_tables],
-            candidate_tables=candidate_tables(has_categories),
+            candidate_tables=candidate_tables(has_categories, has_neighbors),
             tower_dims=model.tower_dims,
         )
         return RetrievalTask(
@@ -79,9 +80,15 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
     for name in num_rows:  # no category table for data without categories: none is faked
         if name not in tables:
             raise ValueError(f"model.tables.{name}: missing (tables given: {sorted(tables)})")
-    unknown = set(tables) - set(TABLES)
+    unknown = set(tables) - set(ALL_TABLES)
     if unknown:
-        raise ValueError(f"model.tables: unknown tables {sorted(unknown)}; expected {', '.join(TABLES)}")
+        raise ValueError(f"model.tables: unknown tables {sorted(unknown)}; expected {', '.join(ALL_TABLES)}")
+    if data.has_neighbors != (cfg.data.item_neighbors > 0):
+        raise ValueError(
+            f"data.item_neighbors={cfg.data.item_neighbors} but the dataset was loaded "
+            f"{'with' if data.has_neighbors else 'without'} item neighbours: open it with "
+            "recsys.data.neighbors.load_with_neighbors(root, cfg.data.item_neighbors)"
+        )
     counts = data.item_counts() if item_counts is None else item_counts
     return build_retrieval_task(
         cfg.model,
@@ -89,6 +96,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
         history_length=cfg.data.history_length,
         item_counts=torch.from_numpy(counts),
         has_categories=data.has_categories,
+        has_neighbors=data.has_neighbors,
         user_id=user_id,
         seed=cfg.trainer.seed,
     )

@@ -24,7 +24,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from recsys.data.features import CANDIDATE_TABLES, TABLES
+from recsys.data.features import ALL_TABLES, CANDIDATE_TABLES
 
 
 def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
@@ -39,7 +39,7 @@ def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
 
 
 def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> list[EmbeddingBagConfig]:
-    """One EmbeddingBagConfig per table of ``num_rows`` (in ``TABLES`` order), looked up by the one
+    """One EmbeddingBagConfig per table of ``num_rows`` (in ``ALL_TABLES`` order), looked up by the one
     KJT key of the same name."""
     return [
         EmbeddingBagConfig(
@@ -49,7 +49,7 @@ def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> list[Embeddi
             feature_names=[table],
             pooling=PoolingType[poolings[table].upper()],
         )
-        for table in TABLES
+        for table in ALL_TABLES
         if table in num_rows
     ]
 

@@ -1,0 +1,152 @@
+"""The candidate's co-occurrence neighbours (``data.item_neighbors``): which items they are, that
+every rank sees the same ones, and that a run with them trains, evaluates and exports end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from data_pipelines.prepare import prepare_dataset
+from recsys.data.batches import FeatureBuilder
+from recsys.data.dataset import Interactions, load_dataset
+from recsys.data.neighbors import item_neighbors, with_item_neighbors
+from recsys.evaluate import EvaluateConfig, evaluate_run
+from recsys.export import ExportConfig, export_run
+from recsys.run import fit
+from recsys.serving import load_bundle
+from tests.helpers.config import tiny_config
+from tests.test_no_categories import _write_split
+
+
+def _interactions(pairs):
+    users, items = (np.array(c, dtype=np.int64) for c in zip(*pairs))
+    order = np.lexsort((items, users))
+    return Interactions(users[order], items[order], np.zeros(len(pairs), dtype=np.int64))
+
+
+def _lists(indptr, ids):
+    return [ids[indptr[i] : indptr[i + 1]].tolist() for i in range(len(indptr) - 1)]
+
+
+# u0 {0 1 2}, u1 {0 1, 1 again}, u2 {1 3}, u3 {3}; item 4 is never seen. Co-occurrence counts
+# c01 = 2, c02 = c12 = c13 = 1; degrees d = (2, 3, 1, 2, 0); score c / sqrt(d_i d_j)
+PAIRS = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 1), (2, 1), (2, 3), (3, 3)]
+
+
+def test_neighbors_are_the_best_normalised_cooccurrences():
+    train = _interactions(PAIRS)
+    indptr, ids = item_neighbors(train, num_users=4, num_items=5, k=3)
+    # item 1: 0 (2/sqrt 6 = .82) before 2 (1/sqrt 3 = .58) before 3 (1/sqrt 6 = .41); item 4: none
+    assert _lists(indptr, ids) == [[1, 2], [0, 2, 3], [0, 1], [1], []]
+    indptr, ids = item_neighbors(train, num_users=4, num_items=5, k=1)
+    assert _lists(indptr, ids) == [[1], [0], [0], [1], []]
+    # chunks of one item at a time (a tiny budget) give the same lists as one chunk
+    small = item_neighbors(train, num_users=4, num_items=5, k=3, max_chunk_pairs=1)
+    assert _lists(*small) == [[1, 2], [0, 2, 3], [0, 1], [1], []]
+
+
+def test_ties_go_to_the_lower_item_id():
+    train = _interactions([(0, 5), (0, 7), (1, 5), (1, 6)])  # 6 and 7 score 1/sqrt(2) for item 5
+    indptr, ids = item_neighbors(train, num_users=2, num_items=8, k=2)
+    assert _lists(indptr, ids)[5] == [6, 7]
+    assert _lists(*item_neighbors(train, num_users=2, num_items=8, k=1))[5] == [6]
+
+
+def test_k_must_be_positive():
+    with pytest.raises(ValueError, match="data.item_neighbors=0"):
+        item_neighbors(_interactions(PAIRS), num_users=4, num_items=5, k=0)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, process_group):
+    folder = tmp_path_factory.mktemp("neighbors")
+    _write_split(folder)
+    cfg = tiny_config(
+        [
+            f"data.root={folder / 'data'}",
+            "data=interactions",
+            "data/protocol=given",
+            f"data.interactions.train_path={folder / 'train.txt'}",
+            f"data.interactions.test_path={folder / 'test.txt'}",
+            "data.history_length=10",
+            "data.item_neighbors=4",
+            "trainer.epochs=4",
+            "trainer.global_batch_size=128",
+        ]
+    )
+    run_dir = folder / "run"
+    results = fit(cfg, run_dir)
+    from omegaconf import OmegaConf
+
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(
+        OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml"
+    )  # as `python -m recsys.train` writes it
+    return cfg, run_dir, results
+
+
+def test_candidate_rows_carry_the_neighbors_and_query_rows_none(run):
+    cfg, _, _ = run
+    data = with_item_neighbors(load_dataset(prepare_dataset(cfg.data)), 4)
+    assert data.table_num_rows["neighbor"] == data.num_items
+    builder = FeatureBuilder(data, history_length=10, user_id=False)
+    items = np.array([3, 0, 3])
+    batch = builder.build(
+        user_ids=np.array([0, 1]),
+        hist_lengths=np.array([1, 1]),
+        hist_items=np.array([5, 6]),
+        candidate_item_ids=items,
+    )
+    neighbors = batch.features["neighbor"]
+    expected = [data.item_neighbor_ids[data.item_neighbor_indptr[i] : data.item_neighbor_indptr[i + 1]] for i in items]
+    assert neighbors.lengths().tolist() == [0, 0] + [len(e) for e in expected]
+    assert neighbors.values().tolist() == np.concatenate(expected).tolist()
+    assert all(len(e) == 4 for e in expected)  # every item here shares users with more than 4 others
+
+
+def test_a_rank_share_sees_the_whole_splits_neighbors(run):
+    cfg, _, _ = run
+    root = prepare_dataset(cfg.data)
+    whole = with_item_neighbors(load_dataset(root), 4)
+    share = with_item_neighbors(load_dataset(root, user_range=(0, 30)), 4)
+    assert len(share.splits["train"]) < len(whole.splits["train"])
+    assert np.array_equal(share.item_neighbor_indptr, whole.item_neighbor_indptr)
+    assert np.array_equal(share.item_neighbor_ids, whole.item_neighbor_ids)
+
+
+def test_trains_evaluates_and_exports_with_neighbors(run):
+    cfg, run_dir, results = run
+    test = results["test"]
+    assert test["two_tower"]["recall@20"] > 1.5 * test["popularity"]["recall@20"]
+    report = evaluate_run(EvaluateConfig(run_dir=str(run_dir), ann_kinds=["flat"], ks=[10, 20]))
+    assert report is not None
+    saved = json.loads((run_dir / "eval" / "report.json").read_text())
+    # the offline report builds the same candidate features as training-time evaluation did
+    two_tower = test["two_tower"]["recall@20"]
+    assert saved["splits"]["test"]["metrics"][saved["model"]]["recall@20"] == pytest.approx(two_tower, abs=1e-6)
+    bundle = load_bundle(export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(run_dir / "bundle"))))
+    queries = bundle.encode(np.array([0, 1]), np.array([2, 0]), np.array([0, 6]))
+    assert queries.shape == (2, bundle.item_embeddings.shape[1])
+    assert torch.allclose(bundle.item_embeddings.norm(dim=1), torch.ones(bundle.item_embeddings.shape[0]), atol=1e-5)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="data.item_neighbors.*-1"):
+        tiny_config(["data.item_neighbors=-1"])
+    with pytest.raises(ValueError, match="model.tables.neighbor"):
+        tiny_config(["data.item_neighbors=3", "~model.tables.neighbor"])
+
+
+def test_a_model_and_a_dataset_that_disagree_are_refused(tiny_data):
+    import dataclasses
+
+    from recsys.model.build import build_task
+
+    cfg = tiny_config()
+    assert cfg.data.item_neighbors > 0 and tiny_data.has_neighbors  # the synthetic default has them
+    bare = dataclasses.replace(tiny_data, item_neighbor_indptr=None, item_neighbor_ids=None)
+    with pytest.raises(ValueError, match="data.item_neighbors=20 but the dataset was loaded without"):
+        build_task(cfg, bare)
