@@ -2,6 +2,8 @@
 
 $ python -m recsys.train                                   # one process, gloo on CPU
 $ torchrun --standalone --nproc_per_node=4 -m recsys.train # 4 processes (GPUs if present)
+$ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=2 --max-restarts=3 --rdzv_backend=c10d \
+    --rdzv_endpoint=$HEAD_HOST:29500 ... -m recsys.train  # on every host (README.md; _attempt_store says why)
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def _attempt_store(world_size: int):
     fresh store instead (pytorch/pytorch#135712, #108158).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None  # env://: rank 0 hosts a new store (one agent, or several with the setting above)
+        return None  # env://, rank 0 hosts a new store: no torchrun, or agents started with UNSHARED_STORE_VAR=1
     num_agents = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
     if num_agents > 1 and max_restarts > 0:

@@ -102,11 +102,13 @@ def launch_agents(
         subprocess.Popen(command, env=clean_env(env), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
         for log in logs
     ]
-    deadline = time.monotonic() + timeout
+    deadline, timed_out = time.monotonic() + timeout, False
     try:
-        while None in (codes := [a.poll() for a in agents]) and time.monotonic() < deadline:
+        while None in (codes := [a.poll() for a in agents]):
             if any(code not in (None, 0) for code in codes):
                 time.sleep(5)  # the others' last lines may say why; then stop them
+                break
+            if timed_out := time.monotonic() > deadline:
                 break
             time.sleep(0.5)
     finally:
@@ -118,7 +120,8 @@ def launch_agents(
         log.close()
     done = [subprocess.CompletedProcess(command, a.returncode, out, "") for a, out in zip(agents, outputs)]
     report = "\n".join(f"--- agent {i}: exit {d.returncode}\n{d.stdout[-5000:]}" for i, d in enumerate(done))
-    assert all(d.returncode == 0 for d in done), f"agents did not all succeed within {timeout:.0f} s\n{report}"
+    why = f"still running after {timeout:.0f} s, stopped" if timed_out else "failed"
+    assert all(d.returncode == 0 for d in done), f"torchrun agents {why}\n{report}"
     return done
 
 
