@@ -1,21 +1,24 @@
 """Several processes: a rank killed mid-epoch under torchrun --max-restarts ends bit-identical to an
-uninterrupted run; a checkpoint saved on 2 ranks loads on 1 and on 3 (another plan) unchanged.
+uninterrupted run, with one torchrun agent or with two (two "hosts"); a checkpoint saved on 2 ranks
+loads on 1 and on 3 (another plan) unchanged.
 
 The uninterrupted 2-rank runs come from the ``two_rank_runs`` launch (tests/helpers/two_rank.py);
 the killed ones run through the real command line, as a preempted job would be restarted."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from recsys.checkpoint import latest_checkpoint
 from tests.helpers.checkpoints import assert_same_tensors, full_state
-from tests.helpers.launch import launch
+from tests.helpers.launch import launch, launch_agents
 from tests.helpers.reload_checkpoint import reload_checkpoint
 from tests.helpers.two_rank import FAULT_TOLERANCE
 
 pytestmark = pytest.mark.multiprocess
 COMMON = ["+experiment=tiny", *FAULT_TOLERANCE]
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.mark.two_rank_runs("uninterrupted")
@@ -98,3 +101,55 @@ def test_killed_rank_with_per_rank_data_also_ends_bit_identical(two_rank_runs, t
     a, b = latest_checkpoint(whole / "checkpoints"), latest_checkpoint(tmp_path / "killed" / "checkpoints")
     assert a.name == b.name == "step_00000020"
     assert_same_tensors(full_state(a, tmp_path), full_state(b, tmp_path))
+
+
+@pytest.mark.two_rank_runs("uninterrupted")
+def test_killed_rank_on_one_of_two_hosts_restarts_and_ends_bit_identical(two_rank_runs, tmp_path, data_root):
+    """Issue 14 item 16: README.md's multi-host command as two torchrun agents on this machine, one worker each.
+
+    The agent whose worker dies counts a restart; the other restarts its healthy worker without counting
+    one, so restart counts differ between agents and the restarted workers cannot namespace the agents'
+    shared store by them: the command sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a new store per attempt).
+    The agents run with the README command's environment, so the test fails if the README drops it.
+    """
+    command = next(line for line in README.read_text().splitlines() if "torchrun --nnodes" in line)
+    readme_env = dict(word.split("=", 1) for word in command[: command.index(".venv/bin/torchrun")].split())
+    assert readme_env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    run_dir = tmp_path / "killed"
+    agents = launch_agents(
+        [
+            "-m",
+            "recsys.train",
+            *COMMON,
+            f"hydra.run.dir={run_dir}",
+            f"data.root={data_root}",
+            "trainer.fault_at_step=14",
+            "trainer.fault_rank=1",
+        ],
+        max_restarts=1,
+        env=readme_env,
+    )
+    assert sum("failed (exitcode: 13)" in a.stdout for a in agents) == 1  # one agent's worker died, once
+    log = (run_dir / "train.log").read_text()
+    assert "fault injection: rank 1 exits after step 14" in log
+    assert "resumed from" in log and "step_00000012" in log  # the newest complete checkpoint before step 14
+    a, b = latest_checkpoint(two_rank_runs["uninterrupted"] / "checkpoints"), latest_checkpoint(run_dir / "checkpoints")
+    assert a.name == b.name == "step_00000020"
+    assert_same_tensors(full_state(a, tmp_path), full_state(b, tmp_path))
+    results = [json.loads((d / "results.json").read_text()) for d in (two_rank_runs["uninterrupted"], run_dir)]
+    assert results[0]["test"] == results[1]["test"]
+
+
+def test_two_agents_sharing_a_store_across_restarts_are_refused_naming_the_setting(monkeypatch):
+    """What the two agents above do without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: refused before any work,
+    instead of a restart that fails (gloo connectFullMesh: Connection refused) or hangs."""
+    from recsys.distributed.env import _attempt_store
+
+    # what each agent tells its worker (a process group joined through this store would hang at the restart)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    with pytest.raises(
+        RuntimeError, match=r"2 agents \(--nnodes\) with --max-restarts=1 .* TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    ):
+        _attempt_store(world_size=2)  # before connecting to anything

@@ -2,6 +2,8 @@
 
 $ python -m recsys.train                                   # one process, gloo on CPU
 $ torchrun --standalone --nproc_per_node=4 -m recsys.train # 4 processes (GPUs if present)
+$ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=2 --max-restarts=3 --rdzv_backend=c10d \
+    --rdzv_endpoint=$HEAD_HOST:29500 ... -m recsys.train  # on every host (README.md; _attempt_store says why)
 """
 
 from __future__ import annotations
@@ -52,14 +54,32 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+# What torchrun's agents need in their environment (every host) for restarts across several agents.
+UNSHARED_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
 def _attempt_store(world_size: int):
     """Under torchrun, a store namespaced by restart attempt; None (env://) otherwise.
 
     torchrun's agent keeps one store across restarts (--max-restarts): without a namespace the
     restarted workers can read the dead workers' gloo addresses and hang connecting to them.
+    The attempt number is each agent's own count, so with several agents (--nnodes) it differs
+    between them after a restart (the agent whose worker died counts it, the others restart their
+    healthy workers without counting): refused, naming the setting that gives every attempt a
+    fresh store instead (pytorch/pytorch#135712, #108158).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
+        return None  # env://, rank 0 hosts a new store: no torchrun, or agents started with UNSHARED_STORE_VAR=1
+    num_agents = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    max_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if num_agents > 1 and max_restarts > 0:
+        raise RuntimeError(
+            f"torchrun: {num_agents} agents (--nnodes) with --max-restarts={max_restarts} share one store "
+            "across restarts, and each agent counts restarts on its own: after a worker dies the restarted "
+            "workers would read the dead workers' addresses and fail (gloo connectFullMesh: Connection "
+            f"refused) or hang. Start torchrun with {UNSHARED_STORE_VAR}=1 in its environment on every host "
+            "(rank 0 then hosts a new store for every attempt), as README.md's multi-host command does."
+        )
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),

@@ -8,13 +8,19 @@ strips them, pins one BLAS thread per process (2 ranks on a 2-core CI box) and p
     proc = launch(["-m", "recsys.evaluate", f"run_dir={run_dir}"])              # python -m ...
     proc = launch(["-m", "recsys.train", ...], nproc=2, max_restarts=1)          # torchrun ...
     proc = launch([...], nproc=2, check=False); assert proc.returncode != 0      # a failure expected
+    procs = launch_agents(["-m", "recsys.train", ...], max_restarts=1)          # 2 "hosts": 2 torchrun agents
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -56,3 +62,90 @@ def launch(
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_agents(
+    args: Sequence[str],
+    *,
+    nnodes: int = 2,
+    max_restarts: int = 0,
+    timeout: float = 600,
+    env: Mapping[str, str] | None = None,
+) -> list[subprocess.CompletedProcess]:
+    """``nnodes`` torchrun agents on this machine, as on ``nnodes`` hosts: README.md's multi-host command
+    (c10d rendezvous on a free localhost port, one worker per agent), each agent started alone.
+
+    Asserts every agent exits 0 within ``timeout`` (showing each one's output tail otherwise); on any
+    failure every agent is stopped with its workers, so no worker outlives the test.
+    """
+    endpoint = f"localhost:{free_port()}"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nnodes}",
+        "--nproc_per_node=1",
+        f"--max-restarts={max_restarts}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={endpoint}",
+        f"--rdzv_id=test-{os.getpid()}",
+        *args,
+    ]
+    logs = [tempfile.TemporaryFile("w+") for _ in range(nnodes)]  # files, not pipes: a full pipe would block an agent
+    agents = [
+        subprocess.Popen(command, env=clean_env(env), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+        for log in logs
+    ]
+    deadline, timed_out = time.monotonic() + timeout, False
+    try:
+        while None in (codes := [a.poll() for a in agents]):
+            if any(code not in (None, 0) for code in codes):
+                time.sleep(5)  # the others' last lines may say why; then stop them
+                break
+            if timed_out := time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        _stop(agents)
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    done = [subprocess.CompletedProcess(command, a.returncode, out, "") for a, out in zip(agents, outputs)]
+    report = "\n".join(f"--- agent {i}: exit {d.returncode}\n{d.stdout[-5000:]}" for i, d in enumerate(done))
+    why = f"still running after {timeout:.0f} s, stopped" if timed_out else "failed"
+    assert all(d.returncode == 0 for d in done), f"torchrun agents {why}\n{report}"
+    return done
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:  # gone already (or no /proc: nothing more to find)
+        return []
+
+
+def _stop(agents: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM the agents still running (each stops its workers, up to 30 s), then SIGKILL whatever is left.
+
+    torchrun starts every worker in a session of its own: killing an agent's process group would miss them.
+    """
+    running = [a for a in agents if a.poll() is None]
+    for agent in running:
+        agent.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 40
+    for agent in running:
+        try:
+            agent.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            for pid in [*_children(agent.pid), agent.pid]:
+                with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                    os.kill(pid, signal.SIGKILL)
+            agent.wait()
