@@ -1,0 +1,79 @@
+"""Id vocabularies built while a log streams past: distinct raw ids (int64 or strings) in ascending
+order, index i being the id's contiguous index, and the mapping raw id -> index for later batches.
+
+Memory is O(distinct ids), never O(rows): each batch contributes its distinct ids (and, for users,
+their row counts, which size the per-user buckets of ``bucketed``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["IdMapper", "VocabBuilder"]
+
+_COMPACT_EVERY = 1 << 22  # distinct ids pending from batches before they are merged (bounds memory)
+_DENSE_SLACK = 4  # integer ids spanning <= 4x their count (+ 1M) are mapped by one lookup table
+
+
+class VocabBuilder:
+    """Distinct values of one id column over many batches, with each value's row count."""
+
+    def __init__(self) -> None:
+        self._values: list[pa.Array] = []
+        self._counts: list[np.ndarray] = []
+        self._pending = 0
+
+    def add(self, column: pa.Array) -> None:
+        counted = pc.value_counts(column)
+        self._values.append(counted.field("values"))
+        self._counts.append(counted.field("counts").to_numpy())
+        self._pending += len(counted)
+        if self._pending > _COMPACT_EVERY and len(self._values) > 1:
+            self._merge()
+
+    def _merge(self) -> None:
+        values, counts = self._values, self._counts
+        if len(values) > 1:
+            table = pa.table({"v": pa.concat_arrays(values), "n": np.concatenate(counts)})
+            merged = table.group_by("v").aggregate([("n", "sum")])
+            values, counts = [merged["v"].combine_chunks()], [merged["n_sum"].to_numpy()]
+        self._values, self._counts, self._pending = values, counts, len(values[0]) if values else 0
+
+    def finish(self) -> tuple[pa.Array, np.ndarray]:
+        """(distinct values ascending, row count of each)."""
+        self._merge()
+        if not self._values:
+            return pa.array([], pa.int64()), np.zeros(0, np.int64)
+        values, counts = self._values[0], self._counts[0]
+        order = pc.array_sort_indices(values)
+        return values.take(order), counts[order.to_numpy()]
+
+
+class IdMapper:
+    """Raw id -> contiguous index in a sorted vocabulary (-1 where absent).
+
+    Integer ids in a dense range go through one lookup table (a gather per row); others through
+    Arrow's hash lookup (``index_in``).
+    """
+
+    def __init__(self, vocab: pa.Array) -> None:
+        self.vocab = vocab
+        self._table = None
+        if pa.types.is_integer(vocab.type) and len(vocab):
+            values = vocab.to_numpy()
+            self._lo = int(values[0])
+            span = int(values[-1]) - self._lo + 1
+            if span <= _DENSE_SLACK * len(values) + (1 << 20):
+                self._table = np.full(span, -1, dtype=np.int64)
+                self._table[values - self._lo] = np.arange(len(values), dtype=np.int64)
+
+    def __call__(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        if self._table is not None:
+            values = np.asarray(column.to_numpy()) - self._lo
+            inside = (values >= 0) & (values < len(self._table))
+            if inside.all():
+                return self._table[values]
+            return np.where(inside, self._table[np.where(inside, values, 0)], -1)
+        return np.asarray(pc.fill_null(pc.index_in(column, value_set=self.vocab), -1).to_numpy()).astype(np.int64)
