@@ -1,5 +1,5 @@
 """Any interaction log -> a dataset dir, by configuration alone (``data=interactions``, ``data=gowalla``).
-(Over 400 lines: one source's read -> ids -> split -> side files, each step a short function; a package is next.)
+(Over 400 lines: one source's read -> split -> side files, each step a short function; a package is next.)
 
     $ python -m data_pipelines.prepare data=interactions data.interactions.path=logs/clicks.csv.gz \\
           data.interactions.user_column=visitor data.interactions.item_column=sku \\
@@ -11,6 +11,13 @@ of any range) mapped to contiguous indices in ascending raw-id order -> ``filter
 (min rating, one row per (user, item): the latest, k-core) -> the protocol -> ids compacted again
 if the protocol dropped any -> side files -> ``write_dataset_dir`` (atomic), cached in
 ``<root>/<name>-<protocol>-<key>`` by the sources' sha256 and every option.
+
+Memory: recbole, loo and strong_generalization run through ``bucketed.split_log``, which streams
+the log in record batches and holds at most about ``data.interactions.memory_budget_mb`` of rows
+(past it, the log and its user buckets live in a work folder beside the dataset dir, removed
+after), plus O(distinct users + items). The dataset is the same whatever the budget. ``given``
+holds its files in memory (about 100 bytes a row at its peak); split a log larger than memory with
+another protocol, or by user before preparing it.
 
 Rules a user can rely on:
 
@@ -110,11 +117,23 @@ def read_log(cfg: InteractionsDataConfig, path: str, *, time_offset: int = 0) ->
     return convert_log(table, fields, str(p), time_offset=time_offset)
 
 
+def _csv_fits(path: Path, budget_bytes: int) -> bool:
+    """Whether a CSV / TSV file parses within half the memory budget (parsed columns take about as
+    many bytes as their text; a compressed file is taken as 1/5 of its text)."""
+    compressed = path.suffix.lower() in (".gz", ".zst", ".zstd", ".bz2")
+    return path.stat().st_size * (5 if compressed else 1) * 2 <= budget_bytes
+
+
 def stream_log(cfg: InteractionsDataConfig, path: Path) -> Iterator[pa.RecordBatch]:
-    """``read_log`` in record batches of about 1M rows: what the out-of-core pipeline reads."""
+    """``read_log`` in record batches: what ``bucketed.split_log`` reads.
+
+    A CSV that fits the memory budget is parsed whole by Arrow's multi-threaded reader; a larger one
+    by its streaming reader, one block (16 MiB) at a time on one core (bounded memory, slower per
+    row). Parquet is scanned in batches (decoded on every core) whatever its size.
+    """
     fmt = detect_format(path) if cfg.format == "auto" else cfg.format
-    if fmt == "adjacency":  # a text format of benchmarks (given splits), read whole
-        yield from _adjacency_log(cfg, path, 0).to_batches(max_chunksize=1 << 20)
+    if fmt == "adjacency" or (fmt in ("csv", "tsv") and _csv_fits(path, int(cfg.memory_budget_mb) << 20)):
+        yield from read_log(cfg, str(path)).to_batches()
         return
     fields = _fields(cfg)
     columns = list(dict.fromkeys(fields.values()))

@@ -159,7 +159,9 @@ def _csv_batches(path: Path, columns: list[str], delimiter: str, header: bool) -
     except pa.ArrowInvalid as e:
         if "Empty CSV file" in str(e):
             raise DatasetError(f"{path}: empty file") from None
-        if not header and "include_columns" in str(e):
+        if "include_columns" in str(e):
+            if header:  # names the missing column(s) and the header's
+                _read_csv_header(path, columns, delimiter)
             raise DatasetError(f"{path}: fewer fields than the column positions {columns} asked for") from None
         raise DatasetError(
             f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})"
@@ -206,10 +208,7 @@ def iter_columns(
     if fmt == "parquet":
         batches = _parquet_batches(path, columns, batch_rows)
     else:
-        delimiter = delimiter or ("\t" if fmt == "tsv" else ",")
-        if header:  # the header alone first, so a missing column is named before any parsing
-            _read_csv_header(path, columns, delimiter)
-        batches = _csv_batches(path, columns, delimiter, header)
+        batches = _csv_batches(path, columns, delimiter or ("\t" if fmt == "tsv" else ","), header)
     num_rows = 0
     for batch in batches:
         num_rows += batch.num_rows

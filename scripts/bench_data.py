@@ -3,6 +3,8 @@
     $ .venv/bin/python scripts/bench_data.py                          # 25M rows (~610 MiB CSV), 3 rounds
     $ .venv/bin/python scripts/bench_data.py --data /tmp/mlbench      # keep the generated files for next time
     $ .venv/bin/python scripts/bench_data.py --rows 2000000 --repeats 5   # quicker
+    $ .venv/bin/python scripts/bench_data.py --rows 25000000 --repeats 1 --source interactions
+    $ .venv/bin/python scripts/bench_data.py --generic --rows 200000000 --data /big/disk   # out of core
 
 Generates ``<data>/ml-25m/ratings.csv`` (userId,movieId,rating,timestamp; 162,541 users and
 59,047 movies like ml-25m, one rating per (user, movie), sorted by user then movie as GroupLens
@@ -76,6 +78,38 @@ def generate(folder: Path, rows: int, seed: int = 0) -> None:
             f.write(f'{m},"Movie {m}, The ({1900 + m % 120})",{g}\n')
 
 
+GENERIC_ROWS_PER_USER, GENERIC_ROWS_PER_ITEM = 40, 200  # 200M rows: 5M users, 1M items
+_GENERIC_CHUNK = 10_000_000  # rows generated and written at once (~0.5 GiB of memory)
+
+
+def generate_generic(path: Path, rows: int, seed: int = 0) -> None:
+    """A generic-format log larger than the bench's memory target: ``user,item,timestamp,rating`` CSV
+    with sparse 64-bit user ids (a bijection of 0..U-1 mod 2^40), item ids 0..I-1, both skewed towards
+    low indices (P(index < x) = sqrt(x / U), cube root for items), repeated pairs left in, rows in
+    random order (not grouped by user, as a click log is written)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    num_users, num_items = max(rows // GENERIC_ROWS_PER_USER, 1), max(rows // GENERIC_ROWS_PER_ITEM, 1)
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for start in range(0, rows, _GENERIC_CHUNK):
+            n = min(_GENERIC_CHUNK, rows - start)
+            user_index = (num_users * rng.random(n) ** 2).astype(np.int64)
+            users = (user_index * 1_000_000_007 + 12_345) % (1 << 40) + (1 << 40)  # odd multiplier: distinct ids
+            items = (num_items * rng.random(n) ** 3).astype(np.int64)
+            table = pa.table(
+                {
+                    "user": users,
+                    "item": items,
+                    "timestamp": rng.integers(1_500_000_000, 1_700_000_000, n),
+                    "rating": rng.integers(1, 6, n).astype(np.int8),
+                }
+            )
+            pacsv.write_csv(table, f, pacsv.WriteOptions(include_header=start == 0, quoting_style="none"))
+
+
 CHILD = {  # kind -> (imports, untimed; the timed statement)
     "read": ("import pyarrow.csv as c", "t = c.read_csv(sys.argv[1] + '/ml-25m/ratings.csv'); print(t.num_rows)"),
     "prepare": (
@@ -89,6 +123,13 @@ CHILD = {  # kind -> (imports, untimed; the timed statement)
         "print(prepare_interactions(InteractionsDataConfig(path=sys.argv[1] + '/ml-25m/ratings.csv', user_column='userId', "
         "item_column='movieId', timestamp_column='timestamp', rating_column='rating'), root=sys.argv[1], "
         "name='ml-25m', protocol='recbole', min_rating=3.0))",
+    ),
+    # --generic: the generic source on the generic-format log (recbole, no filter), bounded memory
+    "generic": (
+        "from data_pipelines.interactions import prepare_interactions; from data_pipelines.config import InteractionsDataConfig",
+        "print(prepare_interactions(InteractionsDataConfig(path=sys.argv[1] + '/generic/log.csv', user_column='user', "
+        "item_column='item', timestamp_column='timestamp', rating_column='rating'), root=sys.argv[1], "
+        "name='generic', protocol='recbole'))",
     ),
 }
 
@@ -112,6 +153,38 @@ def run_child(kind: str, root: Path) -> tuple[float, float, str]:
     return float(seconds), int(rss_kib) * 1024 / GIB, out
 
 
+def bench_generic(rows: int, data: Path | None) -> None:
+    """Generate (or reuse) ``<data>/generic/log.csv`` and prepare it once in a fresh process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = data.absolute() if data else Path(tmp)
+        log, stamp = root / "generic" / "log.csv", root / "generic" / "bench.json"
+        if not (stamp.is_file() and json.loads(stamp.read_text()) == {"rows": rows}):
+            start = time.perf_counter()
+            generate_generic(log, rows)
+            stamp.write_text(json.dumps({"rows": rows}))
+            print(f"generated {rows:,} rows in {time.perf_counter() - start:.1f}s", flush=True)
+        for old in root.glob("generic-recbole-*"):
+            shutil.rmtree(old)
+        seconds, rss, out = run_child("generic", root)
+        meta = json.loads((Path(out.splitlines()[0]) / "meta.json").read_text())
+        result = {
+            "rows": rows,
+            "source": "interactions (generic log)",
+            "csv_mib": round(log.stat().st_size / 2**20, 1),
+            "prepare_s": round(seconds, 1),
+            "rows_per_s": round(rows / seconds),
+            "prepare_peak_rss_gib": round(rss, 3),
+            "num_buckets": meta["num_buckets"],
+            "counts": meta["counts"],
+            "num_users": meta["num_users"],
+            "num_items": meta["num_items"],
+            "meets_target": bool(rss < 4.0),
+        }
+        for old in root.glob("generic-recbole-*"):
+            shutil.rmtree(old)
+        print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=25_000_000, help="ratings to generate (ml-25m has 25,000,095)")
@@ -128,7 +201,16 @@ def main() -> None:
         default=None,
         help="folder for the generated files, kept (default: a temporary folder, removed)",
     )
+    parser.add_argument(
+        "--generic",
+        action="store_true",
+        help="prepare a generic-format log of --rows rows (larger than memory) with data=interactions, "
+        "once, and report its time and peak RSS (target < 4 GiB); no bare read (it would hold the log in memory)",
+    )
     args = parser.parse_args()
+    if args.generic:
+        bench_generic(args.rows, args.data)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data.absolute() if args.data else Path(tmp)
         folder, stamp = root / "ml-25m", root / "ml-25m" / "bench.json"
