@@ -8,6 +8,7 @@ their row counts, which size the per-user buckets of ``bucketed``).
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -97,13 +98,15 @@ class VocabBuilder:
 class IdMapper:
     """Raw id -> contiguous index in a sorted vocabulary (-1 where absent).
 
-    Integer ids in a dense range go through one lookup table (a gather per row); others through
-    Arrow's hash lookup (``index_in``).
+    Integer ids in a dense range go through one lookup table (a gather per row); other integers
+    through a pandas hash index built once; strings through Arrow's ``index_in`` (which hashes the
+    vocabulary on each call: strings cost more per batch).
     """
 
     def __init__(self, vocab: pa.Array) -> None:
         self.vocab = vocab
         self._table = None
+        self._index = None
         if pa.types.is_integer(vocab.type) and len(vocab):
             values = vocab.to_numpy()
             self._lo = int(values[0])
@@ -111,6 +114,8 @@ class IdMapper:
             if span <= _DENSE_SLACK * len(values) + (1 << 20):
                 self._table = np.full(span, -1, dtype=np.int64)
                 self._table[values - self._lo] = np.arange(len(values), dtype=np.int64)
+            else:
+                self._index = pd.Index(values)
 
     def __call__(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
         if self._table is not None:
@@ -119,4 +124,6 @@ class IdMapper:
             if inside.all():
                 return self._table[values]
             return np.where(inside, self._table[np.where(inside, values, 0)], -1)
+        if self._index is not None:
+            return self._index.get_indexer(np.asarray(column.to_numpy())).astype(np.int64, copy=False)
         return np.asarray(pc.fill_null(pc.index_in(column, value_set=self.vocab), -1).to_numpy()).astype(np.int64)

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from data_pipelines import bucketed
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.dataset_dir import InteractionsFileWriter, write_dataset_dir
 from data_pipelines.errors import DatasetError
@@ -85,32 +86,34 @@ def _written(out: Path) -> dict[str, pd.DataFrame]:
         ("strong_generalization", False, {"min_rating": 0.0, "min_user_interactions": 5, "min_item_interactions": 0}),
     ],
 )
-def test_out_of_core_writes_the_in_memory_dataset(tmp_path, protocol, string_ids, filters):
+def test_out_of_core_writes_the_in_memory_dataset(tmp_path, monkeypatch, protocol, string_ids, filters):
     log = _log(string_ids)
     path = tmp_path / "log.csv.gz"
     log.to_csv(path, index=False, compression="gzip")
     kw = dict(name="log", protocol=protocol, seed=3, num_heldout_users=50, **filters)
-    base = InteractionsDataConfig(
-        path=str(path), user_column="u", item_column="i", timestamp_column="t", rating_column="r"
-    )
+    base = dict(path=str(path), user_column="u", item_column="i", timestamp_column="t", rating_column="r")
     out = {}
-    for budget in (1, 2048):
-        cfg = InteractionsDataConfig(**{**base.__dict__, "memory_budget_mb": budget})
-        out[budget] = prepare_interactions(cfg, root=tmp_path / f"data-{budget}", **kw)
-    small, large = (json.loads((out[b] / "meta.json").read_text()) for b in (1, 2048))
-    assert small["num_buckets"] >= 4 and large["num_buckets"] == 1
-    assert out[1].name == out[2048].name  # the budget is not part of the cache key: same dataset
+    # on disk (1 MiB: the log spilled, >= 4 buckets on two threads); in memory, one bucket; in memory,
+    # several buckets on two threads (as a log of >= 1M rows is)
+    for mode, budget, parallel_min_rows in (("disk", 1, 1 << 20), ("one", 2048, 1 << 20), ("threads", 2048, 1000)):
+        monkeypatch.setattr(bucketed, "_PARALLEL_MIN_ROWS", parallel_min_rows)
+        cfg = InteractionsDataConfig(**base, memory_budget_mb=budget)
+        out[mode] = prepare_interactions(cfg, root=tmp_path / f"data-{mode}", **kw)
+    meta = {mode: json.loads((out[mode] / "meta.json").read_text()) for mode in out}
+    assert meta["disk"]["num_buckets"] >= 4 and meta["one"]["num_buckets"] == 1 and meta["threads"]["num_buckets"] > 1
+    assert len({p.name for p in out.values()}) == 1  # the budget is not part of the cache key: same dataset
     want = _reference(log, protocol, filters, seed=3)
-    for budget in (1, 2048):
-        got = _written(out[budget])
+    for mode in out:
+        got = _written(out[mode])
         for name in want:
-            pd.testing.assert_frame_equal(got[name], want[name], check_dtype=False, obj=f"{name} (budget {budget})")
-    # the same bytes, whatever the budget
+            pd.testing.assert_frame_equal(got[name], want[name], check_dtype=False, obj=f"{name} ({mode})")
+    # the same bytes, whatever the budget and the buckets
     for rel in ("train.parquet", "valid.parquet", "test.parquet", "vocab/users.parquet", "vocab/items.parquet"):
-        assert (out[1] / rel).read_bytes() == (out[2048] / rel).read_bytes(), rel
+        assert len({(out[mode] / rel).read_bytes() for mode in out}) == 1, rel
     if protocol == "strong_generalization":
-        held = [pq.read_table(out[b] / "heldout_users.parquet").to_pandas() for b in (1, 2048)]
-        pd.testing.assert_frame_equal(*held)
+        held = [pq.read_table(out[mode] / "heldout_users.parquet").to_pandas() for mode in out]
+        for other in held[1:]:
+            pd.testing.assert_frame_equal(held[0], other)
         assert (held[0]["split"] == "test").sum() <= 50
 
 
