@@ -132,13 +132,19 @@ def stream_log(cfg: InteractionsDataConfig, path: Path) -> Iterator[pa.RecordBat
     row). Parquet is scanned in batches (decoded on every core) whatever its size.
     """
     fmt = detect_format(path) if cfg.format == "auto" else cfg.format
-    if fmt == "adjacency" or (fmt in ("csv", "tsv") and _csv_fits(path, int(cfg.memory_budget_mb) << 20)):
+    if fmt == "adjacency":
         yield from read_log(cfg, str(path)).to_batches()
         return
     fields = _fields(cfg)
     columns = list(dict.fromkeys(fields.values()))
+    if fmt in ("csv", "tsv") and _csv_fits(path, int(cfg.memory_budget_mb) << 20):
+        batches = read_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header).to_batches()
+    else:
+        batches = iter_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header)
     first_row = 0
-    for batch in iter_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header):
+    for j, batch in enumerate(batches):
+        if isinstance(batches, list):
+            batches[j] = None  # converted once: the parsed batch can go
         yield convert_log(batch, fields, str(path), first_row=first_row)
         first_row += batch.num_rows
 
@@ -523,47 +529,43 @@ def prepare_interactions(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     # spill and split files go beside the dataset dir (same disk: the split files are moved in); always removed
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.work-") as work:
-        return _prepare(cfg, paths, Path(work), out_dir, key, sources, name, protocol, seed, filters, num_heldout_users)
-
-
-def _prepare(cfg, paths, work, out_dir, key, sources, name, protocol, seed, filters, num_heldout_users) -> Path:
-    if protocol == "given":
-        parts, users, items, extra_meta, extra_tables = _given_split(cfg, paths, seed, filters)
-    else:
-        parts, users, items, extra_meta, extra_tables = _split_log(
-            cfg, paths["log"], work, protocol, seed, filters, num_heldout_users
-        )
-    items_table, item_vocab, category_vocab = _items_table(cfg, items)
-    users_table, user_vocab = _users_table(cfg, users)
-    extra_tables.update({USERS_VOCAB: user_vocab, ITEMS_VOCAB: item_vocab})
-    if category_vocab is not None:
-        extra_tables[CATEGORIES_VOCAB] = category_vocab
-    meta: dict[str, Any] = {
-        "name": name,
-        "protocol": protocol,
-        "seed": seed,
-        "filters": filters,
-        "num_users": len(users),
-        "num_items": len(items),
-        "num_categories": 0 if category_vocab is None else len(category_vocab),
-        "timestamps": "seconds" if cfg.timestamp_column else "file_order",
-        "sources": sources,
-        "code_version": CODE_VERSION,
-        "pipeline_version": PIPELINE_VERSION,
-        "cache_key": key,
-        **extra_meta,
-    }
-    train, valid, test = parts
-    try:
-        return write_dataset_dir(
-            out_dir,
-            train=train,
-            valid=valid,
-            test=test,
-            items=items_table,
-            users=users_table,
-            meta=meta,
-            extra_tables=extra_tables,
-        )
-    except ValueError as e:
-        raise DatasetError(f"{out_dir}: {e}") from None
+        if protocol == "given":
+            parts, users, items, extra_meta, extra_tables = _given_split(cfg, paths, seed, filters)
+        else:
+            parts, users, items, extra_meta, extra_tables = _split_log(
+                cfg, paths["log"], Path(work), protocol, seed, filters, num_heldout_users
+            )
+        items_table, item_vocab, category_vocab = _items_table(cfg, items)
+        users_table, user_vocab = _users_table(cfg, users)
+        extra_tables.update({USERS_VOCAB: user_vocab, ITEMS_VOCAB: item_vocab})
+        if category_vocab is not None:
+            extra_tables[CATEGORIES_VOCAB] = category_vocab
+        meta: dict[str, Any] = {
+            "name": name,
+            "protocol": protocol,
+            "seed": seed,
+            "filters": filters,
+            "num_users": len(users),
+            "num_items": len(items),
+            "num_categories": 0 if category_vocab is None else len(category_vocab),
+            "timestamps": "seconds" if cfg.timestamp_column else "file_order",
+            "sources": sources,
+            "code_version": CODE_VERSION,
+            "pipeline_version": PIPELINE_VERSION,
+            "cache_key": key,
+            **extra_meta,
+        }
+        train, valid, test = parts
+        try:
+            return write_dataset_dir(
+                out_dir,
+                train=train,
+                valid=valid,
+                test=test,
+                items=items_table,
+                users=users_table,
+                meta=meta,
+                extra_tables=extra_tables,
+            )
+        except ValueError as e:
+            raise DatasetError(f"{out_dir}: {e}") from None

@@ -508,13 +508,19 @@ def filter_interactions(
     if len(users):
         pairs = lexsort_order((items, users))  # cheap: (user, item) packs into few bits; None when sorted
         u, i = (users, items) if pairs is None else (users[pairs], items[pairs])
-        if ((u[1:] == u[:-1]) & (i[1:] == i[:-1])).any():  # duplicates: keep each pair's latest row
+        same_pair = (u[1:] == u[:-1]) & (i[1:] == i[:-1])
+        if same_pair.any():  # duplicates: keep each pair's latest row (the last in the file among ties)
+            # rows sorted by pair, stably (file order within a pair): per run, the last row at the run's
+            # largest timestamp. Two passes over the runs instead of a three-key sort.
+            n = len(users)
+            order = np.arange(n) if pairs is None else pairs
             timestamps = df["timestamp"].to_numpy()
-            order = lexsort_fast((timestamps if rows is None else timestamps[rows], items, users))
-            u, i = users[order], items[order]
-            last_of_pair = np.r_[(u[1:] != u[:-1]) | (i[1:] != i[:-1]), True]
-            keep = np.zeros(len(users), dtype=bool)
-            keep[order[last_of_pair]] = True
+            ts = (timestamps if rows is None else timestamps[rows])[order]
+            starts = np.flatnonzero(np.r_[True, ~same_pair])
+            latest = np.repeat(np.maximum.reduceat(ts, starts), np.diff(np.r_[starts, n]))
+            last = np.maximum.reduceat(np.where(ts == latest, np.arange(n), -1), starts)
+            keep = np.zeros(n, dtype=bool)
+            keep[order[last]] = True
             rows = _compose(rows, keep)
             users, items = np.compress(keep, users), np.compress(keep, items)
     while min_user_interactions > 0 or min_item_interactions > 0:

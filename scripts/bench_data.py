@@ -79,35 +79,34 @@ def generate(folder: Path, rows: int, seed: int = 0) -> None:
 
 
 GENERIC_ROWS_PER_USER, GENERIC_ROWS_PER_ITEM = 40, 200  # 200M rows: 5M users, 1M items
-_GENERIC_CHUNK = 10_000_000  # rows generated and written at once (~0.5 GiB of memory)
+_GENERIC_CHUNK = 10_000_000  # rows per generated parquet file (~0.5 GiB of memory while written)
 
 
-def generate_generic(path: Path, rows: int, seed: int = 0) -> None:
-    """A generic-format log larger than the bench's memory target: ``user,item,timestamp,rating`` CSV
-    with sparse 64-bit user ids (a bijection of 0..U-1 mod 2^40), item ids 0..I-1, both skewed towards
-    low indices (P(index < x) = sqrt(x / U), cube root for items), repeated pairs left in, rows in
-    random order (not grouped by user, as a click log is written)."""
+def generate_generic(folder: Path, rows: int, seed: int = 0) -> None:
+    """A generic-format log larger than the bench's memory target: a folder of parquet files (a
+    warehouse export; CSV would be parsed on one core when streamed) with columns ``user, item,
+    timestamp, rating``: sparse 64-bit user ids (a bijection of 0..U-1 mod 2^40), item ids 0..I-1,
+    both skewed towards low indices (P(index < x) = sqrt(x / U), cube root for items), repeated
+    pairs left in, rows in random order (not grouped by user, as a click log is written)."""
     import pyarrow as pa
-    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
 
     num_users, num_items = max(rows // GENERIC_ROWS_PER_USER, 1), max(rows // GENERIC_ROWS_PER_ITEM, 1)
     rng = np.random.default_rng(seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        for start in range(0, rows, _GENERIC_CHUNK):
-            n = min(_GENERIC_CHUNK, rows - start)
-            user_index = (num_users * rng.random(n) ** 2).astype(np.int64)
-            users = (user_index * 1_000_000_007 + 12_345) % (1 << 40) + (1 << 40)  # odd multiplier: distinct ids
-            items = (num_items * rng.random(n) ** 3).astype(np.int64)
-            table = pa.table(
-                {
-                    "user": users,
-                    "item": items,
-                    "timestamp": rng.integers(1_500_000_000, 1_700_000_000, n),
-                    "rating": rng.integers(1, 6, n).astype(np.int8),
-                }
-            )
-            pacsv.write_csv(table, f, pacsv.WriteOptions(include_header=start == 0, quoting_style="none"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for part, start in enumerate(range(0, rows, _GENERIC_CHUNK)):
+        n = min(_GENERIC_CHUNK, rows - start)
+        user_index = (num_users * rng.random(n) ** 2).astype(np.int64)
+        users = (user_index * 1_000_000_007 + 12_345) % (1 << 40) + (1 << 40)  # odd multiplier: distinct ids
+        table = pa.table(
+            {
+                "user": users,
+                "item": (num_items * rng.random(n) ** 3).astype(np.int64),
+                "timestamp": rng.integers(1_500_000_000, 1_700_000_000, n),
+                "rating": rng.integers(1, 6, n).astype(np.int8),
+            }
+        )
+        pq.write_table(table, folder / f"part-{part:05d}.parquet", row_group_size=1 << 20, compression="snappy")
 
 
 CHILD = {  # kind -> (imports, untimed; the timed statement)
@@ -127,7 +126,7 @@ CHILD = {  # kind -> (imports, untimed; the timed statement)
     # --generic: the generic source on the generic-format log (recbole, no filter), bounded memory
     "generic": (
         "from data_pipelines.interactions import prepare_interactions; from data_pipelines.config import InteractionsDataConfig",
-        "print(prepare_interactions(InteractionsDataConfig(path=sys.argv[1] + '/generic/log.csv', user_column='user', "
+        "print(prepare_interactions(InteractionsDataConfig(path=sys.argv[1] + '/generic/log', user_column='user', "
         "item_column='item', timestamp_column='timestamp', rating_column='rating'), root=sys.argv[1], "
         "name='generic', protocol='recbole'))",
     ),
@@ -157,7 +156,7 @@ def bench_generic(rows: int, data: Path | None) -> None:
     """Generate (or reuse) ``<data>/generic/log.csv`` and prepare it once in a fresh process."""
     with tempfile.TemporaryDirectory() as tmp:
         root = data.absolute() if data else Path(tmp)
-        log, stamp = root / "generic" / "log.csv", root / "generic" / "bench.json"
+        log, stamp = root / "generic" / "log", root / "generic" / "bench.json"
         if not (stamp.is_file() and json.loads(stamp.read_text()) == {"rows": rows}):
             start = time.perf_counter()
             generate_generic(log, rows)
@@ -170,7 +169,7 @@ def bench_generic(rows: int, data: Path | None) -> None:
         result = {
             "rows": rows,
             "source": "interactions (generic log)",
-            "csv_mib": round(log.stat().st_size / 2**20, 1),
+            "parquet_mib": round(sum(f.stat().st_size for f in log.iterdir()) / 2**20, 1),
             "prepare_s": round(seconds, 1),
             "rows_per_s": round(rows / seconds),
             "prepare_peak_rss_gib": round(rss, 3),
@@ -204,8 +203,9 @@ def main() -> None:
     parser.add_argument(
         "--generic",
         action="store_true",
-        help="prepare a generic-format log of --rows rows (larger than memory) with data=interactions, "
-        "once, and report its time and peak RSS (target < 4 GiB); no bare read (it would hold the log in memory)",
+        help="prepare a generic-format log (a parquet folder) of --rows rows, larger than memory, with "
+        "data=interactions, once, and report its time and peak RSS (target < 4 GiB); no bare read (it would "
+        "hold the log in memory)",
     )
     args = parser.parse_args()
     if args.generic:
