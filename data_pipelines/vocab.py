@@ -29,7 +29,8 @@ class VocabBuilder:
     def __init__(self) -> None:
         self._values: list[pa.Array] = []
         self._counts: list[np.ndarray] = []
-        self._pending = 0
+        self._pending = 0  # distinct ids per batch added since the last merge
+        self._merged = 0  # distinct ids after the last merge
         self._rows = 0
         self._dense: np.ndarray | None = None  # counts of ids _lo, _lo + 1, ...
         self._lo = 0
@@ -51,8 +52,8 @@ class VocabBuilder:
         self._values.append(counted.field("values"))
         self._counts.append(counted.field("counts").to_numpy())
         self._pending += len(counted)
-        if self._pending > _COMPACT_EVERY and len(self._values) > 1:
-            self._merge()
+        if self._pending > max(_COMPACT_EVERY, self._merged) and len(self._values) > 1:
+            self._merge()  # once the new ids outnumber the merged ones: O(rows) merging in all
 
     def _count_dense(self, values: np.ndarray, lo: int, hi: int) -> None:
         if self._dense is None or lo < self._lo or hi >= self._lo + len(self._dense):
@@ -78,9 +79,10 @@ class VocabBuilder:
         values, counts = self._values, self._counts
         if len(values) > 1:
             table = pa.table({"v": pa.concat_arrays(values), "n": np.concatenate(counts)})
-            merged = table.group_by("v").aggregate([("n", "sum")])
+            merged = table.group_by("v", use_threads=False).aggregate([("n", "sum")])
             values, counts = [merged["v"].combine_chunks()], [merged["n_sum"].to_numpy()]
-        self._values, self._counts, self._pending = values, counts, len(values[0]) if values else 0
+        self._values, self._counts, self._pending = values, counts, 0
+        self._merged = len(values[0]) if values else 0
 
     def finish(self) -> tuple[pa.Array, np.ndarray]:
         """(distinct values ascending, row count of each)."""
