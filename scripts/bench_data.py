@@ -120,20 +120,22 @@ CHILD = {  # kind -> (imports, untimed; the timed statement)
     "interactions": (
         "from data_pipelines.interactions import prepare_interactions; from data_pipelines.config import InteractionsDataConfig",
         "print(prepare_interactions(InteractionsDataConfig(path=sys.argv[1] + '/ml-25m/ratings.csv', user_column='userId', "
-        "item_column='movieId', timestamp_column='timestamp', rating_column='rating'), root=sys.argv[1], "
+        "item_column='movieId', timestamp_column='timestamp', rating_column='rating', memory_budget_mb=int(sys.argv[4])), "
+        "root=sys.argv[1], "
         "name='ml-25m', protocol='recbole', min_rating=3.0))",
     ),
     # --generic: the generic source on the generic-format log (recbole, no filter), bounded memory
     "generic": (
         "from data_pipelines.interactions import prepare_interactions; from data_pipelines.config import InteractionsDataConfig",
         "print(prepare_interactions(InteractionsDataConfig(path=sys.argv[1] + '/generic/log', user_column='user', "
-        "item_column='item', timestamp_column='timestamp', rating_column='rating'), root=sys.argv[1], "
+        "item_column='item', timestamp_column='timestamp', rating_column='rating', memory_budget_mb=int(sys.argv[4])), "
+        "root=sys.argv[1], "
         "name='generic', protocol='recbole'))",
     ),
 }
 
 
-def run_child(kind: str, root: Path) -> tuple[float, float, str]:
+def run_child(kind: str, root: Path, memory_budget_mb: int = 2048) -> tuple[float, float, str]:
     """(wall seconds of the statement alone, peak RSS GiB, stdout) of one fresh process doing ``kind``."""
     setup, statement = CHILD[kind]
     code = (
@@ -141,7 +143,7 @@ def run_child(kind: str, root: Path) -> tuple[float, float, str]:
         "print('BENCH', time.perf_counter() - _t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, str(root), setup, statement],
+        [sys.executable, "-c", code, str(root), setup, statement, str(memory_budget_mb)],
         capture_output=True,
         text=True,
         check=True,
@@ -152,7 +154,7 @@ def run_child(kind: str, root: Path) -> tuple[float, float, str]:
     return float(seconds), int(rss_kib) * 1024 / GIB, out
 
 
-def bench_generic(rows: int, data: Path | None) -> None:
+def bench_generic(rows: int, data: Path | None, memory_budget_mb: int) -> None:
     """Generate (or reuse) ``<data>/generic/log.csv`` and prepare it once in a fresh process."""
     with tempfile.TemporaryDirectory() as tmp:
         root = data.absolute() if data else Path(tmp)
@@ -164,7 +166,7 @@ def bench_generic(rows: int, data: Path | None) -> None:
             print(f"generated {rows:,} rows in {time.perf_counter() - start:.1f}s", flush=True)
         for old in root.glob("generic-recbole-*"):
             shutil.rmtree(old)
-        seconds, rss, out = run_child("generic", root)
+        seconds, rss, out = run_child("generic", root, memory_budget_mb)
         meta = json.loads((Path(out.splitlines()[0]) / "meta.json").read_text())
         result = {
             "rows": rows,
@@ -173,6 +175,7 @@ def bench_generic(rows: int, data: Path | None) -> None:
             "prepare_s": round(seconds, 1),
             "rows_per_s": round(rows / seconds),
             "prepare_peak_rss_gib": round(rss, 3),
+            "memory_budget_mb": memory_budget_mb,
             "num_buckets": meta["num_buckets"],
             "counts": meta["counts"],
             "num_users": meta["num_users"],
@@ -207,9 +210,15 @@ def main() -> None:
         "data=interactions, once, and report its time and peak RSS (target < 4 GiB); no bare read (it would "
         "hold the log in memory)",
     )
+    parser.add_argument(
+        "--memory-budget-mb",
+        type=int,
+        default=2048,
+        help="data.interactions.memory_budget_mb for the generic source (default 2048, the config's)",
+    )
     args = parser.parse_args()
     if args.generic:
-        bench_generic(args.rows, args.data)
+        bench_generic(args.rows, args.data, args.memory_budget_mb)
         return
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data.absolute() if args.data else Path(tmp)
@@ -226,7 +235,8 @@ def main() -> None:
             for old in root.glob("ml-25m-recbole-*"):
                 shutil.rmtree(old)
             reads.append(run_child("read", root)[:2])
-            prepare_s, prepare_rss, out = run_child("prepare" if args.source == "movielens" else "interactions", root)
+            kind = "prepare" if args.source == "movielens" else "interactions"
+            prepare_s, prepare_rss, out = run_child(kind, root, args.memory_budget_mb)
             prepares.append((prepare_s, prepare_rss))
             meta = json.loads((Path(out.splitlines()[0]) / "meta.json").read_text())
             print(
