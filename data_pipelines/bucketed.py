@@ -262,7 +262,7 @@ def split_log(
             options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
             heldout = draw_heldout_users(np.flatnonzero(keep_user), rng, num_heldout_users)
             used_user, used_item, draws = _strong_generalization_use(
-                _frames(pool, buckets, threads), keep_user, keep_item, heldout, user_bucket
+                _frames(pool, buckets, threads), keep_user, keep_item, heldout, user_bucket, num_buckets
             )
             train_items = np.flatnonzero(used_item)
         state = rng.bit_generator.state
@@ -309,7 +309,9 @@ def split_log(
     )
 
 
-def _strong_generalization_use(frames: Iterable[pd.DataFrame], keep_user, keep_item, heldout, user_bucket):
+def _strong_generalization_use(
+    frames: Iterable[pd.DataFrame], keep_user, keep_item, heldout, user_bucket, num_buckets: int
+):
     """Users and items left once held-out users' rows with items no training user has are dropped
     (Liang's rule), and each bucket's held-out rows (one draw each): the training users' items come
     from every bucket, so the frames are read into memory only when they are already there."""
@@ -324,7 +326,7 @@ def _strong_generalization_use(frames: Iterable[pd.DataFrame], keep_user, keep_i
         train_item[i[kept & ~is_heldout[u]]] = True
         m = kept & is_heldout[u]
         heldout_rows.append((u[m], i[m]))
-    draws = np.zeros(int(user_bucket.max()) + 1, np.int64)
+    draws = np.zeros(num_buckets, np.int64)  # one per bucket, empty ones too (a heavy user fills several)
     for u, i in heldout_rows:
         m = train_item[i]
         used_user[u[m]] = True

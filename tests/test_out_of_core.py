@@ -179,3 +179,32 @@ def test_the_chunked_split_writer_writes_the_whole_frame_bytes(tmp_path):
     with pytest.raises(ValueError, match=r"train: chunks out of user order"):
         writer.append(df.iloc[cuts[0] : cuts[1]])
     writer.close()
+
+
+def test_one_heavy_user_leaves_empty_buckets_and_the_same_split(tmp_path):
+    """The last user holds most rows: every user falls in bucket 0 (buckets cut at users' first rows)
+    and the buckets after it hold nobody; the split is still the in-memory one."""
+    rng = np.random.default_rng(5)
+    users = np.r_[np.repeat(np.arange(120), 25), np.full(30_000, 10**6)]
+    log = pd.DataFrame(
+        {"u": users, "i": rng.integers(0, 3000, len(users)), "t": rng.integers(0, 10**6, len(users)), "r": 1.0}
+    )
+    path = tmp_path / "log.parquet"
+    pq.write_table(pa.Table.from_pandas(log, preserve_index=False), path)
+    cfg = InteractionsDataConfig(
+        path=str(path), user_column="u", item_column="i", timestamp_column="t", memory_budget_mb=1
+    )
+    filters = {"min_rating": 0.0, "min_user_interactions": 0, "min_item_interactions": 0}
+    out = prepare_interactions(
+        cfg,
+        root=tmp_path / "data",
+        name="log",
+        protocol="strong_generalization",
+        seed=1,
+        num_heldout_users=50,
+        **filters,
+    )
+    assert json.loads((out / "meta.json").read_text())["num_buckets"] >= 8
+    want, got = _reference(log, "strong_generalization", filters, seed=1), _written(out)
+    for name in want:
+        pd.testing.assert_frame_equal(got[name].assign(r=1.0), want[name].assign(r=1.0), check_dtype=False, obj=name)
