@@ -91,6 +91,9 @@ class InteractionsDataConfig:
         ""  # epoch seconds or ISO-8601 strings; "" = none: a user's items are ordered as in the file
     )
     rating_column: str = ""  # "" = none (every row a positive; data.min_rating must then be 0)
+    memory_budget_mb: int = (
+        2048  # MiB of rows held at once; a larger log is split in user buckets on disk (same dataset)
+    )
     valid_fraction: float = 0.1  # protocol=given without valid_path: share of each user's train rows held out (seeded)
     # optional side files, keyed by the same raw ids as the log
     items_path: str = ""

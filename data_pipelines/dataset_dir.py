@@ -49,6 +49,7 @@ __all__ = [
     "USERS_FILE",
     "USERS_VOCAB",
     "VOCAB_DIR",
+    "InteractionsFileWriter",
     "is_complete",
     "read_meta",
     "split_file",
@@ -106,6 +107,7 @@ _INTERACTION_WRITE_OPTIONS: dict[str, Any] = dict(
     use_dictionary=["user_id", "item_id", "rating"],
     column_encoding={"timestamp": "DELTA_BINARY_PACKED"},
 )
+_ROW_GROUP_ROWS = _WRITE_OPTIONS["row_group_size"]
 _BACKGROUND_WRITE_ROWS = 1 << 20  # rows; a file this big is written on its own thread (ML-25M's train)
 
 
@@ -201,6 +203,64 @@ def _items_table(items: pd.DataFrame, num_items: int, num_categories: int) -> pa
     return table.add_column(1, pa.field("categories", pa.list_(pa.int64())), categories)
 
 
+class InteractionsFileWriter:
+    """One split's parquet file written chunk by chunk (a log larger than memory), the same bytes as
+    ``write_dataset_dir`` writes for the whole frame: chunks are validated as it validates a frame
+    and cut into the same row groups. Chunks must come in ascending ranges of users, each one
+    sorted or not (it is sorted here). Row groups are encoded on a second thread.
+    """
+
+    def __init__(self, path: Path, split: str, num_users: int, num_items: int) -> None:
+        self.path, self.split, self.num_users, self.num_items = path, split, num_users, num_items
+        self.num_rows = 0
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._last_user = -1
+        self._writer = pq.ParquetWriter(path, INTERACTION_SCHEMA, **_writer_options(_INTERACTION_WRITE_OPTIONS))
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self._encoding = None
+
+    def append(self, df: pd.DataFrame) -> None:
+        if len(df) == 0:
+            return
+        table = _interactions_table(df, self.split, self.num_users, self.num_items)
+        first = table["user_id"][0].as_py()
+        if first < self._last_user:
+            raise ValueError(f"{self.split}: chunks out of user order (user {first} after {self._last_user})")
+        self._last_user = table["user_id"][-1].as_py()
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        self.num_rows += table.num_rows
+        while self._pending_rows >= _ROW_GROUP_ROWS:
+            self._flush(_ROW_GROUP_ROWS)
+
+    def _flush(self, rows: int) -> None:
+        table = pa.concat_tables(self._pending)
+        group, rest = table.slice(0, rows).combine_chunks(), table.slice(rows)
+        self._pending, self._pending_rows = [rest], rest.num_rows
+        if self._encoding is not None:
+            self._encoding.result()  # one row group in flight: bounded memory
+        self._encoding = self._pool.submit(self._writer.write_table, group, row_group_size=_ROW_GROUP_ROWS)
+
+    def close(self, *, allow_empty: bool = False) -> int:
+        """Write what is left and close the file; its row count (0 an error unless ``allow_empty``)."""
+        try:
+            if self._pending_rows:
+                self._flush(self._pending_rows)
+            if self._encoding is not None:
+                self._encoding.result()
+        finally:
+            self._pool.shutdown()
+            self._writer.close()
+        if self.num_rows == 0 and not allow_empty:
+            raise ValueError(f"{self.split}: split is empty")
+        return self.num_rows
+
+
+def _writer_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in options.items() if k != "row_group_size"}
+
+
 # ---------------------------------------------------------------- reading
 
 
@@ -250,9 +310,9 @@ def is_prepared(dataset_dir: str | os.PathLike, cache_key: str) -> bool:
 def write_dataset_dir(
     out_dir: str | os.PathLike,
     *,
-    train: pd.DataFrame,
-    valid: pd.DataFrame,
-    test: pd.DataFrame,
+    train: pd.DataFrame | Path,
+    valid: pd.DataFrame | Path,
+    test: pd.DataFrame | Path,
     items: pd.DataFrame,
     users: pd.DataFrame,
     meta: Mapping[str, Any],
@@ -262,7 +322,8 @@ def write_dataset_dir(
 
     ``meta`` must hold the keys listed in the module docstring except ``counts``, which is
     computed here (if given it must match). ``extra_tables`` maps relative paths such as
-    ``"vocab/items.parquet"`` to frames written as-is (index dropped).
+    ``"vocab/items.parquet"`` to frames written as-is (index dropped). A split given as a path is a
+    file an ``InteractionsFileWriter`` wrote (validated there) on the same file system: it is moved in.
 
     Everything is written to ``<out_dir>.tmp-<pid>-<random>``; then an existing ``out_dir``
     is renamed aside, the new one renamed in, and the old one deleted. On any exception the
@@ -281,7 +342,12 @@ def write_dataset_dir(
         raise ValueError(f"meta.num_categories: must be >= 0 (0: items have no categories), got {num_categories}")
 
     frames = {"train": train, "valid": valid, "test": test}
-    tables = {split_file(s): _interactions_table(df, s, num_users, num_items) for s, df in frames.items()}
+    written = {split_file(s): Path(f) for s, f in frames.items() if isinstance(f, Path)}
+    tables = {
+        split_file(s): _interactions_table(df, s, num_users, num_items)
+        for s, df in frames.items()
+        if not isinstance(df, Path)
+    }
     interaction_files = set(tables)
     tables[ITEMS_FILE] = _items_table(items, num_items, num_categories)
     _check_dense_ids(users, "users", "user_id", num_users)
@@ -291,7 +357,7 @@ def write_dataset_dir(
             raise ValueError(f"extra_tables: {rel!r} must be a relative path ending in .parquet")
         tables[rel] = pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None)
 
-    counts = {s: len(df) for s, df in frames.items()}
+    counts = {s: pq.read_metadata(df).num_rows if isinstance(df, Path) else len(df) for s, df in frames.items()}
     if "counts" in meta and {k: int(v) for k, v in dict(meta["counts"]).items()} != counts:
         raise ValueError(f"meta.counts {meta['counts']} disagrees with the frames {counts}")
     meta["counts"] = counts
@@ -299,7 +365,11 @@ def write_dataset_dir(
     with staged(out_dir, "tmp") as tmp:
         tmp.mkdir()
         _write_tables(tmp, tables, interaction_files)
-        meta["files"] = file_sizes(tmp, tables)  # what the cache check verifies (a truncated file is rebuilt)
+        for rel, f in written.items():
+            os.replace(f, tmp / rel)
+        meta["files"] = file_sizes(
+            tmp, [*tables, *written]
+        )  # what the cache check verifies (a truncated file is rebuilt)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
     return out_dir
 

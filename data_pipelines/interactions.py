@@ -1,5 +1,5 @@
 """Any interaction log -> a dataset dir, by configuration alone (``data=interactions``, ``data=gowalla``).
-(Over 400 lines: one source's read -> ids -> split -> side files, each step a short function; a package is next.)
+(Over 400 lines: one source's read -> split -> side files, each step a short function; a package is next.)
 
     $ python -m data_pipelines.prepare data=interactions data.interactions.path=logs/clicks.csv.gz \\
           data.interactions.user_column=visitor data.interactions.item_column=sku \\
@@ -11,6 +11,13 @@ of any range) mapped to contiguous indices in ascending raw-id order -> ``filter
 (min rating, one row per (user, item): the latest, k-core) -> the protocol -> ids compacted again
 if the protocol dropped any -> side files -> ``write_dataset_dir`` (atomic), cached in
 ``<root>/<name>-<protocol>-<key>`` by the sources' sha256 and every option.
+
+Memory: recbole, loo and strong_generalization run through ``bucketed.split_log``, which streams
+the log in record batches and holds at most about ``data.interactions.memory_budget_mb`` of rows
+(past it, the log and its user buckets live in a work folder beside the dataset dir, removed
+after), plus O(distinct users + items). The dataset is the same whatever the budget. ``given``
+holds its files in memory (about 100 bytes a row at its peak); split a log larger than memory with
+another protocol, or by user before preparing it.
 
 Rules a user can rely on:
 
@@ -30,6 +37,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -39,6 +48,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from data_pipelines.bucketed import split_log
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.dataset_dir import (
     CATEGORIES_VOCAB,
@@ -51,8 +61,10 @@ from data_pipelines.dataset_dir import (
 )
 from data_pipelines.download import file_digests
 from data_pipelines.errors import DatasetError
-from data_pipelines.readers import detect_format, read_adjacency, read_columns
-from data_pipelines.splits import PROTOCOLS, carve_valid, filter_interactions, split, strong_generalization_users
+from data_pipelines.log_columns import convert_log
+from data_pipelines.log_columns import ids as raw_ids_of
+from data_pipelines.readers import detect_format, iter_columns, read_adjacency, read_columns
+from data_pipelines.splits import PROTOCOLS, carve_valid, filter_interactions
 
 __all__ = ["PIPELINE_VERSION", "prepare_interactions"]
 
@@ -63,66 +75,35 @@ NO_CATEGORY = "(none)"  # the category of an item the items file lists without o
 # ---------------------------------------------------------------- reading one log
 
 
-def _refuse_nulls(column: pa.ChunkedArray, label: str, field: str) -> None:
-    if column.null_count:
-        row = int(pc.index(pc.is_null(column), True).as_py())
-        raise DatasetError(f"{label}: row {row + 1}: field {field!r} is empty")
+def _fields(cfg: InteractionsDataConfig) -> dict[str, str]:
+    """Canonical column -> the log's column (timestamp and rating only when configured)."""
+    fields = {"user": cfg.user_column, "item": cfg.item_column}
+    if cfg.timestamp_column:
+        fields["timestamp"] = cfg.timestamp_column
+    if cfg.rating_column:
+        fields["rating"] = cfg.rating_column
+    return fields
 
 
-def _timestamps(column: pa.ChunkedArray | None, n: int, label: str, field: str) -> np.ndarray:
-    """Epoch seconds (int64) from integers, floats, Arrow timestamps or ISO-8601 strings; the row
-    position when there is no column."""
-    if column is None:
-        return np.arange(n, dtype=np.int64)
-    _refuse_nulls(column, label, field)
-    kind = column.type
-    if pa.types.is_integer(kind):
-        return column.to_numpy().astype(np.int64)
-    if pa.types.is_floating(kind):
-        values = column.to_numpy()
-        if not np.isfinite(values).all():
-            row = int(np.argmax(~np.isfinite(values)))
-            raise DatasetError(f"{label}: row {row + 1}: field {field!r} is {values[row]}, not a time")
-        return np.floor(values).astype(np.int64)
-    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
-        return pc.cast(pc.cast(column, pa.timestamp("s")), pa.int64()).to_numpy()
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        text = column.to_pandas()
-        parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
-        if parsed.isna().any():
-            row = int(np.argmax(parsed.isna().to_numpy()))
-            raise DatasetError(
-                f"{label}: row {row + 1}: field {field!r} = {text.iloc[row]!r} is neither epoch "
-                "seconds nor an ISO-8601 time"
-            )
-        return (parsed.astype("int64") // 1_000_000_000).to_numpy(np.int64)  # ns -> s
-    raise DatasetError(f"{label}: field {field!r} has type {kind}, not a time")
-
-
-def _ratings(column: pa.ChunkedArray | None, n: int, label: str, field: str) -> np.ndarray:
-    if column is None:
-        return np.ones(n, dtype=np.float32)
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-        raise DatasetError(f"{label}: field {field!r} has type {column.type}, expected numbers")
-    values = column.to_numpy(zero_copy_only=False).astype(np.float32)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise DatasetError(f"{label}: row {row + 1}: field {field!r} is empty or not finite")
-    return values
-
-
-def _ids(column: pa.ChunkedArray, label: str, field: str) -> pa.ChunkedArray:
-    _refuse_nulls(column, label, field)
-    if pa.types.is_floating(column.type):
-        raise DatasetError(f"{label}: field {field!r} holds decimals; ids must be integers or strings")
-    if pa.types.is_integer(column.type):
-        return pc.cast(column, pa.int64())
-    return pc.cast(column, pa.string())
+def _adjacency_log(cfg: InteractionsDataConfig, p: Path, time_offset: int) -> pa.Table:
+    if cfg.timestamp_column or cfg.rating_column:
+        raise DatasetError(
+            f"{p}: adjacency lists hold neither timestamps nor ratings; "
+            "unset data.interactions.timestamp_column / rating_column"
+        )
+    t = read_adjacency(p)
+    return pa.table(
+        {
+            "user": t["user"],
+            "item": t["item"],
+            "timestamp": pc.add(t["position"], time_offset),
+            "rating": pa.array(np.ones(t.num_rows, dtype=np.float32)),
+        }
+    )
 
 
 def read_log(cfg: InteractionsDataConfig, path: str, *, time_offset: int = 0) -> pa.Table:
-    """One log as columns user, item (raw ids), timestamp (int64), rating (float32).
+    """One log as columns user, item (raw ids), timestamp (int64), rating (float32), in memory.
 
     ``time_offset`` is added to file positions when there is no timestamp column, so rows of
     several files (a given split) keep one order.
@@ -130,43 +111,42 @@ def read_log(cfg: InteractionsDataConfig, path: str, *, time_offset: int = 0) ->
     p = Path(path)
     fmt = detect_format(p) if cfg.format == "auto" else cfg.format
     if fmt == "adjacency":
-        if cfg.timestamp_column or cfg.rating_column:
-            raise DatasetError(
-                f"{p}: adjacency lists hold neither timestamps nor ratings; "
-                "unset data.interactions.timestamp_column / rating_column"
-            )
-        t = read_adjacency(p)
-        return pa.table(
-            {
-                "user": t["user"],
-                "item": t["item"],
-                "timestamp": pc.add(t["position"], time_offset),
-                "rating": pa.array(np.ones(t.num_rows, dtype=np.float32)),
-            }
-        )
-    fields = {"user": cfg.user_column, "item": cfg.item_column}
-    if cfg.timestamp_column:
-        fields["timestamp"] = cfg.timestamp_column
-    if cfg.rating_column:
-        fields["rating"] = cfg.rating_column
+        return _adjacency_log(cfg, p, time_offset)
+    fields = _fields(cfg)
     table = read_columns(p, list(dict.fromkeys(fields.values())), fmt=fmt, delimiter=cfg.delimiter, header=cfg.header)
-    n = table.num_rows
-    label = str(p)
-    timestamps = _timestamps(
-        table[fields["timestamp"]] if "timestamp" in fields else None, n, label, fields.get("timestamp", "")
-    )
-    if "timestamp" not in fields:
-        timestamps = timestamps + time_offset
-    return pa.table(
-        {
-            "user": _ids(table[fields["user"]], label, fields["user"]),
-            "item": _ids(table[fields["item"]], label, fields["item"]),
-            "timestamp": pa.array(timestamps),
-            "rating": pa.array(
-                _ratings(table[fields["rating"]] if "rating" in fields else None, n, label, fields.get("rating", ""))
-            ),
-        }
-    )
+    return convert_log(table, fields, str(p), time_offset=time_offset)
+
+
+def _csv_fits(path: Path, budget_bytes: int) -> bool:
+    """Whether a CSV / TSV file parses within half the memory budget (parsed columns take about as
+    many bytes as their text; a compressed file is taken as 1/5 of its text)."""
+    compressed = path.suffix.lower() in (".gz", ".zst", ".zstd", ".bz2")
+    return path.stat().st_size * (5 if compressed else 1) * 2 <= budget_bytes
+
+
+def stream_log(cfg: InteractionsDataConfig, path: Path) -> Iterator[pa.RecordBatch]:
+    """``read_log`` in record batches: what ``bucketed.split_log`` reads.
+
+    A CSV that fits the memory budget is parsed whole by Arrow's multi-threaded reader; a larger one
+    by its streaming reader, one block (16 MiB) at a time on one core (bounded memory, slower per
+    row). Parquet is scanned in batches (decoded on every core) whatever its size.
+    """
+    fmt = detect_format(path) if cfg.format == "auto" else cfg.format
+    if fmt == "adjacency":
+        yield from read_log(cfg, str(path)).to_batches()
+        return
+    fields = _fields(cfg)
+    columns = list(dict.fromkeys(fields.values()))
+    if fmt in ("csv", "tsv") and _csv_fits(path, int(cfg.memory_budget_mb) << 20):
+        batches = read_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header).to_batches()
+    else:
+        batches = iter_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header)
+    first_row = 0
+    for j, batch in enumerate(batches):
+        if isinstance(batches, list):
+            batches[j] = None  # converted once: the parsed batch can go
+        yield convert_log(batch, fields, str(path), first_row=first_row)
+        first_row += batch.num_rows
 
 
 # ---------------------------------------------------------------- ids
@@ -275,7 +255,7 @@ def _side_file(path: str, cfg: InteractionsDataConfig, id_column: str, raw_ids: 
         raise DatasetError(
             f"{p}: no column {id_column!r} (data.interactions.{what}_id_column); columns are {table.column_names}"
         )
-    ids = _ids(table[id_column], str(p), id_column)
+    ids = raw_ids_of(table[id_column], str(p), id_column)
     ids, keys = _same_type(ids, pa.chunked_array([raw_ids]))
     frame = table.drop_columns([id_column]).to_pandas()
     duplicated = pd.Series(ids.to_numpy(zero_copy_only=False)).duplicated()
@@ -374,33 +354,39 @@ def cache_key(sources: list[dict[str, str]], options: dict[str, Any]) -> str:
 
 
 def _split_log(
-    cfg: InteractionsDataConfig, path: Path, protocol: str, seed: int, filters: dict[str, Any], num_heldout_users: int
+    cfg: InteractionsDataConfig,
+    path: Path,
+    work: Path,
+    protocol: str,
+    seed: int,
+    filters: dict[str, Any],
+    num_heldout_users: int,
 ):
-    log = read_log(cfg, str(path))
-    users, items = _vocabulary(log["user"]), _vocabulary(log["item"])
-    kept = filter_interactions(_frame(log, users, items), **filters)
-    if len(kept) == 0:
-        raise DatasetError(f"{path}: no interactions left after the filters {filters} (of {log.num_rows})")
-    options: dict[str, Any] = {}
-    heldout = None
-    if protocol == "strong_generalization":
-        options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
-        heldout = strong_generalization_users(kept, seed=seed, num_heldout_users=num_heldout_users)
-    parts = list(split(kept, protocol, seed=seed, **options))
-    for name, part in zip(("train", "valid", "test"), parts):
-        if len(part) == 0:
+    """The log through ``bucketed.split_log``: in memory when it fits ``memory_budget_mb``, else on disk."""
+    result = split_log(
+        stream_log(cfg, path),
+        work=work,
+        label=str(path),
+        protocol=protocol,
+        seed=seed,
+        filters=filters,
+        num_heldout_users=num_heldout_users,
+        memory_budget_bytes=int(cfg.memory_budget_mb) << 20,
+    )
+    for name, n in result.counts.items():
+        if n == 0:
             raise DatasetError(
                 f"{path}: protocol {protocol} (seed {seed}, filters {filters}) leaves the {name} split "
-                f"empty ({[len(p) for p in parts]} train/valid/test rows); nothing was written"
+                f"empty ({list(result.counts.values())} train/valid/test rows); nothing was written"
             )
-    old_users = users
-    users, items = _compact(parts, users, items)
-    extra_meta: dict[str, Any] = {"protocol_options": options, "num_raw_interactions": log.num_rows}
+    extra_meta: dict[str, Any] = {
+        "protocol_options": result.options,
+        "num_raw_interactions": result.num_raw_interactions,
+        "num_buckets": result.num_buckets,
+    }
     extra_tables: dict[str, pd.DataFrame] = {}
-    if heldout is not None:
-        # held-out users by raw id, then renumbered as the compacted vocabulary numbers them
-        valid_u, test_u = (_index(pa.chunked_array([old_users.take(pa.array(h))]), users) for h in heldout)
-        valid_u, test_u = valid_u[valid_u >= 0], test_u[test_u >= 0]
+    if result.heldout is not None:
+        valid_u, test_u = result.heldout
         extra_tables[HELDOUT_USERS_FILE] = pd.DataFrame(
             {
                 "user_id": np.concatenate([valid_u, test_u]).astype(np.int64),
@@ -413,7 +399,8 @@ def _split_log(
             "recall": "hits / min(K, |relevant|)",
             "ndcg_k": 100,
         }
-    return parts, users, items, extra_meta, extra_tables
+    parts = [result.files[s] for s in ("train", "valid", "test")]
+    return parts, result.users, result.items, extra_meta, extra_tables
 
 
 def _given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int, filters: dict[str, Any]):
@@ -526,50 +513,59 @@ def prepare_interactions(
         "seed": seed,
         "filters": filters,
         "num_heldout_users": num_heldout_users,
-        "reader": {k: v for k, v in asdict(cfg).items() if not k.endswith("_path") and k not in ("path", "md5")},
+        "reader": {
+            k: v
+            for k, v in asdict(cfg).items()
+            if not k.endswith("_path") and k not in ("path", "md5", "memory_budget_mb")
+        },
     }
     key = cache_key(sources, options)
     out_dir = Path(root).absolute() / f"{name}-{protocol}-{key}"
     if is_prepared(out_dir, key):
         return out_dir
 
-    if protocol == "given":
-        parts, users, items, extra_meta, extra_tables = _given_split(cfg, paths, seed, filters)
-    else:
-        parts, users, items, extra_meta, extra_tables = _split_log(
-            cfg, paths["log"], protocol, seed, filters, num_heldout_users
-        )
-    items_table, item_vocab, category_vocab = _items_table(cfg, items)
-    users_table, user_vocab = _users_table(cfg, users)
-    extra_tables.update({USERS_VOCAB: user_vocab, ITEMS_VOCAB: item_vocab})
-    if category_vocab is not None:
-        extra_tables[CATEGORIES_VOCAB] = category_vocab
-    meta: dict[str, Any] = {
-        "name": name,
-        "protocol": protocol,
-        "seed": seed,
-        "filters": filters,
-        "num_users": len(users),
-        "num_items": len(items),
-        "num_categories": 0 if category_vocab is None else len(category_vocab),
-        "timestamps": "seconds" if cfg.timestamp_column else "file_order",
-        "sources": sources,
-        "code_version": CODE_VERSION,
-        "pipeline_version": PIPELINE_VERSION,
-        "cache_key": key,
-        **extra_meta,
-    }
-    train, valid, test = parts
-    try:
-        return write_dataset_dir(
-            out_dir,
-            train=train,
-            valid=valid,
-            test=test,
-            items=items_table,
-            users=users_table,
-            meta=meta,
-            extra_tables=extra_tables,
-        )
-    except ValueError as e:
-        raise DatasetError(f"{out_dir}: {e}") from None
+    if cfg.memory_budget_mb <= 0:
+        raise DatasetError(f"data.interactions.memory_budget_mb={cfg.memory_budget_mb}: must be positive (MiB)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # spill and split files go beside the dataset dir (same disk: the split files are moved in); always removed
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.work-") as work:
+        if protocol == "given":
+            parts, users, items, extra_meta, extra_tables = _given_split(cfg, paths, seed, filters)
+        else:
+            parts, users, items, extra_meta, extra_tables = _split_log(
+                cfg, paths["log"], Path(work), protocol, seed, filters, num_heldout_users
+            )
+        items_table, item_vocab, category_vocab = _items_table(cfg, items)
+        users_table, user_vocab = _users_table(cfg, users)
+        extra_tables.update({USERS_VOCAB: user_vocab, ITEMS_VOCAB: item_vocab})
+        if category_vocab is not None:
+            extra_tables[CATEGORIES_VOCAB] = category_vocab
+        meta: dict[str, Any] = {
+            "name": name,
+            "protocol": protocol,
+            "seed": seed,
+            "filters": filters,
+            "num_users": len(users),
+            "num_items": len(items),
+            "num_categories": 0 if category_vocab is None else len(category_vocab),
+            "timestamps": "seconds" if cfg.timestamp_column else "file_order",
+            "sources": sources,
+            "code_version": CODE_VERSION,
+            "pipeline_version": PIPELINE_VERSION,
+            "cache_key": key,
+            **extra_meta,
+        }
+        train, valid, test = parts
+        try:
+            return write_dataset_dir(
+                out_dir,
+                train=train,
+                valid=valid,
+                test=test,
+                items=items_table,
+                users=users_table,
+                meta=meta,
+                extra_tables=extra_tables,
+            )
+        except ValueError as e:
+            raise DatasetError(f"{out_dir}: {e}") from None

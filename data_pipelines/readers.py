@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ import pyarrow.dataset as pads
 
 from data_pipelines.errors import DatasetError
 
-__all__ = ["FORMATS", "detect_format", "read_adjacency", "read_columns"]
+__all__ = ["FORMATS", "detect_format", "iter_columns", "read_adjacency", "read_columns"]
 
 FORMATS = ("csv", "tsv", "parquet", "adjacency")
 _COMPRESSED = (".gz", ".zst", ".zstd", ".bz2")
@@ -67,30 +68,33 @@ def _first_bad_csv_row(path: Path, delimiter: str, header: bool) -> str:
     return "no line with a different field count found"
 
 
-def _read_csv(path: Path, columns: list[str] | None, delimiter: str, header: bool) -> pa.Table:
-    read = pacsv.ReadOptions(autogenerate_column_names=not header, block_size=_CSV_BLOCK_BYTES)
+def _read_csv_header(path: Path, columns: list[str] | None, delimiter: str) -> list[str]:
+    """The header's names; a DatasetError when one of ``columns`` is not among them."""
+    read = pacsv.ReadOptions(block_size=_CSV_BLOCK_BYTES)
     parse = pacsv.ParseOptions(delimiter=delimiter)
     try:
         with pa.input_stream(str(path), compression="detect") as stream:
-            if header:  # read the header row alone first, so a missing column is named before any parsing
-                names = pacsv.open_csv(stream, read_options=read, parse_options=parse).schema.names
-            else:
-                names = None
+            names = pacsv.open_csv(stream, read_options=read, parse_options=parse).schema.names
     except pa.ArrowInvalid as e:
         if "Empty CSV file" in str(e):
             raise DatasetError(f"{path}: empty file (no header, no rows)") from None
-        raise DatasetError(
-            f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})"
-        ) from None
+        raise DatasetError(f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, True)}; {e})") from None
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: cannot read ({e})") from None
-    if names is not None and columns is not None:
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise DatasetError(
-                f"{path}: no column(s) {missing} in the header {names} (delimiter {delimiter!r}); "
-                "set data.interactions.*_column to the right names"
-            )
+    missing = [c for c in columns or () if c not in names]
+    if missing:
+        raise DatasetError(
+            f"{path}: no column(s) {missing} in the header {names} (delimiter {delimiter!r}); "
+            "set data.interactions.*_column to the right names"
+        )
+    return names
+
+
+def _read_csv(path: Path, columns: list[str] | None, delimiter: str, header: bool) -> pa.Table:
+    read = pacsv.ReadOptions(autogenerate_column_names=not header, block_size=_CSV_BLOCK_BYTES)
+    parse = pacsv.ParseOptions(delimiter=delimiter)
+    if header:  # read the header row alone first, so a missing column is named before any parsing
+        _read_csv_header(path, columns, delimiter)
     if columns is None:
         convert = pacsv.ConvertOptions()
     else:
@@ -130,6 +134,88 @@ def _read_parquet(path: Path, columns: list[str] | None) -> pa.Table:
         return dataset.to_table(columns=columns)
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: a parquet file there is damaged ({e})") from None
+
+
+def _csv_batches(path: Path, columns: list[str], delimiter: str, header: bool) -> Iterator[pa.RecordBatch]:
+    """``columns`` of a CSV in record batches of one parse block each (~16 MiB of text): bounded memory.
+
+    Column types are inferred from the first block (Arrow's streaming reader); a later value that
+    does not fit them is an error naming the file, the line and, where Arrow says, the column.
+    """
+    read = pacsv.ReadOptions(autogenerate_column_names=not header, block_size=_CSV_BLOCK_BYTES)
+    parse = pacsv.ParseOptions(delimiter=delimiter)
+    names = columns if header else [f"f{int(c)}" for c in columns]
+    convert = pacsv.ConvertOptions(include_columns=names)
+    reader = None
+    try:
+        reader = pacsv.open_csv(
+            pa.input_stream(str(path), compression="detect"),
+            read_options=read,
+            parse_options=parse,
+            convert_options=convert,
+        )
+        for batch in reader:
+            yield batch if header else batch.rename_columns(columns)
+    except pa.ArrowInvalid as e:
+        if "Empty CSV file" in str(e):
+            raise DatasetError(f"{path}: empty file") from None
+        if "include_columns" in str(e):
+            if header:  # names the missing column(s) and the header's
+                _read_csv_header(path, columns, delimiter)
+            raise DatasetError(f"{path}: fewer fields than the column positions {columns} asked for") from None
+        raise DatasetError(
+            f"{path}: not readable as CSV ({_first_bad_csv_row(path, delimiter, header)}; {e})"
+        ) from None
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: cannot read ({e})") from None
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def _parquet_batches(path: Path, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    try:
+        dataset = pads.dataset(str(path), format="parquet")
+        names = dataset.schema.names
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: not readable as parquet ({e})") from None
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DatasetError(f"{path}: no column(s) {missing}; columns are {names}")
+    try:  # one file and a few batches read ahead at a time: memory bounded by the row groups
+        yield from dataset.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=2, fragment_readahead=1)
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: a parquet file there is damaged ({e})") from None
+
+
+def iter_columns(
+    path: str | os.PathLike,
+    columns: list[str],
+    *,
+    fmt: str = "auto",
+    delimiter: str = "",
+    header: bool = True,
+    batch_rows: int = 1 << 20,
+) -> Iterator[pa.RecordBatch]:
+    """``read_columns`` in record batches, for logs larger than memory: the same errors, found as the
+    batches are read (a header without rows: ``no rows`` once the file ends)."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or folder")
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt not in ("csv", "tsv", "parquet"):
+        raise DatasetError(f"{path}: format {fmt!r} holds no named columns; expected csv, tsv or parquet")
+    if fmt == "parquet":
+        batches = _parquet_batches(path, columns, batch_rows)
+    else:
+        batches = _csv_batches(path, columns, delimiter or ("\t" if fmt == "tsv" else ","), header)
+    num_rows = 0
+    for batch in batches:
+        num_rows += batch.num_rows
+        if batch.num_rows:
+            yield batch
+    if num_rows == 0:
+        raise DatasetError(f"{path}: no rows (a header alone, or an empty file)")
 
 
 def read_columns(

@@ -59,12 +59,14 @@ import pandas as pd
 
 __all__ = [
     "PROTOCOLS",
+    "draw_heldout_users",
     "filter_interactions",
     "lexsort_fast",
     "lexsort_order",
     "split",
     "split_loo",
     "split_recbole",
+    "split_heldout_users",
     "split_strong_generalization",
     "strong_generalization_users",
     "carve_valid",
@@ -310,18 +312,26 @@ def recbole_split_sizes(n: np.ndarray, ratios: tuple[float, float, float] = (0.8
     return np.stack([n - n_valid - n_test, n_valid, n_test], axis=1)
 
 
-def split_recbole(df: pd.DataFrame, *, seed: int, ratios: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> Splits:
+def split_recbole(
+    df: pd.DataFrame,
+    *,
+    seed: int,
+    ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    rng: np.random.Generator | None = None,
+) -> Splits:
     """Random per-user split; see the module docstring for the exact counts.
 
     Vectorized: one sort by (user_id, random key), then each row's rank within its user
     picks its split (rank < n_test -> test, < n_test + n_valid -> valid, else train).
+    ``rng`` (default ``default_rng(seed)``) lets a caller split a log in ascending ranges of
+    users with one generator: the draws, and so the result, are those of one call on the whole log.
     """
     order = _canonical_order(df)
     user_ids = df["user_id"].to_numpy()
     if order is not None:
         user_ids = user_ids[order]
     n = len(user_ids)
-    keys = _random_as_ints(np.random.default_rng(seed), n)
+    keys = _random_as_ints(np.random.default_rng(seed) if rng is None else rng, n)
     shuffled = lexsort_fast((keys, user_ids), truncate_last=True)  # user runs stay in place, rows shuffled within
     label = np.zeros(n, dtype=np.int8)  # 0 train, 1 valid, 2 test
     if n:
@@ -398,10 +408,7 @@ def strong_generalization_users(
     One ``default_rng(seed).permutation`` of the sorted distinct user ids: its last
     ``2 h`` entries are held out, the first ``h`` of those validation, the last ``h`` test.
     """
-    users = np.unique(df["user_id"].to_numpy())
-    h = _num_heldout(len(users), num_heldout_users)
-    perm = np.random.default_rng(seed).permutation(users)
-    return np.sort(perm[len(users) - 2 * h : len(users) - h]), np.sort(perm[len(users) - h :])
+    return draw_heldout_users(np.unique(df["user_id"].to_numpy()), np.random.default_rng(seed), num_heldout_users)
 
 
 def split_strong_generalization(
@@ -413,19 +420,43 @@ def split_strong_generalization(
     draw per held-out row (canonical order, same generator): per user the rows with the
     ``floor(0.2 n)`` smallest draws are the targets.
     """
+    rng = np.random.default_rng(seed)
+    valid_users, test_users = draw_heldout_users(np.unique(df["user_id"].to_numpy()), rng, num_heldout_users)
+    return split_heldout_users(
+        df, valid_users=valid_users, test_users=test_users, rng=rng, drop_unseen_items=drop_unseen_items
+    )
+
+
+def draw_heldout_users(
+    users: np.ndarray, rng: np.random.Generator, num_heldout_users: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(validation users, test users), each sorted: the last ``2 h`` of one ``rng.permutation(users)``."""
+    h = _num_heldout(len(users), num_heldout_users)
+    perm = rng.permutation(users)
+    return np.sort(perm[len(users) - 2 * h : len(users) - h]), np.sort(perm[len(users) - h :])
+
+
+def split_heldout_users(
+    df: pd.DataFrame,
+    *,
+    valid_users: np.ndarray,
+    test_users: np.ndarray,
+    rng: np.random.Generator,
+    drop_unseen_items: bool = False,
+    train_items: np.ndarray | None = None,
+) -> Splits:
+    """``split_strong_generalization`` after its permutation: the held-out users are given and
+    ``rng`` draws the targets. ``train_items`` (sorted; default: the items of ``df``'s other users)
+    lets a caller split ascending ranges of users with one generator, as one call on the whole log."""
     order = _canonical_order(df)
     user_ids, item_ids = df["user_id"].to_numpy(), df["item_id"].to_numpy()
     if order is not None:
         user_ids, item_ids = user_ids[order], item_ids[order]
-    rng = np.random.default_rng(seed)
-    users = np.unique(user_ids)
-    h = _num_heldout(len(users), num_heldout_users)
-    perm = rng.permutation(users)
-    valid_users, test_users = np.sort(perm[len(users) - 2 * h : len(users) - h]), np.sort(perm[len(users) - h :])
     in_valid, in_test = np.isin(user_ids, valid_users), np.isin(user_ids, test_users)
     heldout = in_valid | in_test
     if drop_unseen_items:
-        train_items = np.unique(item_ids[~heldout])
+        if train_items is None:
+            train_items = np.unique(item_ids[~heldout])
         keep = ~heldout | np.isin(item_ids, train_items)
         if not keep.all():
             order = _compose(order, keep)
@@ -477,13 +508,19 @@ def filter_interactions(
     if len(users):
         pairs = lexsort_order((items, users))  # cheap: (user, item) packs into few bits; None when sorted
         u, i = (users, items) if pairs is None else (users[pairs], items[pairs])
-        if ((u[1:] == u[:-1]) & (i[1:] == i[:-1])).any():  # duplicates: keep each pair's latest row
+        same_pair = (u[1:] == u[:-1]) & (i[1:] == i[:-1])
+        if same_pair.any():  # duplicates: keep each pair's latest row (the last in the file among ties)
+            # rows sorted by pair, stably (file order within a pair): per run, the last row at the run's
+            # largest timestamp. Two passes over the runs instead of a three-key sort.
+            n = len(users)
+            order = np.arange(n) if pairs is None else pairs
             timestamps = df["timestamp"].to_numpy()
-            order = lexsort_fast((timestamps if rows is None else timestamps[rows], items, users))
-            u, i = users[order], items[order]
-            last_of_pair = np.r_[(u[1:] != u[:-1]) | (i[1:] != i[:-1]), True]
-            keep = np.zeros(len(users), dtype=bool)
-            keep[order[last_of_pair]] = True
+            ts = (timestamps if rows is None else timestamps[rows])[order]
+            starts = np.flatnonzero(np.r_[True, ~same_pair])
+            latest = np.repeat(np.maximum.reduceat(ts, starts), np.diff(np.r_[starts, n]))
+            last = np.maximum.reduceat(np.where(ts == latest, np.arange(n), -1), starts)
+            keep = np.zeros(n, dtype=bool)
+            keep[order[last]] = True
             rows = _compose(rows, keep)
             users, items = np.compress(keep, users), np.compress(keep, items)
     while min_user_interactions > 0 or min_item_interactions > 0:

@@ -1,0 +1,347 @@
+"""A log -> filtered, split interactions in bounded memory: the generic source's one pipeline, for
+logs of any size (held in memory when they fit the budget, partitioned by user on disk when not).
+
+    record batches -> min rating, raw-id vocabularies with each user's row count       [pass 1]
+      -> raw ids -> contiguous indices; rows -> buckets of ascending user ranges       [pass 2]
+      -> per bucket: one row per (user, item), the latest                             [pass 3]
+      -> k-core from global user / item counts (one more pass per round)
+      -> per bucket, in user order: the protocol, ids compacted -> the split files   [last pass]
+
+Every step but the vocabularies and the k-core's counts looks at one user at a time, so a bucket of
+whole users is all it needs. The protocols draw from one generator in canonical
+(user_id, timestamp, item_id) order, and buckets come in ascending user order, so the draws and the
+dataset are exactly those of the in-memory functions of ``splits`` on the whole log (checked by
+tests/test_out_of_core.py). Memory: O(distinct users + items) for the vocabularies and counts, plus
+one bucket (``memory_budget_bytes / _BUCKET_BYTES_PER_ROW`` rows) at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from data_pipelines.dataset_dir import InteractionsFileWriter
+from data_pipelines.errors import DatasetError
+from data_pipelines.spill import BatchStore
+from data_pipelines.splits import (
+    draw_heldout_users,
+    filter_interactions,
+    split_heldout_users,
+    split_loo,
+    split_recbole,
+)
+from data_pipelines.vocab import IdMapper, VocabBuilder
+
+__all__ = ["BucketedSplit", "split_log"]
+
+# Peak bytes per row while a bucket is deduplicated and split (its columns, sort keys, the split's
+# copies and the writers' row groups); measured on the 25M-row bench, rounded up.
+_BUCKET_BYTES_PER_ROW = 160
+_LOG_STORE_SHARE = 4  # the parsed log stays in memory up to budget / 4 bytes, then goes to disk
+_PARALLEL_MIN_ROWS = 1 << 20  # from this many rows, buckets are processed on every core
+_RELEASE_EVERY_BATCHES = 8  # on this VM reused pages are ~20x cheaper than fresh ones (data_pipelines/README.md)
+_COLUMNS = ("user_id", "item_id", "timestamp", "rating")
+_SCHEMA = pa.schema(
+    [("user_id", pa.int64()), ("item_id", pa.int64()), ("timestamp", pa.int64()), ("rating", pa.float32())]
+)
+
+
+@dataclass
+class BucketedSplit:
+    """What ``split_log`` wrote and what the dataset dir's other files need."""
+
+    files: dict[str, Path]  # train / valid / test parquet, written in the work folder
+    counts: dict[str, int]
+    users: pa.Array  # raw ids kept, ascending: index = user_id
+    items: pa.Array
+    num_raw_interactions: int
+    num_buckets: int
+    heldout: tuple[np.ndarray, np.ndarray] | None = None  # strong_generalization: valid / test user_ids
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class _Buckets:
+    """The log's rows by bucket of users: frames in memory, or one Arrow IPC file each on disk."""
+
+    def __init__(self, work: Path, num_buckets: int, in_memory: bool) -> None:
+        self.num_buckets, self.in_memory = num_buckets, in_memory
+        self._pieces: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_buckets)]
+        self._frames: list[pd.DataFrame | None] = [None] * num_buckets
+        self._stores = [BatchStore(work / f"bucket-{b:05d}.arrow", 0) for b in range(num_buckets)]
+
+    def append(self, b: int, columns: dict[str, np.ndarray]) -> None:
+        if self.in_memory:
+            self._pieces[b].append(columns)
+        else:
+            self._stores[b].append(pa.RecordBatch.from_arrays([pa.array(columns[c]) for c in _COLUMNS], schema=_SCHEMA))
+
+    def load(self, b: int) -> pd.DataFrame:
+        if self.in_memory:
+            if self._frames[b] is None:
+                pieces, self._pieces[b] = self._pieces[b], []
+                self._frames[b] = pd.DataFrame(
+                    {c: np.concatenate([p[c] for p in pieces]) if len(pieces) != 1 else pieces[0][c] for c in _COLUMNS}
+                    if pieces
+                    else {c: np.zeros(0, t.to_pandas_dtype()) for c, t in zip(_COLUMNS, _SCHEMA.types)},
+                    copy=False,
+                )
+            return self._frames[b]
+        table = self._stores[b].table()
+        if table is None:
+            return pd.DataFrame({c: np.zeros(0, t.to_pandas_dtype()) for c, t in zip(_COLUMNS, _SCHEMA.types)})
+        return pd.DataFrame({c: table[c].to_numpy() for c in _COLUMNS}, copy=False)
+
+    def save(self, b: int, df: pd.DataFrame) -> None:
+        if self.in_memory:
+            self._frames[b] = df
+        else:
+            self._stores[b].replace(pa.Table.from_pandas(df[list(_COLUMNS)], preserve_index=False))
+
+
+def _in_order(pool: ThreadPoolExecutor, fn, items, ahead: int):
+    """``map(fn, items)`` on ``pool`` with at most ``ahead`` calls in flight, results in order (bounded memory)."""
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def _read(batches: Iterable[pa.RecordBatch], store: BatchStore, min_rating: float):
+    """Pass 1: rows with rating >= min_rating into ``store``; the vocabularies; the raw row count."""
+    users, items = VocabBuilder(), VocabBuilder()
+    num_raw = 0
+    for j, batch in enumerate(batches):
+        num_raw += batch.num_rows
+        if min_rating > 0:
+            batch = batch.filter(np.asarray(batch["rating"].to_numpy()) >= min_rating)
+        if batch.num_rows:
+            users.add(batch["user"])
+            items.add(batch["item"])
+            store.append(batch)
+        if j % _RELEASE_EVERY_BATCHES == _RELEASE_EVERY_BATCHES - 1:
+            pa.default_memory_pool().release_unused()  # freed batches' pages back to the OS: numpy reuses them
+    pa.default_memory_pool().release_unused()
+    return users.finish(), items.finish()[0], num_raw
+
+
+def _partition(store: BatchStore, buckets: _Buckets, users: IdMapper, items: IdMapper, user_bucket: np.ndarray):
+    """Pass 2: raw ids -> indices, each row to its user's bucket (rows keep their file order)."""
+    for batch in store.batches():
+        u = users(batch["user"])
+        columns = {
+            "user_id": u,
+            "item_id": items(batch["item"]),
+            "timestamp": np.asarray(batch["timestamp"].to_numpy()),
+            "rating": np.asarray(batch["rating"].to_numpy()),
+        }
+        b = user_bucket[u]
+        if (b[1:] >= b[:-1]).all():  # a log grouped by user: each bucket's rows are one slice
+            bounds = np.searchsorted(b, np.arange(buckets.num_buckets + 1))
+            rows = [slice(bounds[k], bounds[k + 1]) for k in range(buckets.num_buckets)]
+        else:
+            order = np.argsort(b, kind="stable")  # a radix sort of small integers
+            bounds = np.searchsorted(b[order], np.arange(buckets.num_buckets + 1))
+            rows = [order[bounds[k] : bounds[k + 1]] for k in range(buckets.num_buckets)]
+        for k, r in enumerate(rows):
+            if bounds[k + 1] > bounds[k]:
+                buckets.append(k, {c: v[r] for c, v in columns.items()})
+    store.clear()
+
+
+def _counts(frames: Iterable[pd.DataFrame], num_users: int, num_items: int, keep_user=None, keep_item=None):
+    """Rows per user and per item over every bucket, of the rows whose user and item are kept."""
+    user_counts, item_counts = np.zeros(num_users, np.int64), np.zeros(num_items, np.int64)
+    for df in frames:
+        u, i = df["user_id"].to_numpy(), df["item_id"].to_numpy()
+        if keep_user is not None:
+            m = keep_user[u] & keep_item[i]
+            u, i = u[m], i[m]
+        user_counts += np.bincount(u, minlength=num_users)
+        item_counts += np.bincount(i, minlength=num_items)
+    return user_counts, item_counts
+
+
+def _frames(pool: ThreadPoolExecutor, buckets: _Buckets, ahead: int) -> Iterable[pd.DataFrame]:
+    return _in_order(pool, buckets.load, range(buckets.num_buckets), ahead)
+
+
+def _dedupe(pool: ThreadPoolExecutor, ahead: int, buckets: _Buckets, num_users: int, num_items: int):
+    """Pass 3: one row per (user, item) in every bucket (the latest); rows per user and per item."""
+
+    def one(b: int) -> pd.DataFrame:
+        df = buckets.load(b)
+        kept = filter_interactions(df)
+        if len(kept) < len(df):
+            buckets.save(b, kept)
+        return kept
+
+    return _counts(_in_order(pool, one, range(buckets.num_buckets), ahead), num_users, num_items)
+
+
+def _k_core(pool, ahead: int, buckets: _Buckets, user_counts, item_counts, min_user: int, min_item: int):
+    """Users and items left by the k-core (``filter_interactions``'s rounds, one pass over the buckets
+    each): masks over the indices, and their final row counts."""
+    while True:
+        keep_user = (user_counts > 0) & (user_counts >= min_user)
+        keep_item = (item_counts > 0) & (item_counts >= min_item)
+        if not ((user_counts > 0) & ~keep_user).any() and not ((item_counts > 0) & ~keep_item).any():
+            return keep_user, keep_item, user_counts
+        user_counts, item_counts = _counts(
+            _frames(pool, buckets, ahead), len(user_counts), len(item_counts), keep_user, keep_item
+        )
+
+
+def _generator_at(state: dict, draws: int) -> np.random.Generator:
+    """A generator in ``state`` moved on by ``draws`` raw draws: a bucket's own copy of the one stream."""
+    bit_generator = np.random.PCG64()
+    bit_generator.state = state
+    bit_generator.advance(draws)
+    return np.random.Generator(bit_generator)
+
+
+def split_log(
+    batches: Iterable[pa.RecordBatch],
+    *,
+    work: Path,
+    label: str,
+    protocol: str,
+    seed: int,
+    filters: dict[str, Any],
+    num_heldout_users: int,
+    memory_budget_bytes: int,
+    num_threads: int | None = None,
+) -> BucketedSplit:
+    """Filter and split the log in ``batches`` (columns user, item, timestamp, rating) by ``protocol``
+    (recbole | loo | strong_generalization), writing the split files into ``work`` (spill files too).
+
+    Buckets are deduplicated and split on ``num_threads`` threads (default: every core); each one
+    draws from its own copy of the protocol's generator, moved on by the draws of the buckets
+    before it, so the result is independent of the threads, the buckets and the budget.
+    """
+    log = BatchStore(work / "log.arrow", memory_budget_bytes // _LOG_STORE_SHARE)
+    (raw_users, rows_per_user), raw_items, num_raw = _read(batches, log, filters["min_rating"])
+    if log.num_rows == 0:
+        raise DatasetError(f"{label}: no interactions left after the filters {filters} (of {num_raw})")
+    threads = num_threads or os.cpu_count() or 1
+    bucket_rows = max(memory_budget_bytes // (_BUCKET_BYTES_PER_ROW * threads), 1)  # `threads` buckets at once
+    num_buckets = -(-log.num_rows // bucket_rows)
+    if log.num_rows >= _PARALLEL_MIN_ROWS:
+        num_buckets = max(num_buckets, 2 * threads)  # work for every thread
+    rows_before = np.cumsum(rows_per_user) - rows_per_user  # contiguous user ranges of ~equal rows
+    user_bucket = rows_before * num_buckets // log.num_rows
+    buckets = _Buckets(work, num_buckets, in_memory=not log.on_disk)
+    _partition(log, buckets, IdMapper(raw_users), IdMapper(raw_items), user_bucket)
+    num_users, num_items = len(raw_users), len(raw_items)
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        user_counts, item_counts = _dedupe(pool, threads, buckets, num_users, num_items)
+        min_user, min_item = filters["min_user_interactions"], filters["min_item_interactions"]
+        keep_user, keep_item, user_counts = _k_core(
+            pool, threads, buckets, user_counts, item_counts, min_user, min_item
+        )
+        if not keep_user.any():
+            raise DatasetError(f"{label}: no interactions left after the filters {filters} (of {num_raw})")
+
+        rng = np.random.default_rng(seed)
+        heldout, train_items, options = None, None, {}
+        used_user, used_item = keep_user, keep_item
+        draws = np.bincount(user_bucket, weights=user_counts, minlength=num_buckets)  # recbole: one per row
+        if protocol == "strong_generalization":
+            options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
+            heldout = draw_heldout_users(np.flatnonzero(keep_user), rng, num_heldout_users)
+            used_user, used_item, draws = _strong_generalization_use(
+                _frames(pool, buckets, threads), keep_user, keep_item, heldout, user_bucket, num_buckets
+            )
+            train_items = np.flatnonzero(used_item)
+        state = rng.bit_generator.state
+        draws_before = (np.cumsum(draws) - draws).astype(np.int64)
+
+        new_user, new_item = np.cumsum(used_user) - 1, np.cumsum(used_item) - 1  # compacted ids
+        sizes = int(used_user.sum()), int(used_item.sum())
+        names = ("train", "valid", "test")
+        files = {s: work / f"{s}.parquet" for s in names}
+        filtered = min_user > 0 or min_item > 0
+
+        def split_bucket(b: int) -> list[pd.DataFrame]:
+            df = buckets.load(b)
+            if filtered:
+                df = df[keep_user[df["user_id"].to_numpy()] & keep_item[df["item_id"].to_numpy()]]
+            if len(df) == 0:
+                return []
+            parts = _split(df, protocol, _generator_at(state, int(draws_before[b])), heldout, train_items)
+            for part in parts:
+                part["user_id"] = new_user[part["user_id"].to_numpy()]
+                part["item_id"] = new_item[part["item_id"].to_numpy()]
+            return parts
+
+        writers = {s: InteractionsFileWriter(files[s], s, *sizes) for s in names}
+        try:
+            for parts in _in_order(pool, split_bucket, range(num_buckets), threads):
+                for s, part in zip(names, parts):
+                    writers[s].append(part)
+        finally:
+            counts = {s: w.num_rows for s, w in writers.items()}
+            for w in writers.values():
+                w.close(allow_empty=True)
+    if heldout is not None:
+        heldout = tuple(new_user[h][used_user[h]] for h in heldout)
+    return BucketedSplit(
+        files=files,
+        counts=counts,
+        users=raw_users.take(pa.array(np.flatnonzero(used_user))),
+        items=raw_items.take(pa.array(np.flatnonzero(used_item))),
+        num_raw_interactions=num_raw,
+        num_buckets=num_buckets,
+        heldout=heldout,
+        options=options,
+    )
+
+
+def _strong_generalization_use(
+    frames: Iterable[pd.DataFrame], keep_user, keep_item, heldout, user_bucket, num_buckets: int
+):
+    """Users and items left once held-out users' rows with items no training user has are dropped
+    (Liang's rule), and each bucket's held-out rows (one draw each): the training users' items come
+    from every bucket, so the frames are read into memory only when they are already there."""
+    is_heldout = np.zeros(len(keep_user), dtype=bool)
+    is_heldout[np.concatenate(heldout)] = True
+    train_item = np.zeros(len(keep_item), dtype=bool)
+    used_user = keep_user & ~is_heldout
+    heldout_rows = []  # (user_id, item_id) of kept held-out rows, a small share of the log
+    for df in frames:
+        u, i = df["user_id"].to_numpy(), df["item_id"].to_numpy()
+        kept = keep_user[u] & keep_item[i]
+        train_item[i[kept & ~is_heldout[u]]] = True
+        m = kept & is_heldout[u]
+        heldout_rows.append((u[m], i[m]))
+    draws = np.zeros(num_buckets, np.int64)  # one per bucket, empty ones too (a heavy user fills several)
+    for u, i in heldout_rows:
+        m = train_item[i]
+        used_user[u[m]] = True
+        draws += np.bincount(user_bucket[u[m]], minlength=len(draws))
+    return used_user, train_item, draws
+
+
+def _split(df: pd.DataFrame, protocol: str, rng: np.random.Generator, heldout, train_items):
+    if protocol == "recbole":
+        return split_recbole(df, seed=0, rng=rng)
+    if protocol == "loo":
+        return split_loo(df)
+    if protocol == "strong_generalization":
+        valid_users, test_users = heldout
+        return split_heldout_users(
+            df, valid_users=valid_users, test_users=test_users, rng=rng, drop_unseen_items=True, train_items=train_items
+        )
+    raise ValueError(f"unknown split protocol {protocol!r}; known: recbole, loo, strong_generalization")
