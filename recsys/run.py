@@ -22,7 +22,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.bundle_writer import check_replaceable, write_bundle
+from recsys.bundle_writer import check_replaceable, query_side_features, write_bundle
 from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
 from recsys.config import (
     Config,
@@ -37,6 +37,7 @@ from recsys.config import (
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData, load_dataset
+from recsys.data.side_features import with_side_features
 from recsys.distributed.collectives import full_tables
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.plan_summary import plan_summary
@@ -71,6 +72,7 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
     dataset_dir = prepare_dataset_on_rank0(cfg.data, env)
     if cfg.data.shard_by_user:
         data, example_counts = load_rank_data(dataset_dir, env)
+        data = with_side_features(data, cfg.model.features)
         log.info(
             "dataset %s, users %s of rank %d: %s",
             dataset_dir,
@@ -79,7 +81,7 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
             {s: len(v) for s, v in data.splits.items()},
         )
         return RunData(data, example_counts)
-    data = load_dataset(dataset_dir)
+    data = with_side_features(load_dataset(dataset_dir), cfg.model.features)
     log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
     return RunData(data, None)
 
@@ -162,7 +164,9 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, w
     ``whole_data=False``: this rank reads only its own users' interactions (``rank_user_range``).
     """
     root = prepare_dataset_on_rank0(cfg.data, env)
-    data = load_dataset(root, None if whole_data else rank_user_range(root, env))
+    data = with_side_features(
+        load_dataset(root, None if whole_data else rank_user_range(root, env)), cfg.model.features
+    )
     # weights only: the loss never runs (uniform item frequencies do), the sparse optimizer is never
     # stepped or loaded (SGD keeps no state), and the run's GPU-only sharding choices give way on a
     # CPU machine (DCP reshards)
@@ -228,6 +232,7 @@ def export_run(ecfg: ExportConfig) -> Path:
                 {t: c.pooling for t, c in cfg.model.tables.items()},
                 two_tower.query_tower.cpu(),
                 with_history=cfg.data.history_length > 0,
+                side_tables=tuple(f.table for f in query_side_features(data)),
             ).eval()
             write_bundle(out, encoder, item_emb, data, cfg, trained.checkpoint)
             log.info("serving bundle: %s", out)

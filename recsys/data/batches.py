@@ -25,6 +25,7 @@ from recsys.data.batch import Batch
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.data.features import build_kjt, tables, validate_ids
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
+from recsys.data.side_features import side_rows, side_tables
 from recsys.data.batch_bounds import batch_bounds, rank_shares
 
 
@@ -36,7 +37,7 @@ class FeatureBuilder:
         self.data = data
         self.history_length = history_length
         self.user_id = user_id  # false: no user key (the model has no user table)
-        self.keys = tables(data.has_categories, user_id)
+        self.keys = tables(data.has_categories, user_id) + list(side_tables(data.side_features))
 
     def build(
         self,
@@ -80,6 +81,16 @@ class FeatureBuilder:
             values["category"] = np.concatenate([hist_categories[1], candidate_cats])
             validate_ids("categories", values["category"], sizes["category"])
             lengths["category"] = np.concatenate([hist_categories[0], candidate_cat_lengths])
+        if self.data.side_features:  # model.features: one more key per side table
+            side_lengths, side_values = side_rows(
+                self.data.side_features,
+                user_ids=user_ids,
+                hist_lengths=hist_lengths,
+                hist_items=hist_items,
+                candidate_item_ids=candidate_item_ids,
+            )
+            lengths.update(side_lengths)
+            values.update(side_values)
         return Batch(
             features=build_kjt(self.keys, lengths, values),
             candidate_item_ids=torch.from_numpy(np.ascontiguousarray(candidate_item_ids, dtype=np.int64)),

@@ -62,6 +62,8 @@ class RetrievalData:
     user_range: Optional[Tuple[int, int]] = None
     # training frequency of every item over the whole split, when splits hold a part of it
     global_item_counts: Optional[np.ndarray] = None
+    # model.features' columns (recsys.data.side_features.SideFeature), set by with_side_features; () = none
+    side_features: Tuple = ()
 
     def is_heldout(self, user_ids: np.ndarray) -> np.ndarray:
         """Whether each user is a held-out (valid / test) user whose train rows are fold-in history only."""
@@ -73,10 +75,13 @@ class RetrievalData:
 
     @property
     def table_num_rows(self) -> Dict[str, int]:
-        """Rows of each table the data feeds (no category table when items have no categories)."""
+        """Rows of each table the data feeds (no category table when items have no categories), then the side
+        features' tables in order of first use, each as large as the largest of its features' columns needs."""
         rows = {"user": self.num_users, "item": self.num_items}
         if self.has_categories:
             rows["category"] = self.num_categories
+        for f in self.side_features:
+            rows[f.table] = max(rows.get(f.table, 0), f.num_ids)
         return rows
 
     def item_counts(self) -> np.ndarray:

@@ -57,8 +57,8 @@ FEATURE_TABLES: Dict[str, str] = {
 }
 
 
-def validate_ids(feature: str, ids: np.ndarray, num_rows: int) -> None:
-    """Raise if any id of ``feature`` falls outside its table of ``num_rows`` rows.
+def validate_ids(feature: str, ids: np.ndarray, num_rows: int, table: str | None = None) -> None:
+    """Raise if any id of ``feature`` falls outside its table (``table``, else ``FEATURE_TABLES``'s) of ``num_rows`` rows.
 
     fbgemm's CPU kernel would silently rewrite such an id to row 0 and train that row, so this
     runs on every batch before the lookup (a min and a max over numpy arrays: cheap).
@@ -66,7 +66,7 @@ def validate_ids(feature: str, ids: np.ndarray, num_rows: int) -> None:
     if ids.size == 0:
         return
     low, high = int(ids.min()), int(ids.max())
-    table = FEATURE_TABLES.get(feature, feature)
+    table = table or FEATURE_TABLES.get(feature, feature)
     if low < 0:
         raise ValueError(f"feature '{feature}': id {low} is negative (table '{table}' has {num_rows} rows)")
     if high >= num_rows:
