@@ -110,8 +110,8 @@ class SyntheticSpec:
 
 
 def spec_dict(spec: SyntheticSpec) -> dict:
-    """The spec as meta.json and the cache key record it: without num_user_groups when 0, so that datasets
-    prepared before it existed keep their cache keys (and dir names)."""
+    """The spec as the cache key hashes it: without num_user_groups when 0, so that datasets prepared
+    before it existed keep their cache keys (and dir names)."""
     out = dataclasses.asdict(spec)
     if not out["num_user_groups"]:
         del out["num_user_groups"]
@@ -289,7 +289,7 @@ def prepare_synthetic(
         "num_items": spec.num_items,
         "num_categories": spec.num_categories,
         "sources": [],
-        "spec": spec_dict(spec),
+        "spec": dataclasses.asdict(spec),
         "code_version": CODE_VERSION,
         "cache_key": key,
     }

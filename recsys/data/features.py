@@ -8,6 +8,7 @@ rows [0, B_q) carry the queries' ids, rows [B_q, R) the candidates' ids::
     user       the user id (1)                             empty
     item       the user's history (0..history_length)      the candidate item (1)
     category   the categories of those history items       the candidate's categories (1..3)
+    <side>     model.features' tables after these, one key each (recsys/data/side_features.py)
 
 Why not one key per feature (``history_item_ids`` and ``item_id`` both on the item table, stride
 C)? fbgemm's CPU backward takes its fast path (JIT SpMDM + row-wise Adagrad, parallel over rows)
