@@ -60,6 +60,9 @@ class SyntheticDataConfig:
     latent_dim: int = 16  # dimension of the planted user / item factors
     min_interactions_per_user: int = 20  # floor on each user's count; MovieLens-1M keeps users with >= 20
     seed: int = 0  # generator seed (the split has its own, data.split_seed)
+    # users.parquet gets a user_group column (0..N-1) that says something of each user's taste: a side
+    # feature to try model.features on (synthetic.py, step 8); 0 = no such column
+    num_user_groups: int = 0
 
 
 @dataclass

@@ -25,6 +25,10 @@ Generative story (all draws from ``numpy.random.default_rng`` streams spawned fr
    gaps of ``1 + Exponential(mean_gap_seconds)`` seconds (strictly increasing, int seconds).
 7. Ratings. ``U_u . V_i + N(0, rating_noise^2)`` cut at the quantiles of ML-1M's star shares
    (``RATING_SHARES``) into 1..5, float32: higher affinity, higher rating.
+8. User groups (``num_user_groups > 0`` only; its own stream, so nothing above changes). Directions
+   G [num_user_groups, D] ~ N(0, 1/sqrt(D)); user u's ``user_group`` is ``argmax_g U_u . G_g``: a
+   categorical user attribute that tells part of the user's taste (a side feature for ``model.features``),
+   declared in meta.json ``user_features``.
 
 With the defaults, an oracle ranking by the true logit has several times the Recall@20 of a
 popularity ranking, and popularity is itself far above random (tests/test_synthetic.py).
@@ -82,6 +86,7 @@ class SyntheticSpec:
     time_span_seconds: int = 3 * 365 * 86_400  # users' first interactions are uniform over this span
     mean_gap_seconds: int = 3_600  # mean gap between one user's consecutive interactions
     seed: int = 0  # seeds every random draw of the generator
+    num_user_groups: int = 0  # users.parquet user_group: argmax_g U_u . G_g over this many directions; 0 = none
 
     def __post_init__(self) -> None:
         for name in ("num_users", "num_items", "num_categories", "num_interactions", "latent_dim"):
@@ -100,6 +105,17 @@ class SyntheticSpec:
             )
         if self.temperature <= 0 or self.category_temperature <= 0:
             raise ValueError("SyntheticSpec temperatures must be positive")
+        if self.num_user_groups < 0:
+            raise ValueError(f"SyntheticSpec.num_user_groups must be >= 0 (0 = none), got {self.num_user_groups}")
+
+
+def spec_dict(spec: SyntheticSpec) -> dict:
+    """The spec as the cache key hashes it: without num_user_groups when 0, so that datasets prepared
+    before it existed keep their cache keys (and dir names)."""
+    out = dataclasses.asdict(spec)
+    if not out["num_user_groups"]:
+        del out["num_user_groups"]
+    return out
 
 
 # Shaped like MovieLens-1M (6040 users, 3706 rated movies, 18 genres, 1,000,209 ratings, >= 20 each).
@@ -197,7 +213,7 @@ def generate(
                   (s), rating float32 in {1..5}; sorted by (user_id, timestamp, item_id); no
                   (user_id, item_id) pair twice.
     items:        item_id int64 0..num_items-1, categories (int64 arrays, sorted, 1..1+max_extra)
-    users:        user_id int64 0..num_users-1
+    users:        user_id int64 0..num_users-1 (+ user_group int64 0..num_user_groups-1 when asked for)
     """
     D = spec.latent_dim
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(7)]
@@ -234,6 +250,9 @@ def generate(
     interactions = pd.DataFrame({"user_id": user_ids, "item_id": item_ids, "timestamp": timestamps, "rating": ratings})
     items = pd.DataFrame({"item_id": np.arange(spec.num_items, dtype=np.int64), "categories": categories})
     users = pd.DataFrame({"user_id": np.arange(spec.num_users, dtype=np.int64)})
+    if spec.num_user_groups:
+        G = np.random.default_rng([spec.seed, 8]).normal(0.0, scale, (spec.num_user_groups, D))
+        users["user_group"] = np.argmax(U @ G.T, axis=1).astype(np.int64)
     if return_factors:
         return interactions, items, users, SyntheticFactors(U, V, bias, C, spec.temperature)
     return interactions, items, users
@@ -241,7 +260,7 @@ def generate(
 
 def cache_key(spec: SyntheticSpec, protocol: str, seed: int) -> str:
     """16 hex chars of sha256 over the canonical JSON of (spec, protocol, split seed, code version)."""
-    payload = {"spec": dataclasses.asdict(spec), "protocol": protocol, "seed": seed, "code_version": CODE_VERSION}
+    payload = {"spec": spec_dict(spec), "protocol": protocol, "seed": seed, "code_version": CODE_VERSION}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -274,4 +293,6 @@ def prepare_synthetic(
         "code_version": CODE_VERSION,
         "cache_key": key,
     }
+    if spec.num_user_groups:
+        meta["user_features"] = {"user_group": spec.num_user_groups}  # table rows for model.features
     return write_dataset_dir(out_dir, train=train, valid=valid, test=test, items=items, users=users, meta=meta)

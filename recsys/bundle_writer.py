@@ -31,6 +31,7 @@ BUNDLE_FILES = {
     "query_encoder.pt2",
     "item_embeddings.npy",
     "items.parquet",
+    "users.parquet",
     "vocab",
     "config.yaml",
 }
@@ -60,8 +61,23 @@ def check_replaceable(out: Path) -> None:
         )
 
 
+def query_side_features(data: RetrievalData) -> list:
+    """The side features the query encoder reads, in the query tower's order (recsys.model.build)."""
+    order = list(dict.fromkeys(f.table for f in data.side_features))
+    return sorted((f for f in data.side_features if f.tower == "query"), key=lambda f: order.index(f.table))
+
+
+def _side_columns(data: RetrievalData, source: str) -> dict[str, pa.Array]:
+    """feature_<name>: each query-tower side feature's ids of ``source`` ("users" | "items") as list<int64>."""
+    return {
+        f"feature_{f.name}": pa.ListArray.from_arrays(pa.array(f.indptr, pa.int64()), pa.array(f.ids, pa.int64()))
+        for f in query_side_features(data)
+        if f.source == source
+    }
+
+
 def _items_table(data: RetrievalData, embeddings: np.ndarray) -> pa.Table:
-    """item_id, categories, embedding, and raw_id / title where the dataset dir's vocabulary has them."""
+    """item_id, categories, embedding, raw_id / title where the dataset dir's vocabulary has them, side features' ids."""
     categories = pa.ListArray.from_arrays(
         pa.array(data.item_category_indptr, pa.int32()), pa.array(data.item_category_ids, pa.int64())
     )
@@ -76,7 +92,7 @@ def _items_table(data: RetrievalData, embeddings: np.ndarray) -> pa.Table:
         for column in ("raw_id", "title"):
             if column in names:
                 columns[column] = pa.array(names[column].tolist())
-    return pa.table(columns)
+    return pa.table(columns | _side_columns(data, "items"))
 
 
 def _manifest(encoder_dim: int, data: RetrievalData, cfg: Config, checkpoint: Path) -> dict:
@@ -88,6 +104,16 @@ def _manifest(encoder_dim: int, data: RetrievalData, cfg: Config, checkpoint: Pa
         "num_categories": data.num_categories,
         "history_length": cfg.data.history_length,
         "poolings": {t: c.pooling for t, c in cfg.model.tables.items()},
+        "side_features": [
+            {
+                "name": f.name,
+                "table": f.table,
+                "source": f.source,
+                "column": f.column,
+                "bundle_column": f"feature_{f.name}",
+            }
+            for f in query_side_features(data)
+        ],
         "temperature": cfg.model.temperature,
         "score": "inner product <query, item>",
         "checkpoint": str(checkpoint.resolve()),
@@ -102,12 +128,16 @@ def write_bundle(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        program = torch.export.export(encoder, example_inputs(), dynamic_shapes=dynamic_shapes())
+        num_side = len(encoder.side_tables)
+        program = torch.export.export(encoder, example_inputs(num_side), dynamic_shapes=dynamic_shapes(num_side))
         torch.export.save(program, str(tmp / "query_encoder.pt2"))
         torch.save(encoder.state_dict(), tmp / "query_encoder.pt")  # what load_bundle reads (weights only)
         embeddings = item_emb.numpy().astype(np.float32)
         np.save(tmp / "item_embeddings.npy", embeddings)
         pq.write_table(_items_table(data, embeddings), tmp / "items.parquet")
+        users = _side_columns(data, "users")
+        if users:
+            pq.write_table(pa.table({"user_id": pa.array(np.arange(data.num_users))} | users), tmp / "users.parquet")
         if (data.dir / VOCAB_DIR).is_dir():
             shutil.copytree(data.dir / VOCAB_DIR, tmp / "vocab")
         (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

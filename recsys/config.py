@@ -83,8 +83,24 @@ class TableConfig:
 
 
 @dataclass
+class FeatureConfig:
+    """A categorical column of users.parquet / items.parquet fed to one tower (recsys/data/side_features.py).
+
+    An items column on the query tower is pooled over the query's history items (as ``category`` is);
+    a users column can only feed the query tower. The table's size comes from the dataset dir.
+    """
+
+    source: str = MISSING  # "users" | "items": the dataset dir file holding the column
+    column: str = MISSING  # integer ids (int64), or several per row (list<int64>); 0.. contiguous, by prepare
+    tower: str = "query"  # "query" | "candidate"
+    table: str = ""  # the model.tables entry it looks up; "" = its own, named after the feature
+
+
+@dataclass
 class ModelConfig:
-    tables: dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables
+    tables: dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables + side tables
+    # side features by name, beside the built-in user / item / category ones; {} = none (today's model)
+    features: dict[str, FeatureConfig] = field(default_factory=dict)
     tower_dims: list[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
     temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
@@ -206,7 +222,16 @@ def config_fingerprint(cfg: Config) -> str:
     data = asdict(cfg.data)
     data.pop("root")
     data.pop("shard_by_user")  # how the rows are read, not which
-    blob = json.dumps({"data": data, "model": asdict(cfg.model)}, sort_keys=True)
+    data["interactions"].pop("memory_budget_mb")  # how the log is prepared, not what is written
+    if not data["synthetic"]["num_user_groups"]:  # fingerprints from before the field existed stay valid
+        del data["synthetic"]["num_user_groups"]
+    model = asdict(cfg.model)
+    if not model["features"]:  # a run without side features keeps the fingerprint it had before they existed
+        del model["features"]
+    if not data["item_neighbors"]:  # likewise without neighbours: the unused table config changes no weight
+        del data["item_neighbors"]
+        model["tables"].pop("neighbor", None)
+    blob = json.dumps({"data": data, "model": model}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -214,6 +239,8 @@ def config_fingerprint(cfg: Config) -> str:
 # in the words users already know (and "none" would be no good enum member name for Hydra's parser).
 PIPELINES = ("none", "sparse_dist")  # trainer.pipeline
 POOLINGS = ("sum", "mean")  # model.tables.<name>.pooling
+FEATURE_SOURCES = ("users", "items")  # model.features.<name>.source
+TOWERS = ("query", "candidate")  # model.features.<name>.tower
 # metric names eval.valid_metric may use, with "@K" for a K in eval.ks (recsys/evaluation/metrics.py)
 VALID_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr", "coverage")
 
@@ -260,6 +287,29 @@ def check_values(cfg: Config) -> None:
     for name, table in m.tables.items():
         need(table.embedding_dim >= 1, f"model.tables.{name}.embedding_dim", table.embedding_dim, "must be >= 1")
         need(table.pooling in POOLINGS, f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")
+    for name, feature in m.features.items():
+        key = f"model.features.{name}"
+        need(feature.source in FEATURE_SOURCES, f"{key}.source", feature.source, "expected 'users' or 'items'")
+        need(feature.tower in TOWERS, f"{key}.tower", feature.tower, "expected 'query' or 'candidate'")
+        need(
+            not (feature.source == "users" and feature.tower == "candidate"),
+            f"{key}.tower",
+            feature.tower,
+            "a users column can only feed the query tower (a candidate is an item)",
+        )
+        need(
+            not (feature.source == "items" and feature.tower == "query" and d.history_length <= 0),
+            f"{key}.tower",
+            feature.tower,
+            "an items column on the query tower is pooled over the history items: needs data.history_length > 0",
+        )
+        table = feature.table or name
+        need(
+            table in m.tables,
+            f"{key}.table",
+            table,
+            f"no such table in model.tables ({', '.join(sorted(m.tables))}); add model.tables.{table}",
+        )
     need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
     need(t.pipeline in PIPELINES, "trainer.pipeline", t.pipeline, "expected 'none' or 'sparse_dist'")
     need(0.0 <= d.history_dropout < 1.0, "data.history_dropout", d.history_dropout, "must be in [0, 1)")
@@ -351,6 +401,7 @@ class TableRowsConfig:
     user: int = MISSING  # rows of the user table (users)
     item: int = MISSING  # rows of the item table (items)
     category: int = MISSING  # rows of the category table (categories)
+    side: dict[str, int] = field(default_factory=dict)  # rows of each table model.features names (ids of its column)
 
 
 @dataclass

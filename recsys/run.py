@@ -22,7 +22,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.bundle_writer import check_replaceable, write_bundle
+from recsys.bundle_writer import check_replaceable, query_side_features, write_bundle
 from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
 from recsys.config import (
     Config,
@@ -38,6 +38,7 @@ from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData
 from recsys.data.neighbors import load_with_neighbors, with_item_neighbors
+from recsys.data.side_features import with_side_features
 from recsys.distributed.collectives import full_tables
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.plan_summary import plan_summary
@@ -67,11 +68,18 @@ class RunData(NamedTuple):
     example_counts: list[int] | None  # every rank's training examples when each holds its own users; else None
 
 
+def open_dataset(cfg: Config, root: str | Path, user_range: tuple[int, int] | None = None) -> RetrievalData:
+    """The dataset dir as a run reads it: with the items' neighbours (``data.item_neighbors``) and
+    ``model.features``' columns, so that the model and the batches agree on every feature."""
+    return with_side_features(load_with_neighbors(root, cfg.data.item_neighbors, user_range), cfg.model.features)
+
+
 def load_data(cfg: Config, env: DistEnv) -> RunData:
     """Collective: the run's dataset, prepared on rank 0; each rank's own users only with data.shard_by_user."""
     dataset_dir = prepare_dataset_on_rank0(cfg.data, env)
     if cfg.data.shard_by_user:
         data, example_counts = load_rank_data(dataset_dir, env)
+        data = with_side_features(data, cfg.model.features)
         log.info(
             "dataset %s, users %s of rank %d: %s",
             dataset_dir,
@@ -80,7 +88,7 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
             {s: len(v) for s, v in data.splits.items()},
         )
         return RunData(with_item_neighbors(data, cfg.data.item_neighbors), example_counts)
-    data = load_with_neighbors(dataset_dir, cfg.data.item_neighbors)
+    data = open_dataset(cfg, dataset_dir)
     log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
     return RunData(data, None)
 
@@ -163,7 +171,7 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, w
     ``whole_data=False``: this rank reads only its own users' interactions (``rank_user_range``).
     """
     root = prepare_dataset_on_rank0(cfg.data, env)
-    data = load_with_neighbors(root, cfg.data.item_neighbors, None if whole_data else rank_user_range(root, env))
+    data = open_dataset(cfg, root, None if whole_data else rank_user_range(root, env))
     # weights only: the loss never runs (uniform item frequencies do), the sparse optimizer is never
     # stepped or loaded (SGD keeps no state), and the run's GPU-only sharding choices give way on a
     # CPU machine (DCP reshards)
@@ -229,6 +237,7 @@ def export_run(ecfg: ExportConfig) -> Path:
                 {t: c.pooling for t, c in cfg.model.tables.items()},
                 two_tower.query_tower.cpu(),
                 with_history=cfg.data.history_length > 0,
+                side_tables=tuple(f.table for f in query_side_features(data)),
             ).eval()
             write_bundle(out, encoder, item_emb, data, cfg, trained.checkpoint)
             log.info("serving bundle: %s", out)

@@ -10,7 +10,10 @@ CPU process (torch, numpy, pyarrow only)::
                            torch.export consumers; its loader unpickles objects, so load_bundle never
                            reads it: load it only from a bundle you made or trust
       item_embeddings.npy  float32 [num_items, D], L2-normalised: FAISS IndexFlatIP-ready
-      items.parquet        item_id, categories, embedding (+ raw_id / title when the dataset has them)
+      items.parquet        item_id, categories, embedding (+ raw_id / title when the dataset has them,
+                           + feature_<name> list<int64>: the ids of each query-tower side feature of items)
+      users.parquet        user_id + feature_<name> list<int64> of each query-tower side feature of users
+                           (only when there are some; manifest "side_features" lists them in the tower's order)
       vocab/               the dataset's raw id <-> index vocabularies, when it has them
       config.yaml          the run's resolved config
 
@@ -44,12 +47,21 @@ class QueryEncoder(nn.Module):
     """The query tower with its own unsharded tables (plain nn.EmbeddingBag).
 
     forward(user_ids [B], history_item_ids [N], history_offsets [B],
-            history_categories [M], history_category_offsets [B]) -> [B, D], unit norm.
+            history_categories [M], history_category_offsets [B],
+            side [ids_0, offsets_0 [B], ids_1, offsets_1 [B], ...]) -> [B, D], unit norm.
     Offsets are bag starts (PyTorch EmbeddingBag convention); bags may be empty (pool to 0).
+    ``side``: one (ids, offsets) pair per table of ``side_tables`` (the query-tower side features,
+    model.features, in the tower's order); None without side features.
     """
 
     def __init__(
-        self, tables: dict[str, torch.Tensor], poolings: dict[str, str], tower: nn.Sequential, *, with_history: bool
+        self,
+        tables: dict[str, torch.Tensor],
+        poolings: dict[str, str],
+        tower: nn.Sequential,
+        *,
+        with_history: bool,
+        side_tables: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         self.with_history = with_history
@@ -61,6 +73,10 @@ class QueryEncoder(nn.Module):
             self.item = nn.EmbeddingBag.from_pretrained(tables["item"], mode=poolings["item"], freeze=True)
         if self.with_categories:
             self.category = nn.EmbeddingBag.from_pretrained(tables["category"], mode=poolings["category"], freeze=True)
+        self.side_tables = tuple(side_tables)
+        self.side = nn.ModuleDict(
+            {t: nn.EmbeddingBag.from_pretrained(tables[t], mode=poolings[t], freeze=True) for t in self.side_tables}
+        )
         self.tower = tower
 
     def forward(
@@ -70,6 +86,7 @@ class QueryEncoder(nn.Module):
         history_offsets: torch.Tensor,
         history_categories: torch.Tensor,
         history_category_offsets: torch.Tensor,
+        side: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         pooled = []
         if self.with_user:
@@ -78,30 +95,41 @@ class QueryEncoder(nn.Module):
             pooled.append(self.item(history_item_ids, history_offsets))
         if self.with_categories:
             pooled.append(self.category(history_categories, history_category_offsets))
+        for j, table in enumerate(self.side_tables):
+            assert side is not None, "QueryEncoder: side features need the side argument"
+            pooled.append(self.side[table](side[2 * j], side[2 * j + 1]))
         return F.normalize(self.tower(torch.cat(pooled, dim=1)), dim=-1)
 
 
-def example_inputs() -> tuple[torch.Tensor, ...]:
+def example_inputs(num_side: int = 0) -> tuple:
     """Inputs used to trace the encoder: 3 users, one with an empty history (sizes >= 2, or
-    torch.export specialises a dynamic size to the constant 0 or 1)."""
-    return (
+    torch.export specialises a dynamic size to the constant 0 or 1); ``num_side`` side (ids, offsets) pairs."""
+    inputs: tuple = (
         torch.tensor([0, 0, 0]),
         torch.tensor([0, 0, 0, 0]),
         torch.tensor([0, 2, 4]),
         torch.tensor([0, 0, 0, 0, 0]),
         torch.tensor([0, 3, 5]),
     )
+    if num_side:  # without side features the program keeps its five inputs
+        inputs += ([t for _ in range(num_side) for t in (torch.tensor([0, 0, 0, 0, 0, 0]), torch.tensor([0, 2, 4]))],)
+    return inputs
 
 
-def dynamic_shapes() -> dict[str, dict[int, torch.export.Dim]]:
+def dynamic_shapes(num_side: int = 0) -> dict:
     batch = torch.export.Dim("batch", min=1)
-    return {
+    shapes: dict = {
         "user_ids": {0: batch},
         "history_item_ids": {0: torch.export.Dim("history", min=0)},
         "history_offsets": {0: batch},
         "history_categories": {0: torch.export.Dim("categories", min=0)},
         "history_category_offsets": {0: batch},
     }
+    if num_side:
+        shapes["side"] = [
+            shape for j in range(num_side) for shape in ({0: torch.export.Dim(f"side_{j}", min=0)}, {0: batch})
+        ]
+    return shapes
 
 
 def _offsets(lengths: np.ndarray) -> torch.Tensor:
@@ -115,6 +143,8 @@ class ServingBundle:
     item_embeddings: torch.Tensor  # num_items x D
     category_indptr: np.ndarray
     category_ids: np.ndarray
+    # per query-tower side feature (manifest "side_features" order): its source and (indptr, ids) over users / items
+    side_columns: tuple[tuple[str, np.ndarray, np.ndarray], ...] = ()
 
     def encode(self, user_ids: np.ndarray, history_lengths: np.ndarray, history_items: np.ndarray) -> torch.Tensor:
         """Query embeddings ``B x D`` from user ids and their recent items (concatenated, oldest first)."""
@@ -129,6 +159,12 @@ class ServingBundle:
                 raise ValueError(f"{name}: ids must be in [0, {size}), got {int(ids.min())}..{int(ids.max())}")
         cat_lengths, cats = gather_rows(self.category_indptr, self.category_ids, history_items)
         per_user = segment_sum(cat_lengths, history_lengths)
+        side = []
+        for source, indptr, ids in self.side_columns:  # a user's own ids, or those of all their history items
+            lengths, values = gather_rows(indptr, ids, user_ids if source == "users" else history_items)
+            if source == "items":
+                lengths = segment_sum(lengths, history_lengths)
+            side += [torch.from_numpy(values.astype(np.int64)), _offsets(lengths)]
         with torch.no_grad():
             return self.encoder(
                 torch.from_numpy(user_ids),
@@ -136,6 +172,7 @@ class ServingBundle:
                 _offsets(history_lengths),
                 torch.from_numpy(cats.astype(np.int64)),
                 _offsets(per_user),
+                side or None,
             )
 
     def scores(self, queries: torch.Tensor) -> torch.Tensor:
@@ -171,8 +208,15 @@ def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncod
             raise ValueError(f"{path}: no weights for table {table!r}")
         if poolings.get(table) not in ("sum", "mean"):
             raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
+    side_tables = tuple(f["table"] for f in manifest.get("side_features", []))
+    for table in side_tables:
+        if f"side.{table}.weight" not in state:
+            raise ValueError(f"{path}: no weights for side table {table!r} (manifest side_features)")
+        if poolings.get(table) not in ("sum", "mean"):
+            raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
+    weights = {t: state[f"{t}.weight"] for t in tables} | {t: state[f"side.{t}.weight"] for t in side_tables}
     encoder = QueryEncoder(
-        {t: state[f"{t}.weight"] for t in tables}, poolings, _tower_from_weights(state, path), with_history=with_history
+        weights, poolings, _tower_from_weights(state, path), with_history=with_history, side_tables=side_tables
     )
     encoder.load_state_dict(state)  # strict: every tensor is used, none is missing
     return encoder.eval()
@@ -191,12 +235,27 @@ def load_bundle(path: str | Path) -> ServingBundle:
         )
     encoder = _load_encoder(root / "query_encoder.pt", manifest, manifest_path)
     items = pq.read_table(root / "items.parquet", columns=["item_id", "categories"])
-    categories = items.column("categories").combine_chunks()
-    indptr = categories.offsets.to_numpy().astype(np.int64)
+    indptr, category_ids = _list_column(items.column("categories"))
+    side_columns = []
+    for f in manifest.get("side_features", []):
+        file = root / SIDE_FILES[f["source"]]
+        column = pq.read_table(file, columns=[f["bundle_column"]]).column(0)
+        side_columns.append((f["source"], *_list_column(column)))
     return ServingBundle(
         manifest=manifest,
         encoder=encoder,
         item_embeddings=torch.from_numpy(numpy_load(root / "item_embeddings.npy")),
-        category_indptr=indptr - indptr[0],
-        category_ids=categories.flatten().to_numpy().astype(np.int64),
+        category_indptr=indptr,
+        category_ids=category_ids,
+        side_columns=tuple(side_columns),
     )
+
+
+SIDE_FILES = {"users": "users.parquet", "items": "items.parquet"}  # a side feature's column, in the bundle
+
+
+def _list_column(column) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr, ids) of a list<int64> column."""
+    values = column.combine_chunks()
+    indptr = values.offsets.to_numpy().astype(np.int64)
+    return indptr - indptr[0], values.flatten().to_numpy().astype(np.int64)

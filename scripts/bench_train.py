@@ -26,8 +26,9 @@ Shapes::
     embedding   batch 2048, users 1e6 x 64, items 1e6 x 64, 1000 categories x 32, history bags of
                 100 items (+ their categories), and 6 further categorical query features
                 side_0..side_5 (one id each, tables of 1e5 x 16, sum). The model builder takes
-                them as ``extra_tables``; the trainer's config and TrainBatches don't, so the
-                loader measurement leaves them out.
+                them as ``extra_tables``, built here by hand so that the timed batches stay those
+                docs/performance.md reports (a run takes such columns by config: model.features);
+                the loader measurement leaves them out.
     movielens   batch 1024, 6040 users, 3706 items, 18 categories, history bags of 20: the default
                 dataset's (MovieLens-1M) shape with the default trainer, i.e. what `make run` trains
 

@@ -134,3 +134,13 @@ def test_dry_run_prints_the_same_plan_whatever_the_callers_hash_seed():
         outputs.append(last_json(proc))
     assert outputs[0] == outputs[1]
     assert outputs[0]["tables"]["item"]["sharding_type"] == "table_wise"
+
+
+def test_side_feature_tables_are_planned_with_their_rows():
+    report = plan_dry_run(plan_config(["+model/side=movielens_items", "+num_rows.side.year=13"]))
+    assert report.fits and report.table_bytes["year"] == 13 * 8 * 4  # rows x dim x fp32
+
+
+def test_a_side_table_without_rows_is_named():
+    with pytest.raises(ValueError, match=r"num_rows.side.year=0 must be >= 1"):
+        plan_dry_run(plan_config(["+model/side=movielens_items"]))

@@ -93,7 +93,7 @@ def test_appended_config_typo_is_refused_too():
         tiny_config(["+trainer.epochz=3"])
 
 
-@pytest.mark.parametrize("experiment", ["tiny", "movielens", "movielens_liang", "gowalla"])
+@pytest.mark.parametrize("experiment", ["tiny", "movielens", "movielens_side", "movielens_liang", "gowalla"])
 def test_every_experiment_composes(experiment):
     from pathlib import Path
 
@@ -103,7 +103,13 @@ def test_every_experiment_composes(experiment):
 
     register_configs()
     conf = Path(__file__).resolve().parents[1] / "conf"
-    assert {p.stem for p in (conf / "experiment").glob("*.yaml")} == {"tiny", "movielens", "movielens_liang", "gowalla"}
+    assert {p.stem for p in (conf / "experiment").glob("*.yaml")} == {
+        "tiny",
+        "movielens",
+        "movielens_side",
+        "movielens_liang",
+        "gowalla",
+    }
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=[f"+experiment={experiment}"]))
     assert cfg.run_name == experiment and cfg.eval.valid_metric.split("@")[0] in ("recall", "recall_liang")

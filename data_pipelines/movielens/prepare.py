@@ -176,6 +176,7 @@ def _meta(
         "num_year_buckets": len(YEAR_BUCKET_EDGES) + 2,
         "year_bucket_edges": list(YEAR_BUCKET_EDGES),
         "user_features": user_feature_sizes,
+        "item_features": {"year_bucket": len(YEAR_BUCKET_EDGES) + 2},  # ids per column, for model.features
         "sources": sources,
         "code_version": CODE_VERSION,
         "pipeline_version": PIPELINE_VERSION,

@@ -25,6 +25,7 @@ from recsys.data.batch import Batch
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.data.features import build_kjt, tables, validate_ids
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
+from recsys.data.side_features import side_rows, side_tables
 from recsys.data.batch_bounds import batch_bounds, rank_shares
 
 
@@ -36,7 +37,7 @@ class FeatureBuilder:
         self.data = data
         self.history_length = history_length
         self.user_id = user_id  # false: no user key (the model has no user table)
-        self.keys = tables(data.has_categories, user_id, data.has_neighbors)
+        self.keys = tables(data.has_categories, user_id, data.has_neighbors) + list(side_tables(data.side_features))
 
     def build(
         self,
@@ -85,6 +86,16 @@ class FeatureBuilder:
             validate_ids("item_neighbors", neighbors, sizes["neighbor"])
             lengths["neighbor"] = np.concatenate([np.zeros(num_queries, dtype=np.int64), neighbor_lengths])
             values["neighbor"] = neighbors
+        if self.data.side_features:  # model.features: one more key per side table
+            side_lengths, side_values = side_rows(
+                self.data.side_features,
+                user_ids=user_ids,
+                hist_lengths=hist_lengths,
+                hist_items=hist_items,
+                candidate_item_ids=candidate_item_ids,
+            )
+            lengths.update(side_lengths)
+            values.update(side_values)
         return Batch(
             features=build_kjt(self.keys, lengths, values),
             candidate_item_ids=torch.from_numpy(np.ascontiguousarray(candidate_item_ids, dtype=np.int64)),

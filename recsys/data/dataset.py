@@ -66,6 +66,8 @@ class RetrievalData:
     # item i's are ids[indptr[i]:indptr[i+1]]
     item_neighbor_indptr: Optional[np.ndarray] = None
     item_neighbor_ids: Optional[np.ndarray] = None
+    # model.features' columns (recsys.data.side_features.SideFeature), set by with_side_features; () = none
+    side_features: Tuple = ()
 
     def is_heldout(self, user_ids: np.ndarray) -> np.ndarray:
         """Whether each user is a held-out (valid / test) user whose train rows are fold-in history only."""
@@ -82,12 +84,15 @@ class RetrievalData:
     @property
     def table_num_rows(self) -> Dict[str, int]:
         """Rows of each table the data feeds (no category table when items have no categories, a
-        neighbour table only when the items' neighbours were computed)."""
+        neighbour table only when the items' neighbours were computed), then the side features' tables
+        in order of first use, each as large as the largest of its features' columns needs."""
         rows = {"user": self.num_users, "item": self.num_items}
         if self.has_categories:
             rows["category"] = self.num_categories
         if self.has_neighbors:
             rows["neighbor"] = self.num_items
+        for f in self.side_features:
+            rows[f.table] = max(rows.get(f.table, 0), f.num_ids)
         return rows
 
     def item_counts(self) -> np.ndarray:

@@ -10,6 +10,7 @@ rows [0, B_q) carry the queries' ids, rows [B_q, R) the candidates' ids::
     category   the categories of those history items       the candidate's categories (1..3)
     neighbor   empty                                       the candidate's co-occurrence neighbours
                                                            (0..data.item_neighbors; only when > 0)
+    <side>     model.features' tables after these, one key each (recsys/data/side_features.py)
 
 Why not one key per feature (``history_item_ids`` and ``item_id`` both on the item table, stride
 C)? fbgemm's CPU backward takes its fast path (JIT SpMDM + row-wise Adagrad, parallel over rows)
@@ -65,8 +66,8 @@ FEATURE_TABLES: Dict[str, str] = {
 }
 
 
-def validate_ids(feature: str, ids: np.ndarray, num_rows: int) -> None:
-    """Raise if any id of ``feature`` falls outside its table of ``num_rows`` rows.
+def validate_ids(feature: str, ids: np.ndarray, num_rows: int, table: str | None = None) -> None:
+    """Raise if any id of ``feature`` falls outside its table (``table``, else ``FEATURE_TABLES``'s) of ``num_rows`` rows.
 
     fbgemm's CPU kernel would silently rewrite such an id to row 0 and train that row, so this
     runs on every batch before the lookup (a min and a max over numpy arrays: cheap).
@@ -74,7 +75,7 @@ def validate_ids(feature: str, ids: np.ndarray, num_rows: int) -> None:
     if ids.size == 0:
         return
     low, high = int(ids.min()), int(ids.max())
-    table = FEATURE_TABLES.get(feature, feature)
+    table = table or FEATURE_TABLES.get(feature, feature)
     if low < 0:
         raise ValueError(f"feature '{feature}': id {low} is negative (table '{table}' has {num_rows} rows)")
     if high >= num_rows:

@@ -33,7 +33,7 @@ from torchrec.distributed.planner.types import PlannerError, ShardingOption, Sta
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from recsys.config import ClusterConfig, PlanConfig
-from recsys.data.features import ALL_TABLES, NEIGHBOR_TABLE, TABLES
+from recsys.data.features import NEIGHBOR_TABLE, TABLES
 from recsys.distributed.sharding import GB, make_topology, planner_constraints, sparse_optimizer_kwargs
 from recsys.model.build import build_retrieval_task
 from recsys.model.task import RetrievalTask
@@ -158,21 +158,43 @@ def _check(cfg: PlanConfig) -> None:
         raise ValueError(f"cluster.compute_device={c.compute_device!r}: choose 'cuda' or 'cpu'")
     # the neighbour table (data.item_neighbors) may be configured but is not planned here; when on it
     # is another table of num_rows.item rows: size a cluster for it too
-    if not set(TABLES) <= set(cfg.model.tables) <= set(ALL_TABLES):
+    side = side_table_towers(cfg)
+    builtin = set(TABLES) | ({NEIGHBOR_TABLE} & set(cfg.model.tables))
+    if set(cfg.model.tables) != builtin | set(side):
         raise ValueError(
-            f"model.tables: expected {list(TABLES)} (and optionally {NEIGHBOR_TABLE!r}), got {sorted(cfg.model.tables)}"
+            f"model.tables: expected {list(TABLES) + list(side)} (and optionally {NEIGHBOR_TABLE!r}), "
+            f"got {sorted(cfg.model.tables)}"
         )
-    for name in TABLES:
-        if getattr(cfg.num_rows, name) < 1:
-            raise ValueError(f"num_rows.{name}={getattr(cfg.num_rows, name)} must be >= 1")
+    unknown = set(cfg.num_rows.side) - set(side)
+    if unknown:
+        raise ValueError(f"num_rows.side: {sorted(unknown)} are no table of model.features (tables: {list(side)})")
+    for name, rows in table_rows(cfg).items():
+        if rows < 1:
+            key = name if name in TABLES else f"side.{name}"
+            raise ValueError(f"num_rows.{key}={rows} must be >= 1 (every table of model.features needs its rows)")
+
+
+def side_table_towers(cfg: PlanConfig) -> dict[str, list[str]]:
+    """The tables model.features names -> the towers they feed (recsys.model.build's side_towers)."""
+    out: dict[str, list[str]] = {}
+    for name, feature in cfg.model.features.items():
+        out.setdefault(feature.table or name, []).append(feature.tower)
+    return out
+
+
+def table_rows(cfg: PlanConfig) -> dict[str, int]:
+    """Rows of every table planned: the built-in ones, then model.features' (num_rows.side; 0 = not given)."""
+    rows = {t: getattr(cfg.num_rows, t) for t in TABLES}
+    return rows | {t: cfg.num_rows.side.get(t, 0) for t in side_table_towers(cfg)}
 
 
 def build_meta_task(cfg: PlanConfig) -> RetrievalTask:
     """The training module (towers, tables and the item-probability buffer) on the meta device."""
     return build_retrieval_task(
         cfg.model,
-        num_rows={t: getattr(cfg.num_rows, t) for t in TABLES},
+        num_rows=table_rows(cfg),
         history_length=cfg.history_length,
+        side_towers=side_table_towers(cfg),
         item_counts=torch.ones(cfg.num_rows.item, device="meta"),
         device=torch.device("meta"),
     )
@@ -183,7 +205,7 @@ def _no_plan_reason(cfg: PlanConfig, error: PlannerError, table_bytes: dict[str,
     c = cfg.cluster
     verdict = str(error).strip().splitlines()[0].strip()
     sizes = ", ".join(
-        f"'{t}' {table_bytes[t] / GB:.1f} GB ({getattr(cfg.num_rows, t)} x {cfg.model.tables[t].embedding_dim})"
+        f"'{t}' {table_bytes[t] / GB:.1f} GB ({table_rows(cfg)[t]} x {cfg.model.tables[t].embedding_dim})"
         for t in sorted(table_bytes, key=table_bytes.get, reverse=True)
     )
     usable = usable_hbm if usable_hbm is not None else int(c.hbm_gb * GB)
@@ -193,7 +215,7 @@ def _no_plan_reason(cfg: PlanConfig, error: PlannerError, table_bytes: dict[str,
         f"({usable / GB:.2f} GB usable per rank after the planner's reservation, {cluster_usable / GB:.1f} GB in all)",
         f"tables (fp32 weights alone): {sizes}",
     ]
-    too_big = [t for t in TABLES if table_bytes[t] > cluster_usable]
+    too_big = [t for t in table_bytes if table_bytes[t] > cluster_usable]
     if too_big:
         parts.append("larger than the whole cluster: " + ", ".join(f"table '{t}'" for t in too_big))
     elif sum(table_bytes.values()) > cluster_usable:
@@ -201,7 +223,7 @@ def _no_plan_reason(cfg: PlanConfig, error: PlannerError, table_bytes: dict[str,
     else:
         whole = [
             t
-            for t in TABLES
+            for t in table_bytes
             if t in cfg.sharding.tables
             and cfg.sharding.tables[t].sharding_types
             and set(cfg.sharding.tables[t].sharding_types) <= WHOLE_TABLE_TYPES

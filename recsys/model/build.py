@@ -34,12 +34,15 @@ def build_retrieval_task(
     seed: int | None = None,
     device: torch.device | None = None,
     extra_tables: Sequence[EmbeddingBagConfig] = (),
+    side_towers: Mapping[str, Sequence[str]] | None = None,
 ) -> RetrievalTask:
     """The model (``num_rows`` tables, towers ``model.tower_dims``) wrapped in its loss.
 
     ``item_counts``: [num_items] training frequencies for logQ. ``seed``: torch's seed before the
     towers are built (None: as it stands). ``device``: where the towers and buffers go (``meta``
     for a dry run). ``extra_tables``: further query-side tables, one KJT key each (the bench's side features).
+    ``side_towers``: the side tables of ``num_rows`` (model.features) -> the towers they feed ("query",
+    "candidate"), each tower reading them after its built-in tables in this order.
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -49,11 +52,16 @@ def build_retrieval_task(
         dims={t: c.embedding_dim for t, c in tables.items()},
         poolings={t: c.pooling for t, c in tables.items()},
     ) + list(extra_tables)
+    side = dict(side_towers or {})
+    side_query = [t for t, towers in side.items() if "query" in towers]
+    side_candidate = [t for t, towers in side.items() if "candidate" in towers]
     with torch.device(device) if device is not None else contextlib.nullcontext():
         two_tower = TwoTower(
             configs,
-            query_tables=query_tables(history_length, has_categories, user_id) + [c.name for c in extra_tables],
-            candidate_tables=candidate_tables(has_categories, has_neighbors),
+            query_tables=query_tables(history_length, has_categories, user_id)
+            + side_query
+            + [c.name for c in extra_tables],
+            candidate_tables=candidate_tables(has_categories, has_neighbors) + side_candidate,
             tower_dims=model.tower_dims,
         )
         return RetrievalTask(
@@ -80,14 +88,25 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
     for name in num_rows:  # no category table for data without categories: none is faked
         if name not in tables:
             raise ValueError(f"model.tables.{name}: missing (tables given: {sorted(tables)})")
-    unknown = set(tables) - set(ALL_TABLES)
-    if unknown:
-        raise ValueError(f"model.tables: unknown tables {sorted(unknown)}; expected {', '.join(ALL_TABLES)}")
+    side_towers: dict[str, list[str]] = {}
+    for feature in data.side_features:  # model.features, read by recsys.data.side_features.with_side_features
+        side_towers.setdefault(feature.table, []).append(feature.tower)
+    if set(cfg.model.features) != {f.name for f in data.side_features}:
+        raise ValueError(
+            f"model.features {sorted(cfg.model.features)}: the data carries {sorted(f.name for f in data.side_features)}"
+            " (load it through recsys.data.side_features.with_side_features)"
+        )
     if data.has_neighbors != (cfg.data.item_neighbors > 0):
         raise ValueError(
             f"data.item_neighbors={cfg.data.item_neighbors} but the dataset was loaded "
             f"{'with' if data.has_neighbors else 'without'} item neighbours: open it with "
             "recsys.data.neighbors.load_with_neighbors(root, cfg.data.item_neighbors)"
+        )
+    unknown = set(tables) - set(ALL_TABLES) - set(side_towers)
+    if unknown:
+        raise ValueError(
+            f"model.tables: unknown tables {sorted(unknown)}; expected {', '.join(ALL_TABLES)} "
+            "or a table named by model.features"
         )
     counts = data.item_counts() if item_counts is None else item_counts
     return build_retrieval_task(
@@ -99,4 +118,5 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
         has_neighbors=data.has_neighbors,
         user_id=user_id,
         seed=cfg.trainer.seed,
+        side_towers=side_towers,
     )

@@ -39,8 +39,9 @@ def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
 
 
 def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> list[EmbeddingBagConfig]:
-    """One EmbeddingBagConfig per table of ``num_rows`` (in ``ALL_TABLES`` order), looked up by the one
-    KJT key of the same name."""
+    """One EmbeddingBagConfig per table of ``num_rows`` (the built-in ones in ``ALL_TABLES`` order, then side
+    tables in the order given), looked up by the one KJT key of the same name."""
+    order = [t for t in ALL_TABLES if t in num_rows] + [t for t in num_rows if t not in ALL_TABLES]
     return [
         EmbeddingBagConfig(
             name=table,
@@ -49,8 +50,7 @@ def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> list[Embeddi
             feature_names=[table],
             pooling=PoolingType[poolings[table].upper()],
         )
-        for table in ALL_TABLES
-        if table in num_rows
+        for table in order
     ]
 
 
