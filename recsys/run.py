@@ -36,8 +36,8 @@ from recsys.config import (
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
-from recsys.data.dataset import RetrievalData
-from recsys.data.neighbors import load_with_neighbors, with_item_neighbors
+from recsys.data.dataset import RetrievalData, load_dataset
+from recsys.data.neighbors import with_item_neighbors
 from recsys.data.side_features import with_side_features
 from recsys.distributed.collectives import full_tables
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
@@ -71,7 +71,9 @@ class RunData(NamedTuple):
 def open_dataset(cfg: Config, root: str | Path, user_range: tuple[int, int] | None = None) -> RetrievalData:
     """The dataset dir as a run reads it: with the items' neighbours (``data.item_neighbors``) and
     ``model.features``' columns, so that the model and the batches agree on every feature."""
-    return with_side_features(load_with_neighbors(root, cfg.data.item_neighbors, user_range), cfg.model.features)
+    return with_side_features(
+        with_item_neighbors(load_dataset(root, user_range), cfg.data.item_neighbors), cfg.model.features
+    )
 
 
 def load_data(cfg: Config, env: DistEnv) -> RunData:

@@ -38,10 +38,10 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(data_root):
     from data_pipelines.prepare import prepare_dataset
-    from recsys.data.neighbors import load_with_neighbors
+    from recsys.run import open_dataset
 
-    data = tiny_config([f"data.root={data_root}"]).data
-    return load_with_neighbors(prepare_dataset(data), data.item_neighbors)
+    cfg = tiny_config([f"data.root={data_root}"])
+    return open_dataset(cfg, prepare_dataset(cfg.data))
 
 
 @pytest.fixture(scope="session")

@@ -72,13 +72,13 @@ def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_gr
 
 def test_interrupted_write_leaves_the_previous_checkpoint_loadable(tmp_path, data_root, process_group, monkeypatch):
     from data_pipelines.prepare import prepare_dataset
-    from recsys.data.neighbors import load_with_neighbors
     from recsys.distributed.sharding import shard_model
     from recsys.model.build import build_task
+    from recsys.run import open_dataset
 
     cfg = tiny_config([f"data.root={data_root}"])
     sharded = shard_model(
-        build_task(cfg, load_with_neighbors(prepare_dataset(cfg.data), cfg.data.item_neighbors)),
+        build_task(cfg, open_dataset(cfg, prepare_dataset(cfg.data))),
         sharding=cfg.sharding,
         sparse=cfg.optim.sparse,
         dense=cfg.optim.dense,

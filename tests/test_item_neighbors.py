@@ -15,10 +15,9 @@ from recsys.data.dataset import Interactions, load_dataset
 from recsys.data.neighbors import item_neighbors, with_item_neighbors
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
-from recsys.run import fit
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
-from tests.test_no_categories import _write_split
+from tests.test_no_categories import fit_given_split
 
 
 def _interactions(pairs):
@@ -62,30 +61,7 @@ def test_k_must_be_positive():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, process_group):
-    folder = tmp_path_factory.mktemp("neighbors")
-    _write_split(folder)
-    cfg = tiny_config(
-        [
-            f"data.root={folder / 'data'}",
-            "data=interactions",
-            "data/protocol=given",
-            f"data.interactions.train_path={folder / 'train.txt'}",
-            f"data.interactions.test_path={folder / 'test.txt'}",
-            "data.history_length=10",
-            "data.item_neighbors=4",
-            "trainer.epochs=4",
-            "trainer.global_batch_size=128",
-        ]
-    )
-    run_dir = folder / "run"
-    results = fit(cfg, run_dir)
-    from omegaconf import OmegaConf
-
-    (run_dir / ".hydra").mkdir()
-    OmegaConf.save(
-        OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml"
-    )  # as `python -m recsys.train` writes it
-    return cfg, run_dir, results
+    return fit_given_split(tmp_path_factory.mktemp("neighbors"), ["data.item_neighbors=4"])
 
 
 def test_candidate_rows_carry_the_neighbors_and_query_rows_none(run):

@@ -32,9 +32,9 @@ def _write_split(folder, num_users=120, num_items=90, seed=0):
     (folder / "test.txt").write_text("".join(test))
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, process_group):
-    folder = tmp_path_factory.mktemp("adjacency")
+def fit_given_split(folder, overrides=()):
+    """Train the tiny model on ``_write_split``'s files in ``folder``: (cfg, run dir, results), the run
+    dir with the config.yaml `python -m recsys.train` would write."""
     _write_split(folder)
     cfg = tiny_config(
         [
@@ -46,6 +46,7 @@ def run(tmp_path_factory, process_group):
             "data.history_length=10",
             "trainer.epochs=4",
             "trainer.global_batch_size=128",
+            *overrides,
         ]
     )
     run_dir = folder / "run"
@@ -57,6 +58,11 @@ def run(tmp_path_factory, process_group):
         OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml"
     )  # as `python -m recsys.train` writes it
     return cfg, run_dir, results
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, process_group):
+    return fit_given_split(tmp_path_factory.mktemp("adjacency"))
 
 
 def test_trains_without_a_category_table(run):

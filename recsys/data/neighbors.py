@@ -15,13 +15,12 @@ stays bounded whatever the catalog size.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 import scipy.sparse as sp
 
-from recsys.data.dataset import Interactions, RetrievalData, load_dataset, read_split
+from recsys.data.dataset import Interactions, RetrievalData, read_split
 
 DEFAULT_MAX_CHUNK_PAIRS = 2_000_000  # ~100 MB of transient arrays per chunk
 
@@ -79,9 +78,3 @@ def with_item_neighbors(data: RetrievalData, k: int) -> RetrievalData:
     train = data.splits["train"] if data.user_range is None else read_split(data.dir, "train", data.num_users, data.num_items)
     indptr, ids = item_neighbors(train, data.num_users, data.num_items, k)
     return dataclasses.replace(data, item_neighbor_indptr=indptr, item_neighbor_ids=ids)
-
-
-def load_with_neighbors(root: str | Path, k: int, user_range: Optional[Tuple[int, int]] = None) -> RetrievalData:
-    """``load_dataset(root, user_range)`` with the items' ``k`` neighbours (``data.item_neighbors``):
-    how a run opens its dataset, so that its model and batches agree on the candidate's features."""
-    return with_item_neighbors(load_dataset(root, user_range), k)

@@ -100,7 +100,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
         raise ValueError(
             f"data.item_neighbors={cfg.data.item_neighbors} but the dataset was loaded "
             f"{'with' if data.has_neighbors else 'without'} item neighbours: open it with "
-            "recsys.data.neighbors.load_with_neighbors(root, cfg.data.item_neighbors)"
+            "recsys.run.open_dataset(cfg, root)"
         )
     unknown = set(tables) - set(ALL_TABLES) - set(side_towers)
     if unknown:

@@ -11,16 +11,16 @@ from pathlib import Path
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.checkpoint import load_checkpoint, save_checkpoint
-from recsys.data.neighbors import load_with_neighbors
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import shard_model
 from recsys.model.build import build_task
+from recsys.run import open_dataset
 from tests.helpers.config import tiny_config
 
 
 def reload_checkpoint(ckpt: Path, out: Path, overrides: Sequence[str], env: DistEnv) -> None:
     cfg = tiny_config(overrides)
-    data = load_with_neighbors(prepare_dataset(cfg.data), cfg.data.item_neighbors)
+    data = open_dataset(cfg, prepare_dataset(cfg.data))
     sharded = shard_model(
         build_task(cfg, data),
         sharding=cfg.sharding,
