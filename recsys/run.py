@@ -128,7 +128,14 @@ def fit(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
         results = _train_and_test(cfg, Path(run_dir), env)
         if cfg.trainer.refit:
-            refit = _train_and_test(refit_config(cfg, results["train"]["best_epoch"]), Path(run_dir) / REFIT_DIR, env)
+            refit_cfg = refit_config(cfg, results["train"]["best_epoch"])
+            if env.is_main:
+                log.info(
+                    "trainer.refit: a fresh model on train + valid for %d epochs (the best epoch + 1) in %s",
+                    refit_cfg.trainer.epochs,
+                    Path(run_dir) / REFIT_DIR,
+                )
+            refit = _train_and_test(refit_cfg, Path(run_dir) / REFIT_DIR, env)
             results = {**results, "refit": refit}
             if env.is_main:
                 write_json_atomic(Path(run_dir) / RESULTS_FILE, results)
