@@ -377,6 +377,9 @@ class EvaluateConfig:
     # λ grid tuned on valid; each value is one O(items³) factorisation (~1 min at 8k items, tens of
     # minutes at Gowalla's 41k on 2 CPU cores), so large catalogs may want one or two values
     ease_lambdas: list[float] = field(default_factory=lambda: list(DEFAULT_LAMBDAS))
+    # EASE is skipped, saying so with the estimate, when its λ sweep would take longer than this (each
+    # λ timed on a probe factorisation and scaled by I³); 0 = no limit
+    ease_max_minutes: float = 60.0
     ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
     ann_kinds: list[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
     max_users: int = (

@@ -121,6 +121,7 @@ def evaluate_trained(
     options = ReportOptions(
         ease=ecfg.ease,
         ease_max_items=ecfg.ease_max_items,
+        ease_max_minutes=ecfg.ease_max_minutes,
         ease_lambdas=tuple(ecfg.ease_lambdas),
         ials=ecfg.ials,
         ann_kinds=ecfg.ann_kinds,
