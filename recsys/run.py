@@ -154,9 +154,8 @@ def refit_config(cfg: Config, best_epoch: int) -> Config:
     selected number of epochs, from scratch."""
     if best_epoch < 0:
         raise ValueError("trainer.refit: the selection stage recorded no best epoch")
-    resume = (
-        cfg.trainer.resume if cfg.trainer.resume in ("auto", "none") else "auto"
-    )  # a path names stage 1's checkpoint
+    # a resume path names a checkpoint of the selection stage: the refit continues its own, if any
+    resume = cfg.trainer.resume if cfg.trainer.resume in ("auto", "none") else "auto"
     trainer = replace(
         cfg.trainer, refit=False, epochs=best_epoch + 1, early_stopping_patience=0, init_from="", resume=resume
     )
