@@ -135,6 +135,10 @@ class DataConfig:
     # the candidate tower's co-occurrence neighbours (recsys/data/neighbors.py): each item's this many
     # best co-occurring training items, mean-pooled from table `neighbor`; 0 turns the feature off
     item_neighbors: int = 0
+    # true: the valid split's rows are trained on too, there is no validation, trainer.epochs is the
+    # number of epochs and the last epoch's weights are tested (the refit after model selection:
+    # trainer.refit sets it for its second stage; README "Refit on train + valid")
+    train_on_valid: bool = False
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
     min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables

@@ -186,6 +186,9 @@ class TrainerConfig:
     preemption_grace_s: float = 25.0
     fault_at_step: int = 0  # fault injection for tests: exit(13) after this step on the first attempt; 0 disables
     fault_rank: int = 0  # the rank that fails when fault_at_step is set
+    # true: after early stopping, a fresh model is trained on train + valid for the best epoch + 1 epochs
+    # (data.train_on_valid) in <run dir>/refit and tested; its test figures are the run's answer
+    refit: bool = False
 
 
 @dataclass
@@ -228,6 +231,8 @@ def config_fingerprint(cfg: Config) -> str:
     model = asdict(cfg.model)
     if not model["features"]:  # a run without side features keeps the fingerprint it had before they existed
         del model["features"]
+    if not data["train_on_valid"]:  # a field newer than most runs: absent when off, as before it existed
+        del data["train_on_valid"]
     if not data["item_neighbors"]:  # likewise without neighbours: the unused table config changes no weight
         del data["item_neighbors"]
         model["tables"].pop("neighbor", None)
@@ -264,6 +269,19 @@ def check_values(cfg: Config) -> None:
         f"{t.global_batch_size + m.num_uniform_negatives} (with model.num_uniform_negatives={m.num_uniform_negatives})",
     )
     need(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
+    need(
+        not (t.refit and d.train_on_valid),
+        "trainer.refit",
+        t.refit,
+        "the refit is the second stage trainer.refit runs itself with data.train_on_valid=true: set one of the two",
+    )
+    need(
+        not ((t.refit or d.train_on_valid) and d.protocol == Protocol.strong_generalization),
+        "trainer.refit" if t.refit else "data.train_on_valid",
+        True,
+        "strong_generalization's valid users are held out (their rows are never training examples): "
+        "there is nothing to refit on",
+    )
     need(t.log_every_steps >= 1, "trainer.log_every_steps", t.log_every_steps, "must be >= 1")
     for key in (
         "early_stopping_patience",
@@ -359,6 +377,9 @@ class EvaluateConfig:
     # λ grid tuned on valid; each value is one O(items³) factorisation (~1 min at 8k items, tens of
     # minutes at Gowalla's 41k on 2 CPU cores), so large catalogs may want one or two values
     ease_lambdas: list[float] = field(default_factory=lambda: list(DEFAULT_LAMBDAS))
+    # EASE is skipped, saying so with the estimate, when its λ sweep would take longer than this (each
+    # λ timed on a probe factorisation and scaled by I³); 0 = no limit
+    ease_max_minutes: float = 60.0
     ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
     ann_kinds: list[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
     max_users: int = (

@@ -14,6 +14,7 @@ is released first: torchrec's threads otherwise abort the exit).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
+from recsys.atomic import write_json_atomic
 from recsys.bundle_writer import check_replaceable, query_side_features, write_bundle
 from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
 from recsys.config import (
@@ -36,7 +38,7 @@ from recsys.config import (
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
-from recsys.data.dataset import RetrievalData, load_dataset
+from recsys.data.dataset import RetrievalData, load_dataset, with_valid_in_train
 from recsys.data.neighbors import with_item_neighbors
 from recsys.data.side_features import with_side_features
 from recsys.distributed.collectives import full_tables
@@ -48,6 +50,7 @@ from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.sharded import embed
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
+from recsys.run_dir import RESULTS_FILE
 from recsys.run_lock import lock_run_dir
 from recsys.serving import QueryEncoder
 from recsys.trainer import Trainer
@@ -71,16 +74,17 @@ class RunData(NamedTuple):
 def open_dataset(cfg: Config, root: str | Path, user_range: tuple[int, int] | None = None) -> RetrievalData:
     """The dataset dir as a run reads it: with the items' neighbours (``data.item_neighbors``) and
     ``model.features``' columns, so that the model and the batches agree on every feature."""
-    return with_side_features(
-        with_item_neighbors(load_dataset(root, user_range), cfg.data.item_neighbors), cfg.model.features
-    )
+    data = load_dataset(root, user_range)
+    if cfg.data.train_on_valid:
+        data = with_valid_in_train(data)
+    return with_side_features(with_item_neighbors(data, cfg.data.item_neighbors), cfg.model.features)
 
 
 def load_data(cfg: Config, env: DistEnv) -> RunData:
     """Collective: the run's dataset, prepared on rank 0; each rank's own users only with data.shard_by_user."""
     dataset_dir = prepare_dataset_on_rank0(cfg.data, env)
     if cfg.data.shard_by_user:
-        data, example_counts = load_rank_data(dataset_dir, env)
+        data, example_counts = load_rank_data(dataset_dir, env, cfg.data.train_on_valid)
         data = with_side_features(data, cfg.model.features)
         log.info(
             "dataset %s, users %s of rank %d: %s",
@@ -116,21 +120,57 @@ def shard_for_training(cfg: Config, data: RetrievalData, env: DistEnv) -> Sharde
 
 
 def fit(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
-    """Train, validate each epoch, restore the best epoch, test; returns what results.json holds."""
+    """Train, validate each epoch, restore the best epoch, test (then, with trainer.refit, train again on
+    train + valid and test that); returns what results.json holds."""
     env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
-    sharded: ShardedModel | None = None
     lock = None
     try:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        data, example_counts = load_data(cfg, env)
-        sharded = shard_for_training(cfg, data, env)
-        return Trainer(cfg, Path(run_dir), env, data, sharded, example_counts).fit()
+        results = _train_and_test(cfg, Path(run_dir), env)
+        if cfg.trainer.refit:
+            refit_cfg = refit_config(cfg, results["train"]["best_epoch"])
+            if env.is_main:
+                log.info(
+                    "trainer.refit: a fresh model on train + valid for %d epochs (the best epoch + 1) in %s",
+                    refit_cfg.trainer.epochs,
+                    Path(run_dir) / REFIT_DIR,
+                )
+            refit = _train_and_test(refit_cfg, Path(run_dir) / REFIT_DIR, env)
+            results = {**results, "refit": refit}
+            if env.is_main:
+                write_json_atomic(Path(run_dir) / RESULTS_FILE, results)
+        return results
     finally:
-        del sharded  # before the group goes: torchrec's threads otherwise abort the exit
         if lock is not None:
             lock.release()
         destroy_distributed(env)
+
+
+REFIT_DIR = "refit"  # <run dir>/refit: trainer.refit's second stage, a run dir of its own
+
+
+def refit_config(cfg: Config, best_epoch: int) -> Config:
+    """The second stage of trainer.refit: the same data and model, the valid rows trained on, for the
+    selected number of epochs, from scratch."""
+    if best_epoch < 0:
+        raise ValueError("trainer.refit: the selection stage recorded no best epoch")
+    # a resume path names a checkpoint of the selection stage: the refit continues its own, if any
+    resume = cfg.trainer.resume if cfg.trainer.resume in ("auto", "none") else "auto"
+    trainer = replace(
+        cfg.trainer, refit=False, epochs=best_epoch + 1, early_stopping_patience=0, init_from="", resume=resume
+    )
+    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer)
+
+
+def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
+    sharded: ShardedModel | None = None
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        data, example_counts = load_data(cfg, env)
+        sharded = shard_for_training(cfg, data, env)
+        return Trainer(cfg, run_dir, env, data, sharded, example_counts).fit()
+    finally:
+        del sharded  # before the group goes: torchrec's threads otherwise abort the exit
 
 
 def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:

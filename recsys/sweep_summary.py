@@ -26,7 +26,7 @@ from recsys.run_outputs import write_json_atomic
 log = logging.getLogger(__name__)
 
 MODEL = "two_tower"
-SPLITS = ("valid", "test")
+SPLITS = ("valid", "test", "refit")  # "refit": the test figures of trainer.refit's second stage, when it ran
 METRICS = ("recall", "ndcg")  # the results.json metrics the table shows, at every K the run reports
 
 
@@ -47,10 +47,18 @@ def collect_jobs(sweep_dir: Path, since: float | None = None) -> list[dict[str, 
                 "dir": str(job_dir),
                 "overrides": list(OmegaConf.load(overrides)),
                 "status": "done" if results else "no results.json (failed, or still running)",
-                **{split: (results[split][MODEL] if results else None) for split in SPLITS},
+                **{split: _metrics(results, split) for split in SPLITS},
             }
         )
     return sorted(jobs, key=lambda job: job["job"])
+
+
+def _metrics(results: dict[str, Any] | None, split: str) -> dict[str, float] | None:
+    if results is None:
+        return None
+    if split == "refit":
+        return results["refit"]["test"][MODEL] if "refit" in results else None
+    return results[split].get(MODEL)  # a run trained on its valid split has no valid figures
 
 
 def format_summary(jobs: list[dict[str, Any]]) -> str:

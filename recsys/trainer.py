@@ -397,15 +397,20 @@ class Trainer:
         """The epoch just trained: valid metric, best-weights checkpoint, early stopping, the epoch's checkpoint."""
         state, env, metric = self.state, self.env, self.cfg.eval.valid_metric
         epoch = state.epoch
-        valid = self._evaluate("valid")
-        score = valid["two_tower"][metric]
-        self.metrics_log.write(
-            {"step": state.step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid["two_tower"].items()}}
-        )
-        if env.is_main:
-            log.info("epoch %d: valid %s = %.4f (best %.4f)", epoch, metric, score, max(state.best_score, score))
+        if self.cfg.data.train_on_valid:  # nothing held out: every epoch is "the best", the last one is tested
+            score = state.best_score
+            if env.is_main:
+                log.info("epoch %d: trained on train + valid (no validation)", epoch)
+        else:
+            valid = self._evaluate("valid")
+            score = valid["two_tower"][metric]
+            self.metrics_log.write(
+                {"step": state.step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid["two_tower"].items()}}
+            )
+            if env.is_main:
+                log.info("epoch %d: valid %s = %.4f (best %.4f)", epoch, metric, score, max(state.best_score, score))
         state.epoch, state.next_batch = epoch + 1, 0
-        if score > state.best_score:
+        if self.cfg.data.train_on_valid or score > state.best_score:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
             self.checkpoint("best", with_optimizer=False)
         else:
@@ -424,7 +429,8 @@ class Trainer:
         best = _best_weights(self.ckpt_root, self.state)
         if best is not None:
             load_checkpoint(self.sharded, best, env=self.env, with_optimizer=False)
-        return self._evaluate("valid", with_popularity=True), self._evaluate("test", with_popularity=True), best
+        valid = {} if self.cfg.data.train_on_valid else self._evaluate("valid", with_popularity=True)
+        return valid, self._evaluate("test", with_popularity=True), best
 
     def results(self, valid: dict, test: dict, best: Path | None) -> dict[str, Any]:
         state, data = self.state, self.data

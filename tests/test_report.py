@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from recsys.evaluation.ease import ease_peak_bytes
+from recsys.evaluation.ease import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
 from recsys.evaluation.ials import fit_ials, ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
@@ -236,3 +236,32 @@ def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
     assert none["ease"]["skipped"].startswith(f"needs {need32 / 1e9:.1f} GB, have {need32 // 2 / 1e9:.1f} GB")
     assert set(none["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
     assert "EASE skipped: needs " in format_markdown(json.loads(json.dumps(none, default=float)))
+
+
+def test_ease_skips_a_sweep_longer_than_its_time_budget(written):
+    """Gowalla's 41k items take about an hour per λ on 2 cores: the report says so instead of running
+    for a day; within the budget it runs as before."""
+    _, full, _ = written
+    inputs = _inputs()
+    fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False)
+    slow = compute_report(inputs, ReportOptions(ease_seconds_per_lambda=1200.0, ease_max_minutes=30, **fast)).report
+    # 3 factorisations (two λ, then the best refitted) x 20 min > 30 min
+    assert slow["ease"]["skipped"].startswith("the λ sweep would take ~60 min here (> ease_max_minutes=30): 3 O(I³)")
+    assert "ease" not in slow["splits"]["test"]["metrics"]
+    assert "EASE skipped: the λ sweep would take ~60 min" in format_markdown(
+        json.loads(json.dumps(slow, default=float))
+    )
+    quick = compute_report(inputs, ReportOptions(ease_seconds_per_lambda=1.0, ease_max_minutes=30, **fast)).report
+    assert quick["ease"]["lambda"] == full["ease"]["lambda"]
+    unlimited = compute_report(inputs, ReportOptions(ease_seconds_per_lambda=1e9, ease_max_minutes=0, **fast)).report
+    assert unlimited["ease"]["lambda"] == full["ease"]["lambda"]
+
+
+def test_factorisation_estimate_scales_with_the_cube_of_the_catalogue(monkeypatch):
+    import recsys.evaluation.ease as ease
+
+    clock = iter([10.0, 12.0, 20.0, 20.5])  # the probe takes 2 s, then 0.5 s
+    monkeypatch.setattr(ease.time, "perf_counter", lambda: next(clock))
+    # above the probe's size: the probe (PROBE_ITEMS) timed once and scaled by (I / probe)³
+    assert factorisation_seconds(8 * PROBE_ITEMS, torch.float32) == pytest.approx(2.0 * 512)
+    assert factorisation_seconds(300, torch.float32) == pytest.approx(0.5)  # a small catalogue is timed itself

@@ -6,7 +6,7 @@ import os
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from recsys.sweep_summary import SweepSummary, collect_jobs
+from recsys.sweep_summary import SweepSummary, collect_jobs, format_summary
 from tests.helpers.launch import launch
 
 LIBRARY_CHATTER = (
@@ -78,3 +78,33 @@ def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
         OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "sweep": {"dir": str(sweep)}}}), job_return=None
     )
     assert (sweep / "sweep.md").read_text() == table
+
+
+def test_the_summary_shows_the_refit_stage_and_runs_without_valid(tmp_path):
+    """A job with trainer.refit=true gets its refit test figures as "refit" columns; a job trained on its
+    valid split (data.train_on_valid=true) has no valid figures, shown as "-"."""
+    figures = {"recall@20": 0.25, "ndcg@20": 0.125}
+    jobs = {
+        0: ["trainer.refit=true"],
+        1: ["data.train_on_valid=true"],
+    }
+    results = {
+        0: {
+            "valid": {"two_tower": figures},
+            "test": {"two_tower": figures},
+            "refit": {"valid": {}, "test": {"two_tower": {"recall@20": 0.5, "ndcg@20": 0.375}}},
+        },
+        1: {"valid": {}, "test": {"two_tower": figures}},
+    }
+    for n, overrides in jobs.items():
+        (tmp_path / str(n) / ".hydra").mkdir(parents=True)
+        (tmp_path / str(n) / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        (tmp_path / str(n) / "results.json").write_text(json.dumps(results[n]))
+    collected = collect_jobs(tmp_path)
+    assert collected[0]["refit"] == {"recall@20": 0.5, "ndcg@20": 0.375} and collected[1]["refit"] is None
+    table = format_summary(collected).splitlines()
+    assert table[2] == (
+        "| job | overrides | valid recall@20 | valid ndcg@20 | test recall@20 | test ndcg@20 | refit recall@20 | refit ndcg@20 |"
+    )
+    assert table[4] == "| 0 | trainer.refit=true | 0.2500 | 0.1250 | 0.2500 | 0.1250 | 0.5000 | 0.3750 |"
+    assert table[5] == "| 1 | data.train_on_valid=true | - | - | 0.2500 | 0.1250 | - | - |"

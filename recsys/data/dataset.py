@@ -9,7 +9,7 @@ naming the file, column and value; batches re-check their features before each l
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -68,6 +68,8 @@ class RetrievalData:
     item_neighbor_ids: Optional[np.ndarray] = None
     # model.features' columns (recsys.data.side_features.SideFeature), set by with_side_features; () = none
     side_features: Tuple = ()
+    # the valid split's rows were moved into train (data.train_on_valid, with_valid_in_train)
+    valid_in_train: bool = False
 
     def is_heldout(self, user_ids: np.ndarray) -> np.ndarray:
         """Whether each user is a held-out (valid / test) user whose train rows are fold-in history only."""
@@ -105,6 +107,23 @@ class RetrievalData:
         if self.user_range is not None:
             raise RuntimeError("item_counts of a user shard: set global_item_counts (a sum over all shards) first")
         return np.bincount(self.splits["train"].item_ids, minlength=self.num_items)
+
+
+def with_valid_in_train(data: RetrievalData) -> RetrievalData:
+    """``data`` with the valid split's rows in train and an empty valid split (data.train_on_valid: the
+    refit after model selection). Item counts, and so the logQ estimate and popularity, follow train."""
+    if data.valid_in_train:
+        return data
+    if data.has_neighbors or data.global_item_counts is not None:
+        raise RuntimeError("with_valid_in_train: merge before computing neighbours or global item counts")
+    splits = data.splits
+    empty = Interactions(*(np.zeros(0, dtype=np.int64) for _ in range(3)))
+    merged = {**splits, "train": Interactions.concat(splits["train"], splits["valid"]), "valid": empty}
+    meta = data.meta
+    if "counts" in meta:  # the whole split's rows (also when this rank holds some users only)
+        counts = meta["counts"]
+        meta = {**meta, "counts": {**counts, "train": counts["train"] + counts["valid"], "valid": 0}}
+    return replace(data, meta=meta, splits=merged, valid_in_train=True)
 
 
 def _check_range(path: Path, column: str, values: np.ndarray, size: int) -> None:

@@ -75,6 +75,10 @@ def with_item_neighbors(data: RetrievalData, k: int) -> RetrievalData:
     """
     if k <= 0:
         return data
-    train = data.splits["train"] if data.user_range is None else read_split(data.dir, "train", data.num_users, data.num_items)
+    train = data.splits["train"]
+    if data.user_range is not None:
+        train = read_split(data.dir, "train", data.num_users, data.num_items)
+        if data.valid_in_train:
+            train = Interactions.concat(train, read_split(data.dir, "valid", data.num_users, data.num_items))
     indptr, ids = item_neighbors(train, data.num_users, data.num_items, k)
     return dataclasses.replace(data, item_neighbor_indptr=indptr, item_neighbor_ids=ids)

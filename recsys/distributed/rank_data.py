@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from data_pipelines.dataset_dir import split_file
-from recsys.data.dataset import RetrievalData, load_dataset, read_dataset_meta, user_boundaries
+from recsys.data.dataset import RetrievalData, load_dataset, read_dataset_meta, user_boundaries, with_valid_in_train
 from recsys.distributed.env import DistEnv
 
 
@@ -34,9 +34,14 @@ def rank_user_range(dataset_dir: str | Path, env: DistEnv) -> tuple[int, int]:
     return user_range(dataset_dir, env.rank, env.world_size)
 
 
-def load_rank_data(dataset_dir: str | Path, env: DistEnv) -> tuple[RetrievalData, list[int]]:
-    """(this rank's users' data with the global item counts set, every rank's number of training examples)."""
+def load_rank_data(
+    dataset_dir: str | Path, env: DistEnv, valid_in_train: bool = False
+) -> tuple[RetrievalData, list[int]]:
+    """(this rank's users' data with the global item counts set, every rank's number of training examples);
+    ``valid_in_train``: with the valid rows moved into train first (data.train_on_valid)."""
     data = load_dataset(dataset_dir, rank_user_range(dataset_dir, env))
+    if valid_in_train:
+        data = with_valid_in_train(data)
     train = data.splits["train"]
     item_counts = np.bincount(train.item_ids, minlength=data.num_items).astype(np.int64)
     examples = int((~data.is_heldout(train.user_ids)).sum())

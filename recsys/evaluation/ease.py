@@ -242,6 +242,27 @@ class EasePlan:
         }
 
 
+PROBE_ITEMS = 2048  # the factorisation timed to estimate a catalogue's: large enough for LAPACK's blocked kernels
+
+
+def factorisation_seconds(num_items: int, dtype: torch.dtype, device: str | torch.device = "cpu") -> float:
+    """Estimated seconds of one λ (Cholesky of G + λI and its inverse, O(I³)) for ``num_items`` on
+    this machine now: one probe of ``PROBE_ITEMS`` timed and scaled by (I / probe)³ (the kernels'
+    efficiency grows a little with size, so large catalogues come out somewhat pessimistic)."""
+    n = min(num_items, PROBE_ITEMS)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n + 64, n, generator=gen).to(device=device, dtype=dtype)
+    a = x.T @ x
+    a.diagonal().add_(1.0)
+    start = time.perf_counter()
+    a_cm = a.mT
+    torch.linalg.cholesky_ex(a_cm, out=(a_cm, torch.empty((), dtype=torch.int32, device=a.device)))
+    torch.cholesky_inverse(a_cm, out=a_cm)
+    if a.device.type == "cuda":
+        torch.cuda.synchronize(a.device)
+    return (time.perf_counter() - start) * (num_items / n) ** 3
+
+
 def plan_ease(
     num_items: int,
     num_users: int,

@@ -96,12 +96,13 @@ def evaluate_trained(
     def embed_users(users, timeline):
         return embed(two_tower, builder, side="query", ids=users, timeline=timeline, local=True, **common)
 
+    names = [s for s in ecfg.splits if not (s == "valid" and data.valid_in_train)]
     if env.is_main:
-        log.info(
-            "%s loaded; embedding %d items and the users of %s", checkpoint, data.num_items, ", ".join(ecfg.splits)
-        )
+        if len(names) < len(ecfg.splits):  # baselines then skip their tuning too
+            log.info("the run trained on its valid split (data.train_on_valid): valid is not evaluated")
+        log.info("%s loaded; embedding %d items and the users of %s", checkpoint, data.num_items, ", ".join(names))
     item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common)
-    splits = {split: _embed_split_users(ecfg, evaluator, split, embed_users, env, user_range) for split in ecfg.splits}
+    splits = {split: _embed_split_users(ecfg, evaluator, split, embed_users, env, user_range) for split in names}
     if not env.is_main:
         return None
     train = data.splits["train"]
@@ -120,6 +121,7 @@ def evaluate_trained(
     options = ReportOptions(
         ease=ecfg.ease,
         ease_max_items=ecfg.ease_max_items,
+        ease_max_minutes=ecfg.ease_max_minutes,
         ease_lambdas=tuple(ecfg.ease_lambdas),
         ials=ecfg.ials,
         ann_kinds=ecfg.ann_kinds,

@@ -13,6 +13,7 @@ from recsys.evaluation.ease import (
     available_memory_bytes,
     ease_from_gram,
     ease_peak_bytes,
+    factorisation_seconds,
     gram_dtype,
     gram_matrix,
     plan_ease,
@@ -30,8 +31,9 @@ def fit_ease(inputs: EvalInputs, options: ReportOptions, num_items: int) -> tupl
     ease_b, ease_info = None, _ease_skip_reason(inputs, options, num_items)
     if ease_info is None:
         ease_device, plan = _plan_ease(inputs.train, options)
-        if plan.dtype is None:
-            ease_info = {"skipped": plan.skipped, "device": ease_device, **plan.describe()}
+        too_slow = None if plan.dtype is None else _ease_too_slow(num_items, plan, ease_device, options)
+        if plan.dtype is None or too_slow:
+            ease_info = {"skipped": plan.skipped or too_slow, "device": ease_device, **plan.describe()}
         else:
             valid = inputs.splits["valid"]
             # keeping the best B through the sweep saves refitting it (an O(I³) factorisation) when
@@ -67,6 +69,25 @@ def fit_ease(inputs: EvalInputs, options: ReportOptions, num_items: int) -> tupl
                 **plan.describe(),
             }
     return ease_b, ease_info
+
+
+def _ease_too_slow(num_items: int, plan: EasePlan, device: str, options: ReportOptions) -> str | None:
+    """Why the λ sweep would take longer than ``options.ease_max_minutes`` (None: it would not): at
+    Gowalla's 41k items one λ is about an hour on 2 CPU cores, and the default grid has seven."""
+    if not options.ease_max_minutes:
+        return None
+    per_lambda = options.ease_seconds_per_lambda
+    if per_lambda is None:
+        per_lambda = factorisation_seconds(num_items, plan.dtype, device)
+    factorisations = len(options.ease_lambdas) + 1  # the sweep, then the best λ refitted (unless kept: a bound)
+    minutes = per_lambda * factorisations / 60
+    if minutes <= options.ease_max_minutes:
+        return None
+    return (
+        f"the λ sweep would take ~{minutes:.0f} min here (> ease_max_minutes={options.ease_max_minutes:g}): "
+        f"{factorisations} O(I³) factorisations of {num_items:,} items at ~{per_lambda / 60:.1f} min each (timed "
+        "on a probe); give fewer ease_lambdas, or raise ease_max_minutes"
+    )
 
 
 def _plan_ease(train: UserItemCSR, options: ReportOptions) -> tuple[str, EasePlan]:

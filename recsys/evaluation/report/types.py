@@ -82,6 +82,9 @@ class ReportOptions:
         ease_tune_k: cut-off of the tuning metric (20); also iALS's.
         ease_tune_users: validation users sampled for tuning (None: all); also iALS's.
         ease_max_items: above this, EASE is skipped with the reason recorded.
+        ease_max_minutes: EASE is skipped, with the estimate, when its λ sweep would take longer (each λ
+            an O(I³) factorisation, timed on a probe: ``ease.factorisation_seconds``); 0 = no limit.
+        ease_seconds_per_lambda: that estimate, given instead of measured (tests).
         ease_available_bytes: memory EASE may plan with; None = measured when the report runs
             (free memory of the CUDA device, else MemAvailable).
         ials: fit iALS (the ``implicit`` library; needs a "valid" split).
@@ -108,6 +111,8 @@ class ReportOptions:
     ease_tune_users: int | None = 10_000
     ease_max_items: int = MAX_EASE_ITEMS
     ease_available_bytes: int | None = None
+    ease_max_minutes: float = 60.0
+    ease_seconds_per_lambda: float | None = None
     ials: bool = True
     ials_regularizations: Sequence[float] = DEFAULT_REGULARIZATIONS
     ials_alphas: Sequence[float] = DEFAULT_ALPHAS

@@ -1,0 +1,83 @@
+"""trainer.refit: after selection on valid, a fresh model trained on train + valid for the selected
+number of epochs, tested, and readable like any run (offline report); data.train_on_valid alone."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from data_pipelines.prepare import prepare_dataset
+from recsys.config import check_values
+from recsys.data.neighbors import with_item_neighbors
+from recsys.distributed.rank_data import load_rank_data
+from recsys.evaluate import EvaluateConfig, evaluate_run
+from recsys.run import REFIT_DIR, open_dataset
+from tests.helpers.config import tiny_config
+from tests.test_no_categories import fit_given_split
+
+
+@pytest.fixture(scope="module")
+def refit_run(tmp_path_factory, process_group):
+    return fit_given_split(tmp_path_factory.mktemp("refit"), ["trainer.refit=true", "data.item_neighbors=4"])
+
+
+def test_refit_trains_on_train_and_valid_for_the_selected_epochs(refit_run):
+    cfg, run_dir, results = refit_run
+    refit = results["refit"]
+    assert json.loads((run_dir / "results.json").read_text())["refit"] == refit
+    assert json.loads((run_dir / REFIT_DIR / "results.json").read_text()) == refit
+    counts = results["dataset"]["counts"]
+    assert counts["valid"] > 0
+    assert refit["dataset"]["counts"]["train"] == counts["train"] + counts["valid"]
+    assert refit["dataset"]["counts"]["valid"] == 0 and refit["valid"] == {}
+    # one step per 128 examples (trainer.global_batch_size=128), best epoch + 1 epochs
+    steps_per_epoch = -(-(counts["train"] + counts["valid"]) // 128)
+    assert refit["train"]["steps"] == (results["train"]["best_epoch"] + 1) * steps_per_epoch
+    assert refit["train"]["best_epoch"] == results["train"]["best_epoch"]  # the last epoch's weights are tested
+    test = refit["test"]
+    assert test["two_tower"]["recall@20"] > 1.5 * test["popularity"]["recall@20"]
+
+
+def test_the_refit_run_dir_reads_back_with_its_merged_data(refit_run):
+    """The offline report of <run>/refit rebuilds the same data (valid in train, its neighbours) and
+    reproduces the refit's test recall from its checkpoint."""
+    _, run_dir, results = refit_run
+    evaluate_run(EvaluateConfig(run_dir=str(run_dir / REFIT_DIR), ann_kinds=["flat"], ks=[20], ease=False, ials=False))
+    saved = json.loads((run_dir / REFIT_DIR / "eval" / "report.json").read_text())
+    expected = results["refit"]["test"]["two_tower"]["recall@20"]
+    assert saved["splits"]["test"]["metrics"][saved["model"]]["recall@20"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_valid_rows_join_train_for_every_reader(refit_run, process_group):
+    cfg, _, _ = refit_run
+    root = prepare_dataset(cfg.data)
+    plain = open_dataset(cfg, root)
+    whole = open_dataset(replace(cfg, data=replace(cfg.data, train_on_valid=True)), root)
+    train, valid = plain.splits["train"], plain.splits["valid"]
+    assert len(whole.splits["valid"]) == 0 and len(whole.splits["train"]) == len(train) + len(valid)
+    assert np.array_equal(
+        whole.item_counts(), np.bincount(np.concatenate([train.item_ids, valid.item_ids]), minlength=plain.num_items)
+    )
+    # a rank reading its own users (data.shard_by_user) merges too, and builds the same neighbours
+    ranked, example_counts = load_rank_data(root, process_group, valid_in_train=True)
+    ranked = with_item_neighbors(ranked, cfg.data.item_neighbors)
+    assert example_counts == [len(whole.splits["train"])]
+    assert np.array_equal(ranked.global_item_counts, whole.item_counts())
+    assert np.array_equal(ranked.item_neighbor_ids, whole.item_neighbor_ids)
+    assert np.array_equal(ranked.item_neighbor_indptr, whole.item_neighbor_indptr)
+    assert not np.array_equal(whole.item_neighbor_ids, plain.item_neighbor_ids)  # valid's co-occurrences count
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.refit=true", "data.train_on_valid=true"], "trainer.refit=True: the refit is the second stage"),
+        (["trainer.refit=true", "data.protocol=strong_generalization"], "nothing to refit on"),
+    ],
+)
+def test_refit_refuses_what_it_cannot_do(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        check_values(tiny_config(overrides))
