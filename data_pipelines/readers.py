@@ -26,6 +26,7 @@ import pyarrow.dataset as pads
 from data_pipelines.errors import DatasetError
 
 __all__ = [
+    "CSV_CHUNK_BYTES",
     "FORMATS",
     "ChunkRefused",
     "detect_format",
@@ -41,7 +42,7 @@ _CSV_BLOCK_BYTES = 1 << 24
 # Text per parse task of ``iter_csv_chunks`` (two of Arrow's blocks): ~1.3M rows of a ratings file,
 # small enough that a few in flight hold far less than the parsed file, big enough that a task's
 # fixed cost (a reader, a Python call) is noise.
-_CSV_CHUNK_BYTES = 1 << 25
+CSV_CHUNK_BYTES = 1 << 25
 _NEWLINE_PROBE_BYTES = 1 << 16  # read around a chunk's nominal end to find the next line end
 
 
@@ -230,7 +231,7 @@ def iter_csv_chunks(
 ) -> Iterator[pa.RecordBatch]:
     """``iter_columns`` of an uncompressed CSV / TSV, parsed ``threads`` chunks at a time while the
     caller works on the batches before them: file order, bounded memory (``threads + 1`` chunks of
-    ~``chunk_bytes`` of text and their columns; 0: ``_CSV_CHUNK_BYTES``).
+    ~``chunk_bytes`` of text and their columns; 0: ``CSV_CHUNK_BYTES``).
 
     The file is cut at line ends into chunks of about ``chunk_bytes``. The first is parsed alone
     (on every core) and its inferred column types are imposed on the others, each parsed on one
@@ -241,7 +242,7 @@ def iter_csv_chunks(
     """
     path = Path(path)
     names = _read_csv_header(path, columns, delimiter) if header else None
-    starts = _chunk_starts(path, chunk_bytes or _CSV_CHUNK_BYTES)
+    starts = _chunk_starts(path, chunk_bytes or CSV_CHUNK_BYTES)
     ends = [*starts[1:], path.stat().st_size]
     parse = pacsv.ParseOptions(delimiter=delimiter)
     selected = columns if header else [f"f{int(c)}" for c in columns]

@@ -217,7 +217,7 @@ def test_bad_logs_are_named_and_leave_prepared_dirs_intact(
     out, before = prepared
     if chunked:  # parsed in chunks of about a line (readers.iter_csv_chunks): the same errors
         monkeypatch.setattr(interactions, "_CHUNKED_MIN_BYTES", 0)
-        monkeypatch.setattr(readers, "_CSV_CHUNK_BYTES", 4)
+        monkeypatch.setattr(readers, "CSV_CHUNK_BYTES", 4)
     with pytest.raises(DatasetError, match=pattern):
         _prepare(_bad(tmp_path, name, text, **kw), tmp_path / "data")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before

@@ -213,7 +213,7 @@ def test_one_heavy_user_leaves_empty_buckets_and_the_same_split(tmp_path):
 def _chunked(monkeypatch, chunk_bytes: int) -> None:
     """Every plain CSV parsed in chunks of ~``chunk_bytes`` (readers.iter_csv_chunks), however small."""
     monkeypatch.setattr(interactions, "_CHUNKED_MIN_BYTES", 0)
-    monkeypatch.setattr(readers, "_CSV_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(readers, "CSV_CHUNK_BYTES", chunk_bytes)
 
 
 @pytest.mark.parametrize("string_ids", [False, True])
