@@ -12,7 +12,10 @@ from __future__ import annotations
 import csv
 import io
 import os
+import queue
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +25,25 @@ import pyarrow.dataset as pads
 
 from data_pipelines.errors import DatasetError
 
-__all__ = ["FORMATS", "detect_format", "iter_columns", "read_adjacency", "read_columns"]
+__all__ = [
+    "CSV_CHUNK_BYTES",
+    "FORMATS",
+    "ChunkRefused",
+    "detect_format",
+    "iter_columns",
+    "iter_csv_chunks",
+    "read_adjacency",
+    "read_columns",
+]
 
 FORMATS = ("csv", "tsv", "parquet", "adjacency")
 _COMPRESSED = (".gz", ".zst", ".zstd", ".bz2")
 _CSV_BLOCK_BYTES = 1 << 24
+# Text per parse task of ``iter_csv_chunks`` (two of Arrow's blocks): ~1.3M rows of a ratings file,
+# small enough that a few in flight hold far less than the parsed file, big enough that a task's
+# fixed cost (a reader, a Python call) is noise.
+CSV_CHUNK_BYTES = 1 << 25
+_NEWLINE_PROBE_BYTES = 1 << 16  # read around a chunk's nominal end to find the next line end
 
 
 def detect_format(path: Path) -> str:
@@ -171,6 +188,124 @@ def _csv_batches(path: Path, columns: list[str], delimiter: str, header: bool) -
     finally:
         if reader is not None:
             reader.close()
+
+
+class ChunkRefused(Exception):
+    """``iter_csv_chunks`` met a chunk it cannot parse as the first chunk's column types (a value of
+    a wider type further down, or a fault): read the file the usual way, which gives the whole-file
+    types or the usual error."""
+
+
+def _chunk_starts(path: Path, chunk_bytes: int) -> list[int]:
+    """Byte offsets where the chunks start: 0, then after the first line end at or past every
+    ``chunk_bytes`` from the previous start (Arrow, without newlines in values, cuts its blocks at
+    line ends too, so a chunk parses as its lines do within the whole file)."""
+    size = path.stat().st_size
+    starts = [0]
+    with open(path, "rb", buffering=0) as f:
+        pos = chunk_bytes
+        while pos < size:
+            probe = os.pread(f.fileno(), _NEWLINE_PROBE_BYTES, pos)
+            if not probe:
+                break
+            end = probe.find(b"\n")
+            if end < 0:
+                pos += len(probe)  # a line longer than the probe: look further
+                continue
+            start = pos + end + 1
+            if start >= size:
+                break
+            starts.append(start)
+            pos = start + chunk_bytes
+    return starts
+
+
+def iter_csv_chunks(
+    path: str | os.PathLike,
+    columns: list[str],
+    *,
+    delimiter: str,
+    header: bool,
+    threads: int,
+    chunk_bytes: int = 0,
+) -> Iterator[pa.RecordBatch]:
+    """``iter_columns`` of an uncompressed CSV / TSV, parsed ``threads`` chunks at a time while the
+    caller works on the batches before them: file order, bounded memory (``threads + 1`` chunks of
+    ~``chunk_bytes`` of text and their columns; 0: ``CSV_CHUNK_BYTES``).
+
+    The file is cut at line ends into chunks of about ``chunk_bytes``. The first is parsed alone
+    (on every core) and its inferred column types are imposed on the others, each parsed on one
+    thread. A chunk that does not parse so raises ``ChunkRefused`` (after the batches before it):
+    the caller reads the file the usual way instead. A file read to the end gave exactly the
+    columns ``read_columns`` gives: every value converts to the first chunk's types, which are
+    then the whole file's (Arrow widens a column only for a value that does not convert).
+    """
+    path = Path(path)
+    names = _read_csv_header(path, columns, delimiter) if header else None
+    starts = _chunk_starts(path, chunk_bytes or CSV_CHUNK_BYTES)
+    ends = [*starts[1:], path.stat().st_size]
+    parse = pacsv.ParseOptions(delimiter=delimiter)
+    selected = columns if header else [f"f{int(c)}" for c in columns]
+    buffers: queue.SimpleQueue = queue.SimpleQueue()  # chunk text buffers, reused: fresh pages cost here
+    for _ in range(threads):
+        buffers.put(np.empty(max(e - s for s, e in zip(starts, ends)), dtype=np.uint8))
+
+    def read(k: int, types: dict | None) -> pa.Table:
+        buf = buffers.get()
+        try:
+            n = 0
+            with open(path, "rb", buffering=0) as f:
+                while n < ends[k] - starts[k]:
+                    got = os.preadv(f.fileno(), [memoryview(buf)[n : ends[k] - starts[k]]], starts[k] + n)
+                    if not got:
+                        raise ChunkRefused(f"{path}: the file changed while it was read")
+                    n += got
+            first = k == 0
+            read_options = pacsv.ReadOptions(
+                use_threads=first,
+                block_size=_CSV_BLOCK_BYTES,
+                autogenerate_column_names=not header,
+                column_names=names if header and not first else None,
+            )
+            convert = pacsv.ConvertOptions(include_columns=selected, column_types=types)
+            return pacsv.read_csv(
+                pa.BufferReader(pa.py_buffer(buf[:n])),
+                read_options=read_options,
+                parse_options=parse,
+                convert_options=convert,
+            )
+        except (OSError, pa.ArrowException) as e:
+            raise ChunkRefused(f"{path}: bytes {starts[k]}-{ends[k]}: {e}") from None
+        finally:
+            buffers.put(buf)
+
+    first = read(0, None)
+    types = {name: first.schema.field(name).type for name in selected}
+    num_rows = first.num_rows
+    yield from _renamed(first, columns, header).to_batches()
+    del first
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        pending: deque = deque()
+        try:
+            for k in range(1, len(starts)):
+                pending.append(pool.submit(read, k, types))
+                if len(pending) > threads:  # `threads` chunks parse while the caller works on one
+                    table = pending.popleft().result()
+                    num_rows += table.num_rows
+                    yield from _renamed(table, columns, header).to_batches()
+            while pending:
+                table = pending.popleft().result()
+                num_rows += table.num_rows
+                yield from _renamed(table, columns, header).to_batches()
+        finally:
+            for future in pending:
+                future.cancel()
+    if num_rows == 0:
+        raise ChunkRefused(f"{path}: no rows")
+
+
+def _renamed(table: pa.Table, columns: list[str], header: bool) -> pa.Table:
+    return table if header else table.rename_columns(columns)
 
 
 def _parquet_batches(path: Path, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:

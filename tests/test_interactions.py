@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from data_pipelines import interactions, readers
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.errors import DatasetError
 from data_pipelines.interactions import prepare_interactions
@@ -209,8 +210,14 @@ def _bad(tmp_path, name: str, text: str, **kw) -> InteractionsDataConfig:
         ("nulls.csv", "u,i\n1,2\n,3\n", {}, r"nulls\.csv: row 2: field 'u' is empty"),
     ],
 )
-def test_bad_logs_are_named_and_leave_prepared_dirs_intact(tmp_path, prepared, name, text, kw, pattern):
+@pytest.mark.parametrize("chunked", [False, True])
+def test_bad_logs_are_named_and_leave_prepared_dirs_intact(
+    tmp_path, monkeypatch, prepared, name, text, kw, pattern, chunked
+):
     out, before = prepared
+    if chunked:  # parsed in chunks of about a line (readers.iter_csv_chunks): the same errors
+        monkeypatch.setattr(interactions, "_CHUNKED_MIN_BYTES", 0)
+        monkeypatch.setattr(readers, "CSV_CHUNK_BYTES", 4)
     with pytest.raises(DatasetError, match=pattern):
         _prepare(_bad(tmp_path, name, text, **kw), tmp_path / "data")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data_pipelines import bucketed
+from data_pipelines import bucketed, interactions, readers
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.dataset_dir import InteractionsFileWriter, write_dataset_dir
 from data_pipelines.errors import DatasetError
@@ -208,3 +208,59 @@ def test_one_heavy_user_leaves_empty_buckets_and_the_same_split(tmp_path):
     want, got = _reference(log, "strong_generalization", filters, seed=1), _written(out)
     for name in want:
         pd.testing.assert_frame_equal(got[name].assign(r=1.0), want[name].assign(r=1.0), check_dtype=False, obj=name)
+
+
+def _chunked(monkeypatch, chunk_bytes: int) -> None:
+    """Every plain CSV parsed in chunks of ~``chunk_bytes`` (readers.iter_csv_chunks), however small."""
+    monkeypatch.setattr(interactions, "_CHUNKED_MIN_BYTES", 0)
+    monkeypatch.setattr(readers, "CSV_CHUNK_BYTES", chunk_bytes)
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_csv_parsed_in_chunks_writes_the_whole_file_dataset(tmp_path, monkeypatch, string_ids):
+    """A plain CSV cut into chunks parsed on two threads (in memory and spilled) gives the bytes the
+    whole-file reader gives; a column that widens further down (integer ids, then a string) is read
+    again whole, as the whole-file reader types it."""
+    log = _log(string_ids)
+    widened = _log(False)
+    widened["u"] = widened["u"].astype(object)
+    widened.loc[NUM_ROWS - 7, "u"] = "late-string-id"
+    kw = dict(name="log", protocol="recbole", seed=3, min_rating=2.0)
+    for case, frame in (("plain", log), ("widened", widened)):
+        path = tmp_path / f"{case}.csv"
+        frame.to_csv(path, index=False)
+        base = dict(path=str(path), user_column="u", item_column="i", timestamp_column="t", rating_column="r")
+        out = {}
+        for mode, budget, chunk_bytes in (("whole", 2048, 0), ("chunks", 2048, 50_000), ("chunks-disk", 1, 30_000)):
+            if chunk_bytes:
+                _chunked(monkeypatch, chunk_bytes)
+            else:
+                monkeypatch.undo()
+            cfg = InteractionsDataConfig(**base, memory_budget_mb=budget)
+            out[mode] = prepare_interactions(cfg, root=tmp_path / f"{case}-{mode}", **kw)
+        for rel in ("train.parquet", "valid.parquet", "test.parquet", "vocab/users.parquet", "vocab/items.parquet"):
+            assert len({(out[mode] / rel).read_bytes() for mode in out}) == 1, (case, rel)
+        assert len({p.name for p in out.values()}) == 1
+    users = pq.read_table(out["chunks"] / "vocab/users.parquet")["raw_id"]
+    assert pa.types.is_large_string(users.type) or pa.types.is_string(users.type)  # read whole: strings
+
+
+def test_chunked_csv_reader_gives_the_whole_file_columns(tmp_path):
+    """readers.iter_csv_chunks against read_columns: header or positions, a BOM and CRLF endings,
+    string ids (chunk buffers are reused: the strings must not point into them)."""
+    log = _log(True)
+    for name, text, columns, header in (
+        ("h.csv", "\ufeff" + log.to_csv(index=False).replace("\n", "\r\n"), ["i", "u", "r"], True),
+        ("n.tsv", log.to_csv(index=False, header=False, sep="\t"), ["1", "0"], False),
+    ):
+        path = tmp_path / name
+        path.write_bytes(text.encode())
+        delimiter = "\t" if name.endswith(".tsv") else ","
+        whole = readers.read_columns(path, columns, delimiter=delimiter, header=header)
+        for chunk_bytes in (2000, 100_000):
+            got = pa.Table.from_batches(
+                readers.iter_csv_chunks(
+                    path, columns, delimiter=delimiter, header=header, threads=2, chunk_bytes=chunk_bytes
+                )
+            )
+            assert got.combine_chunks().equals(whole.combine_chunks()), (name, chunk_bytes)
