@@ -6,6 +6,8 @@ import json
 import shutil
 
 import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -238,3 +240,97 @@ def test_synthetic_user_groups_leave_everything_else_unchanged():
     assert grouped_interactions.equals(interactions) and grouped_items.equals(items)
     assert set(grouped_users["user_group"]) == {0, 1, 2, 3} and "user_group" not in users
     assert cache_key(spec, "recbole", 0) != cache_key(TINY_SPEC, "recbole", 0)
+
+
+# ---------------------------------------------------------------- your own data: string side columns by configuration
+
+# what a user of data=interactions writes (README "Side features"): tags split on "|", strings mapped by themselves
+OWN_SIDE = [
+    "++data.interactions.items_columns={tags:{separator:'|'}}",
+    "++model.tables={brand:{embedding_dim:4,pooling:sum},tags:{embedding_dim:4,pooling:mean},"
+    "country:{embedding_dim:4,pooling:sum}}",
+    "++model.features={brand:{source:items,column:brand,tower:candidate},tags:{source:items,column:tags},"
+    "country:{source:users,column:country}}",
+]
+
+
+def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_group):
+    """A CSV log with string ids, items.csv (string brand, "|"-joined tags) and users.csv (string country),
+    prepared by data=interactions and trained with model.features naming them: no step but configuration."""
+    from recsys.config import FeatureConfig
+    from recsys.run import fit, load_trained
+    from tests.test_interactions import _log, write_side_files
+
+    log = _log()
+    log.to_csv(tmp_path / "clicks.csv", index=False)
+    items_csv, users_csv = write_side_files(tmp_path, log)
+    cfg = tiny_config(
+        [
+            f"data.root={tmp_path / 'data'}",
+            "data=interactions",
+            f"data.interactions.path={tmp_path / 'clicks.csv'}",
+            "data.interactions.user_column=visitor",
+            "data.interactions.item_column=sku",
+            f"data.interactions.items_path={items_csv}",
+            "data.interactions.items_id_column=item",
+            f"data.interactions.users_path={users_csv}",
+            "data.interactions.users_id_column=user",
+            *OWN_SIDE,
+            "trainer.epochs=1",
+            "trainer.max_steps_per_epoch=2",
+            "trainer.global_batch_size=64",
+            "eval.batch_size=64",
+        ]
+    )
+    run_dir = tmp_path / "run"
+    assert fit(cfg, run_dir)["train"]["steps"] == 2
+    data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
+
+    # the mapping, from the raw files: distinct values ascending, a missing brand (""; the unlisted item) after them
+    raw_items = pd.read_csv(items_csv, keep_default_na=False).set_index("item")
+    raw_users = pd.read_csv(users_csv).set_index("user")
+    brands = sorted({b.strip() for b in raw_items["brand"] if b.strip()})
+    tags = sorted({t.strip() for ts in raw_items["tags"] for t in ts.split("|") if t.strip()})
+    countries = sorted(set(raw_users["country"]))
+    item_raw = pq.read_table(data.dir / "vocab/items.parquet").column("raw_id").to_pylist()
+    user_raw = pq.read_table(data.dir / "vocab/users.parquet").column("raw_id").to_pylist()
+
+    def brand_id(item):
+        sku = item_raw[item]
+        value = raw_items.loc[sku, "brand"].strip() if sku in raw_items.index else ""
+        return brands.index(value) if value else len(brands)
+
+    def tag_ids(item):
+        sku = item_raw[item]
+        values = raw_items.loc[sku, "tags"].split("|") if sku in raw_items.index else []
+        return sorted({tags.index(t.strip()) for t in values if t.strip()})
+
+    state = sharded.module.state_dict()
+    rows = {k.split(".")[-2]: v.size(0) for k, v in state.items() if ".embedding_bags." in k}
+    assert any(brand_id(i) == len(brands) for i in range(data.num_items))  # the fixture has missing brands
+    assert {t: rows[t] for t in ("brand", "tags", "country")} == {
+        "brand": len(brands) + 1,  # 3 brands + the missing one
+        "tags": len(tags),  # a list column: no missing id (an empty bag)
+        "country": len(countries),  # every user listed
+    }
+
+    builder = FeatureBuilder(data, cfg.data.history_length, user_id=cfg.model.query_user_id)
+    users, hist_lengths, hist_items = np.array([0, 4, 7]), np.array([2, 0, 3]), np.array([1, 2, 3, 5, 39])
+    candidates = np.arange(data.num_items)
+    kjt = builder.build(
+        user_ids=users, hist_lengths=hist_lengths, hist_items=hist_items, candidate_item_ids=candidates
+    ).features.to_dict()
+    assert kjt["country"].lengths().tolist() == [1, 1, 1] + [0] * len(candidates)
+    assert kjt["country"].values().tolist() == [countries.index(raw_users.loc[user_raw[u], "country"]) for u in users]
+    assert kjt["brand"].lengths().tolist() == [0, 0, 0] + [1] * len(candidates)
+    assert kjt["brand"].values().tolist() == [brand_id(i) for i in candidates]
+    bags = np.split(hist_items, np.cumsum(hist_lengths)[:-1])
+    want_tags = [[t for i in bag for t in tag_ids(i)] for bag in bags]  # a query's: all its history items' tags
+    assert kjt["tags"].lengths().tolist() == [len(w) for w in want_tags] + [0] * len(candidates)
+    assert kjt["tags"].values().tolist() == [t for w in want_tags for t in w]
+
+    # a float column is kept as it is, and is no feature: the message says how to make one
+    with pytest.raises(
+        ValueError, match=r"column 'price' is double, not integer ids .*data\.interactions\.items_columns"
+    ):
+        with_side_features(data, {"price": FeatureConfig(source="items", column="price", tower="candidate")})
