@@ -25,6 +25,9 @@ Rules a user can rely on:
   items" means the last ones in the file (meta.json: ``"timestamps": "file_order"``).
 - **No categories** (no items file, or no ``categories_column``): ``num_categories`` is 0 and the
   model has no category table (nothing zero-filled stands in for it).
+- **Side files** (``items_path``, ``users_path``): their rows follow the dataset's ids (a user / item
+  they do not list gets missing values); categorical columns become ids for ``model.features``
+  (``side_columns``: which columns, the mapping, the vocab files and meta.json sizes).
 - **protocol=given**: the vocabulary is the training file's (after its filters). Valid / test rows
   whose user or item never occurs in train, or whose (user, item) pair is in train, are dropped and
   counted in meta.json ``given_split.dropped``; a split left empty is an error. Without a valid

@@ -3,7 +3,9 @@ to the towers by configuration, end to end: KJT layout, tables, training on 1 an
 
 import dataclasses
 import json
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -244,44 +246,52 @@ def test_synthetic_user_groups_leave_everything_else_unchanged():
 
 # ---------------------------------------------------------------- your own data: string side columns by configuration
 
-# what a user of data=interactions writes (README "Side features"): tags split on "|", strings mapped by themselves
-OWN_SIDE = [
-    "++data.interactions.items_columns={tags:{separator:'|'}}",
-    "++model.tables={brand:{embedding_dim:4,pooling:sum},tags:{embedding_dim:4,pooling:mean},"
-    "country:{embedding_dim:4,pooling:sum}}",
-    "++model.features={brand:{source:items,column:brand,tower:candidate},tags:{source:items,column:tags},"
-    "country:{source:users,column:country}}",
-]
+
+def readme_experiment(conf_dir: Path) -> str:
+    """README "Side features"' experiment for your own side files, as conf_dir/experiment/my_shop.yaml:
+    the override that adds conf_dir to Hydra's search path."""
+    from tests.test_readme import README
+
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S) if "items_columns" in b]
+    assert len(blocks) == 1, "README.md: expected one yaml block declaring items_columns"
+    (conf_dir / "experiment").mkdir(parents=True)
+    (conf_dir / "experiment" / "my_shop.yaml").write_text(blocks[0])
+    return f"hydra.searchpath=[file://{conf_dir}]"
 
 
 def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_group):
     """A CSV log with string ids, items.csv (string brand, "|"-joined tags) and users.csv (string country),
-    prepared by data=interactions and trained with model.features naming them: no step but configuration."""
-    from recsys.config import FeatureConfig
+    prepared by data=interactions and trained with model.features naming them: the README's experiment,
+    its files replaced by the fixture's, and no other step."""
+    from hydra import compose, initialize_config_dir
+
+    from recsys.config import FeatureConfig, register_configs, to_config
     from recsys.run import fit, load_trained
+    from tests.helpers.config import CONF_DIR
     from tests.test_interactions import _log, write_side_files
 
     log = _log()
     log.to_csv(tmp_path / "clicks.csv", index=False)
     items_csv, users_csv = write_side_files(tmp_path, log)
-    cfg = tiny_config(
-        [
-            f"data.root={tmp_path / 'data'}",
-            "data=interactions",
-            f"data.interactions.path={tmp_path / 'clicks.csv'}",
-            "data.interactions.user_column=visitor",
-            "data.interactions.item_column=sku",
-            f"data.interactions.items_path={items_csv}",
-            "data.interactions.items_id_column=item",
-            f"data.interactions.users_path={users_csv}",
-            "data.interactions.users_id_column=user",
-            *OWN_SIDE,
-            "trainer.epochs=1",
-            "trainer.max_steps_per_epoch=2",
-            "trainer.global_batch_size=64",
-            "eval.batch_size=64",
-        ]
-    )
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        composed = compose(
+            config_name="config",
+            overrides=[
+                readme_experiment(tmp_path / "conf"),
+                "+experiment=my_shop",
+                f"data.root={tmp_path / 'data'}",
+                f"data.interactions.path={tmp_path / 'clicks.csv'}",
+                f"data.interactions.items_path={items_csv}",
+                f"data.interactions.users_path={users_csv}",
+                "trainer.epochs=1",
+                "trainer.max_steps_per_epoch=2",
+                "trainer.global_batch_size=64",
+                "trainer.progress_bar=false",
+                "eval.batch_size=64",
+            ],
+        )
+    cfg = to_config(composed)
     run_dir = tmp_path / "run"
     assert fit(cfg, run_dir)["train"]["steps"] == 2
     data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
@@ -310,7 +320,7 @@ def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_
     assert any(brand_id(i) == len(brands) for i in range(data.num_items))  # the fixture has missing brands
     assert {t: rows[t] for t in ("brand", "tags", "country")} == {
         "brand": len(brands) + 1,  # 3 brands + the missing one
-        "tags": len(tags),  # a list column: no missing id (an empty bag)
+        "tags": len(tags),  # a bag: no missing id (an empty bag)
         "country": len(countries),  # every user listed
     }
 
@@ -324,9 +334,10 @@ def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_
     assert kjt["country"].values().tolist() == [countries.index(raw_users.loc[user_raw[u], "country"]) for u in users]
     assert kjt["brand"].lengths().tolist() == [0, 0, 0] + [1] * len(candidates)
     assert kjt["brand"].values().tolist() == [brand_id(i) for i in candidates]
-    bags = np.split(hist_items, np.cumsum(hist_lengths)[:-1])
-    want_tags = [[t for i in bag for t in tag_ids(i)] for bag in bags]  # a query's: all its history items' tags
-    assert kjt["tags"].lengths().tolist() == [len(w) for w in want_tags] + [0] * len(candidates)
+    # table tags: a query's row holds all its history items' tags (history_tags), a candidate's its own (tags)
+    bags = [*np.split(hist_items, np.cumsum(hist_lengths)[:-1]), *([i] for i in candidates)]
+    want_tags = [[t for i in bag for t in tag_ids(i)] for bag in bags]
+    assert kjt["tags"].lengths().tolist() == [len(w) for w in want_tags]
     assert kjt["tags"].values().tolist() == [t for w in want_tags for t in w]
 
     # a float column is kept as it is, and is no feature: the message says how to make one
