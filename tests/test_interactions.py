@@ -423,3 +423,34 @@ def test_side_column_mistakes_are_named_and_leave_prepared_dirs_intact(tmp_path,
         _prepare(side_config(tmp_path, **kw), tmp_path / "data")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [out.name]
+
+
+def test_parquet_side_file_dictionaries_lists_and_booleans_are_categorical(tmp_path):
+    log = _log()
+    log.to_csv(tmp_path / "clicks.csv", index=False)
+    skus = sorted(log["sku"].unique())
+    side = pa.table(
+        {
+            "item": skus,
+            "brand": pa.array([["b", "a"][k % 2] for k in range(len(skus))]).dictionary_encode(),
+            "tags": [[["x", "y"], ["y", "y"], [], None][k % 4] for k in range(len(skus))],  # a parquet list: a bag
+            "sale": [k % 3 == 0 for k in range(len(skus))],
+        }
+    )
+    pq.write_table(side, tmp_path / "items.parquet")
+    cfg = InteractionsDataConfig(
+        path=str(tmp_path / "clicks.csv"),
+        user_column="visitor",
+        item_column="sku",
+        items_path=str(tmp_path / "items.parquet"),
+        items_id_column="item",
+    )
+    out = _prepare(cfg, tmp_path / "data")
+    assert json.loads((out / "meta.json").read_text())["item_features"] == {"brand": 2, "tags": 2, "sale": 2}
+    items = pq.read_table(out / "items.parquet").to_pydict()
+    raw = pq.read_table(out / "vocab/items.parquet").column("raw_id").to_pylist()
+    k = [skus.index(sku) for sku in raw]  # the fixture row of each item id
+    assert items["brand"] == [1 - j % 2 for j in k]  # a 0, b 1
+    assert items["tags"] == [[[0, 1], [1], [], []][j % 4] for j in k]
+    assert items["sale"] == [int(j % 3 == 0) for j in k]  # False 0, True 1
+    assert pq.read_table(out / "vocab/item_features/sale.parquet").column("value").to_pylist() == [False, True]
