@@ -43,6 +43,7 @@ from data_pipelines.errors import DatasetError
 __all__ = ["SIZES_IN_META", "EncodedColumns", "encode_side_columns", "vocab_file"]
 
 SIZES_IN_META = {"items": "item_features", "users": "user_features"}  # meta.json: {column: number of ids}
+RESERVED = {"items": ("item_id", "categories"), "users": ("user_id",)}  # built-in columns of items / users.parquet
 TEXT_COLUMNS = ("title",)  # undeclared string columns kept as text: the item's name wherever recsys shows one
 
 
@@ -95,8 +96,8 @@ def _values(flat: pa.Array) -> pa.Array:
 
 
 def _sorted_distinct(values: pa.Array, where: str) -> pa.Array:
-    distinct = pc.unique(values.drop_null())
     try:
+        distinct = pc.unique(values.drop_null())
         return distinct.take(pc.array_sort_indices(distinct))
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
         raise DatasetError(f"{where}: values of type {values.type} cannot be ordered as categories ({e})") from None
@@ -136,6 +137,12 @@ def encode_side_columns(
     """``table`` (one row per user / item of the dataset, in id order; its id column dropped) as the dataset
     dir holds it: categorical columns as ids, the others as they are; ``what`` is "items" or "users"."""
     setting = f"data.interactions.{what}_columns"
+    taken = [c for c in table.column_names if c in RESERVED[what]]
+    if taken:
+        raise DatasetError(
+            f"{path}: column {taken[0]!r} has the name of a column the dataset dir's {what}.parquet holds "
+            f"already ({', '.join(RESERVED[what])}); rename it"
+        )
     unknown = [c for c in declared if c not in table.column_names]
     if unknown:
         raise DatasetError(

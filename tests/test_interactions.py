@@ -454,3 +454,12 @@ def test_parquet_side_file_dictionaries_lists_and_booleans_are_categorical(tmp_p
     assert items["tags"] == [[[0, 1], [1], [], []][j % 4] for j in k]
     assert items["sale"] == [int(j % 3 == 0) for j in k]  # False 0, True 1
     assert pq.read_table(out / "vocab/item_features/sale.parquet").column("value").to_pylist() == [False, True]
+
+
+def test_a_side_column_named_like_a_built_in_one_is_refused(tmp_path):
+    cfg = side_config(tmp_path)
+    users = pd.read_csv(cfg.users_path)
+    users["user_id"] = range(len(users))  # beside the id column "user": would overwrite users.parquet's user_id
+    users.to_csv(cfg.users_path, index=False)
+    with pytest.raises(DatasetError, match=r"users\.csv: column 'user_id' has the name of a column .* \(user_id\)"):
+        _prepare(cfg, tmp_path / "data")
