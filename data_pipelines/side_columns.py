@@ -56,9 +56,8 @@ def vocab_file(what: str, column: str) -> str:
 class EncodedColumns:
     """A side file's columns as the dataset dir holds them."""
 
-    columns: dict[str, object] = field(
-        default_factory=dict
-    )  # column -> values per row: ids (numpy), bags (list of arrays), kept (pandas, Arrow-typed)
+    # column -> values per row: ids (numpy int64), bags (a list of int64 arrays), kept (pandas, Arrow-typed)
+    columns: dict[str, object] = field(default_factory=dict)
     vocabs: dict[str, pd.DataFrame] = field(default_factory=dict)  # vocab file -> (id, value)
     sizes: dict[str, int] = field(default_factory=dict)  # categorical column -> number of ids
 
