@@ -76,6 +76,19 @@ class MovieLensDataConfig:
 
 
 @dataclass
+class SideColumnConfig:
+    """How prepare treats one column of a side file (``data.interactions.items_columns`` /
+    ``users_columns``; data_pipelines/side_columns.py). Undeclared columns: strings, dictionaries and
+    booleans (and lists of them) are categorical, except ``title`` (kept as text: the item's name in
+    reports); numbers and times stay as the file has them."""
+
+    # true: values -> contiguous ids 0.. (ascending value), so that model.features can use the column;
+    # false: kept as the file has it (free text, a price). Declare an integer code (a zip code) to map it
+    categorical: bool = True
+    separator: str = ""  # several values in one string ("red|sale" with "|"): a list<int64> column; "" = one per row
+
+
+@dataclass
 class InteractionsDataConfig:
     # one log to split by data.protocol (recbole / loo / strong_generalization) ...
     path: str = ""  # a CSV / TSV / parquet file (.gz / .zst read as such) or a folder of parquet files
@@ -105,6 +118,10 @@ class InteractionsDataConfig:
     categories_separator: str = "|"
     users_path: str = ""
     users_id_column: str = "user_id"
+    # side-file columns declared by name, e.g. {brand: {}, tags: {separator: "|"}, zip: {}} (a file or
+    # ++data.interactions.items_columns={tags:{separator:'|'}}); {} = the rules of SideColumnConfig alone
+    items_columns: dict[str, SideColumnConfig] = field(default_factory=dict)
+    users_columns: dict[str, SideColumnConfig] = field(default_factory=dict)
     md5: dict[str, str] = field(
         default_factory=dict
     )  # expected md5 by file name (data=gowalla pins the published ones)

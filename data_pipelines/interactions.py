@@ -25,6 +25,9 @@ Rules a user can rely on:
   items" means the last ones in the file (meta.json: ``"timestamps": "file_order"``).
 - **No categories** (no items file, or no ``categories_column``): ``num_categories`` is 0 and the
   model has no category table (nothing zero-filled stands in for it).
+- **Side files** (``items_path``, ``users_path``): their rows follow the dataset's ids (a user / item
+  they do not list gets missing values); categorical columns become ids for ``model.features``
+  (``side_columns``: which columns, the mapping, the vocab files and meta.json sizes).
 - **protocol=given**: the vocabulary is the training file's (after its filters). Valid / test rows
   whose user or item never occurs in train, or whose (user, item) pair is in train, are dropped and
   counted in meta.json ``given_split.dropped``; a split left empty is an error. Without a valid
@@ -73,6 +76,7 @@ from data_pipelines.readers import (
     read_adjacency,
     read_columns,
 )
+from data_pipelines.side_columns import encode_side_columns
 from data_pipelines.splits import PROTOCOLS, carve_valid, filter_interactions
 
 __all__ = ["PIPELINE_VERSION", "prepare_interactions"]
@@ -80,6 +84,8 @@ __all__ = ["PIPELINE_VERSION", "prepare_interactions"]
 PIPELINE_VERSION = "interactions/1"  # bump when this module's output for the same input changes
 NO_CATEGORY = "(none)"  # the category of an item the items file lists without one
 _CHUNKED_MIN_BYTES = 1 << 26  # an uncompressed CSV this big is parsed in chunks (readers.iter_csv_chunks)
+SIDE_COLUMNS_VERSION = 1  # bump when side_columns.py's output for the same side file changes
+_SIDE_COLUMNS = ("items_columns", "users_columns")
 
 
 # ---------------------------------------------------------------- reading one log
@@ -240,29 +246,35 @@ def _compact(parts: list[pd.DataFrame], users: pa.Array, items: pa.Array) -> tup
 
 def _items_table(
     cfg: InteractionsDataConfig, raw_items: pa.Array
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
-    """(items.parquet, vocab/items.parquet, vocab/categories.parquet or None)."""
+) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, int]]:
+    """(items.parquet, {vocab file: table}, meta ``item_features``): vocab/items.parquet, vocab/categories.parquet
+    when the items have categories, and the vocabularies of the items file's categorical columns."""
     n = len(raw_items)
-    vocab = pd.DataFrame({"raw_id": raw_items.to_pandas(), "item_id": np.arange(n, dtype=np.int64)})
-    empty = [np.zeros(0, dtype=np.int64)] * n
+    vocabs = {ITEMS_VOCAB: pd.DataFrame({"raw_id": raw_items.to_pandas(), "item_id": np.arange(n, dtype=np.int64)})}
+    items = pd.DataFrame({"item_id": np.arange(n, dtype=np.int64)})
     if not cfg.items_path:
         if cfg.categories_column:
             raise DatasetError("data.interactions.categories_column is set but data.interactions.items_path is not")
-        return pd.DataFrame({"item_id": np.arange(n, dtype=np.int64), "categories": empty}), vocab, None
+        _no_side_file(cfg.items_columns, "items")
+        items["categories"] = [np.zeros(0, dtype=np.int64)] * n
+        return items, vocabs, {}
     side = _side_file(cfg.items_path, cfg, cfg.items_id_column, raw_items, "items")
-    items = pd.DataFrame({"item_id": np.arange(n, dtype=np.int64)})
-    category_vocab = None
     if cfg.categories_column:
-        if cfg.categories_column not in side.columns:
+        if cfg.categories_column not in side.column_names:
             raise DatasetError(
                 f"{cfg.items_path}: no column {cfg.categories_column!r} (data.interactions.categories_column); "
-                f"columns are {list(side.columns)}"
+                f"columns are {[cfg.items_id_column, *side.column_names]}"
+            )
+        if cfg.categories_column in cfg.items_columns:
+            raise DatasetError(
+                f"{cfg.items_path}: column {cfg.categories_column!r} is data.interactions.categories_column (the "
+                f"category feature); drop it from data.interactions.items_columns"
             )
         names_per_item = [
             sorted({g.strip() for g in str(v).split(cfg.categories_separator) if g.strip()})
             if isinstance(v, str)
             else []
-            for v in side[cfg.categories_column]
+            for v in side[cfg.categories_column].to_pylist()
         ]
         names = sorted(
             {g for gs in names_per_item for g in gs}
@@ -272,17 +284,25 @@ def _items_table(
         items["categories"] = [
             np.array(sorted(index[g] for g in gs) or [index[NO_CATEGORY]], dtype=np.int64) for gs in names_per_item
         ]
-        category_vocab = pd.DataFrame({"category_id": np.arange(len(names), dtype=np.int64), "name": names})
-        side = side.drop(columns=[cfg.categories_column])
+        vocabs[CATEGORIES_VOCAB] = pd.DataFrame({"category_id": np.arange(len(names), dtype=np.int64), "name": names})
+        side = side.drop_columns([cfg.categories_column])
     else:
-        items["categories"] = empty
-    for column in side.columns:
-        items[column] = side[column].to_numpy()
-    return items, vocab, category_vocab
+        items["categories"] = [np.zeros(0, dtype=np.int64)] * n
+    encoded = encode_side_columns(side, cfg.items_columns, path=cfg.items_path, what="items")
+    for column, values in encoded.columns.items():
+        items[column] = values
+    return items, vocabs | encoded.vocabs, encoded.sizes
 
 
-def _side_file(path: str, cfg: InteractionsDataConfig, id_column: str, raw_ids: pa.Array, what: str) -> pd.DataFrame:
-    """The side file's rows for ``raw_ids`` (in that order; absent ids give empty values), id column dropped."""
+def _no_side_file(declared: dict, what: str) -> None:
+    if declared:
+        raise DatasetError(
+            f"data.interactions.{what}_columns declares {sorted(declared)} but data.interactions.{what}_path is not set"
+        )
+
+
+def _side_file(path: str, cfg: InteractionsDataConfig, id_column: str, raw_ids: pa.Array, what: str) -> pa.Table:
+    """The side file's rows for ``raw_ids`` (in that order; absent ids give null rows), id column dropped."""
     p = Path(path)
     fmt = "auto" if cfg.format == "adjacency" else cfg.format  # the log's format says nothing of a side file's
     table = read_columns(p, None, fmt=fmt, delimiter=cfg.delimiter, header=True)
@@ -290,30 +310,35 @@ def _side_file(path: str, cfg: InteractionsDataConfig, id_column: str, raw_ids: 
         raise DatasetError(
             f"{p}: no column {id_column!r} (data.interactions.{what}_id_column); columns are {table.column_names}"
         )
+    if id_column in getattr(cfg, f"{what}_columns"):
+        raise DatasetError(
+            f"{p}: column {id_column!r} is the {what} id column (data.interactions.{what}_id_column); "
+            f"drop it from data.interactions.{what}_columns"
+        )
     ids = raw_ids_of(table[id_column], str(p), id_column)
     ids, keys = _same_type(ids, pa.chunked_array([raw_ids]))
-    frame = table.drop_columns([id_column]).to_pandas()
     duplicated = pd.Series(ids.to_numpy(zero_copy_only=False)).duplicated()
     if duplicated.any():
         raise DatasetError(f"{p}: {what} id {ids[int(np.argmax(duplicated.to_numpy()))].as_py()!r} appears twice")
-    position = _index(keys, pa.concat_arrays(ids.chunks) if ids.num_chunks else pa.array([], ids.type))
-    found = position >= 0
-    out = frame.iloc[np.where(found, position, 0)].reset_index(drop=True)
-    if not found.all():
-        out = out.astype(object)
-        out.loc[~found, :] = None
-    return out
+    position = pc.index_in(keys, value_set=pa.concat_arrays(ids.chunks) if ids.num_chunks else pa.array([], ids.type))
+    return table.drop_columns([id_column]).take(position)  # a null position (an id the file lacks): a null row
 
 
-def _users_table(cfg: InteractionsDataConfig, raw_users: pa.Array) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _users_table(
+    cfg: InteractionsDataConfig, raw_users: pa.Array
+) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, int]]:
+    """(users.parquet, {vocab file: table}, meta ``user_features``)."""
     n = len(raw_users)
-    vocab = pd.DataFrame({"raw_id": raw_users.to_pandas(), "user_id": np.arange(n, dtype=np.int64)})
+    vocabs = {USERS_VOCAB: pd.DataFrame({"raw_id": raw_users.to_pandas(), "user_id": np.arange(n, dtype=np.int64)})}
     users = pd.DataFrame({"user_id": np.arange(n, dtype=np.int64)})
-    if cfg.users_path:
-        side = _side_file(cfg.users_path, cfg, cfg.users_id_column, raw_users, "users")
-        for column in side.columns:
-            users[column] = side[column].to_numpy()
-    return users, vocab
+    if not cfg.users_path:
+        _no_side_file(cfg.users_columns, "users")
+        return users, vocabs, {}
+    side = _side_file(cfg.users_path, cfg, cfg.users_id_column, raw_users, "users")
+    encoded = encode_side_columns(side, cfg.users_columns, path=cfg.users_path, what="users")
+    for column, values in encoded.columns.items():
+        users[column] = values
+    return users, vocabs | encoded.vocabs, encoded.sizes
 
 
 # ---------------------------------------------------------------- sources and cache
@@ -581,9 +606,11 @@ def prepare_interactions(
         "reader": {
             k: v
             for k, v in asdict(cfg).items()
-            if not k.endswith("_path") and k not in ("path", "md5", "memory_budget_mb")
+            if not k.endswith("_path") and k not in ("path", "md5", "memory_budget_mb", *_SIDE_COLUMNS)
         },
     }
+    if cfg.items_path or cfg.users_path:  # keys of logs without side files stay what they were
+        options["side_columns"] = {"version": SIDE_COLUMNS_VERSION, **{k: asdict(cfg)[k] for k in _SIDE_COLUMNS}}
     root_dir = Path(root).absolute()
     # The sources' sha256 (the cache key) is computed on a thread while the log is parsed; a dataset
     # dir already there is found once it is known, and the parse stops. `given` reads its files after.
@@ -625,11 +652,9 @@ def prepare_interactions(
                         return looked[0]
                     raise
             sources, key, out_dir = located()
-            items_table, item_vocab, category_vocab = _items_table(cfg, items)
-            users_table, user_vocab = _users_table(cfg, users)
-            extra_tables.update({USERS_VOCAB: user_vocab, ITEMS_VOCAB: item_vocab})
-            if category_vocab is not None:
-                extra_tables[CATEGORIES_VOCAB] = category_vocab
+            items_table, item_vocabs, item_features = _items_table(cfg, items)
+            users_table, user_vocabs, user_features = _users_table(cfg, users)
+            extra_tables.update(user_vocabs | item_vocabs)
             meta: dict[str, Any] = {
                 "name": name,
                 "protocol": protocol,
@@ -637,7 +662,7 @@ def prepare_interactions(
                 "filters": filters,
                 "num_users": len(users),
                 "num_items": len(items),
-                "num_categories": 0 if category_vocab is None else len(category_vocab),
+                "num_categories": len(item_vocabs.get(CATEGORIES_VOCAB, ())),
                 "timestamps": "seconds" if cfg.timestamp_column else "file_order",
                 "sources": sources,
                 "code_version": CODE_VERSION,
@@ -645,6 +670,8 @@ def prepare_interactions(
                 "cache_key": key,
                 **extra_meta,
             }
+            if item_features or user_features:  # ids per categorical side column: the tables model.features builds
+                meta.update(item_features=item_features, user_features=user_features)
             train, valid, test = parts
             try:
                 return write_dataset_dir(

@@ -226,6 +226,9 @@ def config_fingerprint(cfg: Config) -> str:
     data.pop("root")
     data.pop("shard_by_user")  # how the rows are read, not which
     data["interactions"].pop("memory_budget_mb")  # how the log is prepared, not what is written
+    for side in ("items_columns", "users_columns"):  # undeclared: the fingerprint from before the fields existed
+        if not data["interactions"][side]:
+            del data["interactions"][side]
     if not data["synthetic"]["num_user_groups"]:  # fingerprints from before the field existed stay valid
         del data["synthetic"]["num_user_groups"]
     model = asdict(cfg.model)

@@ -6,6 +6,7 @@ data-sources issue gets one clear error and leaves an earlier prepared dir as it
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_pipelines import interactions, readers
-from data_pipelines.config import InteractionsDataConfig
+from data_pipelines.config import InteractionsDataConfig, SideColumnConfig
 from data_pipelines.errors import DatasetError
 from data_pipelines.interactions import prepare_interactions
 from data_pipelines.splits import carve_valid
@@ -283,3 +284,189 @@ def test_readme_examples_compose_and_prepare(tmp_path):
     # items 14 and 15 never occur in train: those 3 test rows are dropped and counted
     assert {s: len(v) for s, v in data.splits.items()} == {"train": 45, "valid": 5, "test": 7}
     assert data.meta["given_split"]["dropped"]["test"]["item_not_in_train"] == 3
+
+
+# ---------------------------------------------------------------- side files: categorical columns -> ids
+
+# items: a string brand (one missing, one with spaces), tags joined by "|" (one empty, one repeated), a float
+# price, an integer code, a title; sku39 is not listed (every column missing). users: a string country.
+KEY_WITHOUT_SIDE_FILES = "cf7a6201bf3f9d10"  # _log() as CSV, string ids, recbole seed 0: main's key before this
+
+
+def write_side_files(folder: Path, log: pd.DataFrame) -> tuple[Path, Path]:
+    """items.csv (item, brand, tags, price, zip, title) and users.csv (user, country) for ``_log()``'s ids."""
+    skus = sorted(log["sku"].unique(), key=lambda s: int(s[3:]))[:-1]  # the last sku: not in the items file
+    brands = ["acme", " zeta ", "", "beta"]
+    tags = ["red|sale", "", "sale| red|red", "blue"]
+    items = pd.DataFrame(
+        {
+            "item": skus,
+            "brand": [brands[k % 4] for k in range(len(skus))],
+            "tags": [tags[k % 4] for k in range(len(skus))],
+            "price": [1.5 + k for k in range(len(skus))],
+            "zip": [[90210, 10001, 5][k % 3] for k in range(len(skus))],
+            "title": [f"Item {s}" for s in skus],
+        }
+    )
+    users = pd.DataFrame({"user": sorted(log["visitor"].unique()), "country": ["FR", "DE", "US"] * 10})
+    items.to_csv(folder / "items.csv", index=False)
+    users.to_csv(folder / "users.csv", index=False)
+    return folder / "items.csv", folder / "users.csv"
+
+
+def side_config(tmp_path: Path, **kw) -> InteractionsDataConfig:
+    log = _log()
+    log.to_csv(tmp_path / "clicks.csv", index=False)
+    items, users = write_side_files(tmp_path, log)
+    return InteractionsDataConfig(
+        **{
+            "path": str(tmp_path / "clicks.csv"),
+            "user_column": "visitor",
+            "item_column": "sku",
+            "items_path": str(items),
+            "items_id_column": "item",
+            "users_path": str(users),
+            "users_id_column": "user",
+            "items_columns": {"tags": SideColumnConfig(separator="|"), "zip": SideColumnConfig()},
+            **kw,
+        }
+    )
+
+
+def test_side_columns_become_ids_in_ascending_value_order(tmp_path):
+    cfg = side_config(tmp_path)
+    out = _prepare(cfg, tmp_path / "data")
+    items = pq.read_table(out / "items.parquet")
+    assert items.schema.field("brand").type == pa.int64() and items.schema.field("tags").type == pa.list_(pa.int64())
+    title = items.schema.field("title").type
+    assert items.schema.field("price").type == pa.float64() and (
+        pa.types.is_string(title) or pa.types.is_large_string(title)
+    )
+
+    def vocab(what, column):
+        table = pq.read_table(out / f"vocab/{what}/{column}.parquet").to_pydict()
+        assert table["id"] == list(range(len(table["id"])))
+        return table["value"]
+
+    # strings stripped and sorted; "" and the unlisted sku39 share the missing id, after the values
+    assert vocab("item_features", "brand") == ["acme", "beta", "zeta", None]
+    assert vocab("item_features", "tags") == ["blue", "red", "sale"]  # no missing id: an empty bag instead
+    assert vocab("item_features", "zip") == [5, 10001, 90210, None]  # declared: an integer code mapped too
+    assert vocab("user_features", "country") == ["DE", "FR", "US"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["item_features"] == {"brand": 4, "tags": 3, "zip": 4} and meta["user_features"] == {"country": 3}
+
+    raw = pq.read_table(out / "vocab/items.parquet").column("raw_id").to_pylist()
+    listed = pd.read_csv(cfg.items_path, keep_default_na=False).set_index("item")
+    brand, tags = items.column("brand").to_pylist(), items.column("tags").to_pylist()
+    for item_id, sku in enumerate(raw):
+        if sku not in listed.index:  # sku39: missing everywhere
+            assert brand[item_id] == 3 and tags[item_id] == [] and items.column("zip")[item_id].as_py() == 3
+            continue
+        want_brand = {"acme": 0, "beta": 1, "zeta": 2, "": 3}[listed.loc[sku, "brand"].strip()]
+        want_tags = sorted(
+            {{"blue": 0, "red": 1, "sale": 2}[t.strip()] for t in listed.loc[sku, "tags"].split("|") if t}
+        )
+        assert (brand[item_id], tags[item_id]) == (want_brand, want_tags), sku
+    assert items.column("title").to_pylist()[0] == f"Item {raw[0]}"  # title: kept as text (the item's name)
+
+    # the declaration is part of the cache key; the same one is cached
+    assert _prepare(cfg, tmp_path / "data") == out
+    other = _prepare(
+        dataclasses.replace(cfg, items_columns={"brand": SideColumnConfig(categorical=False)}), tmp_path / "data"
+    )
+    assert other != out
+    kept = pq.read_table(other / "items.parquet")
+    assert pa.types.is_integer(kept.schema.field("zip").type) and kept.column("zip")[0].as_py() == 90210  # undeclared
+    assert not pa.types.is_integer(kept.schema.field("brand").type)  # categorical: false
+    sizes = json.loads((other / "meta.json").read_text())["item_features"]
+    assert sizes == {"tags": 4}  # undeclared: "red|sale" etc. as 3 strings, + missing
+
+
+def test_logs_without_side_files_keep_their_cache_keys(tmp_path):
+    log = _log()
+    log.to_csv(tmp_path / "clicks.csv", index=False)
+    cfg = InteractionsDataConfig(path=str(tmp_path / "clicks.csv"), user_column="visitor", item_column="sku")
+    # the key main gave this log before side columns were mapped (no side file: the same dataset dir)
+    assert _prepare(cfg, tmp_path / "data").name == "mine-recbole-" + KEY_WITHOUT_SIDE_FILES
+
+
+@pytest.mark.parametrize(
+    "kw, pattern",
+    [
+        (
+            {"items_columns": {"brnd": SideColumnConfig()}},
+            r"items\.csv: no column 'brnd' \(data\.interactions\.items_columns\.brnd\); columns are \[.*'brand'",
+        ),
+        (
+            {"users_columns": {"country": SideColumnConfig(), "age": SideColumnConfig()}},
+            r"users\.csv: no column 'age' \(data\.interactions\.users_columns\.age\)",
+        ),
+        (
+            {"items_columns": {"zip": SideColumnConfig(separator="|")}},
+            r"items\.csv: column 'zip' is int64: data\.interactions\.items_columns\.zip\.separator='\|' splits strings only",
+        ),
+        (
+            {"items_columns": {"tags": SideColumnConfig(categorical=False, separator="|")}},
+            r"items\.csv: column 'tags': data\.interactions\.items_columns\.tags has a separator but categorical: false",
+        ),
+        (
+            {"items_columns": {"item": SideColumnConfig()}},
+            r"items\.csv: column 'item' is the items id column \(data\.interactions\.items_id_column\)",
+        ),
+        (
+            {"categories_column": "tags", "items_columns": {"tags": SideColumnConfig(separator="|")}},
+            r"items\.csv: column 'tags' is data\.interactions\.categories_column",
+        ),
+        (
+            {"users_path": "", "users_columns": {"country": SideColumnConfig()}},
+            r"data\.interactions\.users_columns declares \['country'\] but data\.interactions\.users_path is not set",
+        ),
+    ],
+)
+def test_side_column_mistakes_are_named_and_leave_prepared_dirs_intact(tmp_path, prepared, kw, pattern):
+    out, before = prepared
+    with pytest.raises(DatasetError, match=pattern):
+        _prepare(side_config(tmp_path, **kw), tmp_path / "data")
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [out.name]
+
+
+def test_parquet_side_file_dictionaries_lists_and_booleans_are_categorical(tmp_path):
+    log = _log()
+    log.to_csv(tmp_path / "clicks.csv", index=False)
+    skus = sorted(log["sku"].unique())
+    side = pa.table(
+        {
+            "item": skus,
+            "brand": pa.array([["b", "a"][k % 2] for k in range(len(skus))]).dictionary_encode(),
+            "tags": [[["x", "y"], ["y", "y"], [], None][k % 4] for k in range(len(skus))],  # a parquet list: a bag
+            "sale": [k % 3 == 0 for k in range(len(skus))],
+        }
+    )
+    pq.write_table(side, tmp_path / "items.parquet")
+    cfg = InteractionsDataConfig(
+        path=str(tmp_path / "clicks.csv"),
+        user_column="visitor",
+        item_column="sku",
+        items_path=str(tmp_path / "items.parquet"),
+        items_id_column="item",
+    )
+    out = _prepare(cfg, tmp_path / "data")
+    assert json.loads((out / "meta.json").read_text())["item_features"] == {"brand": 2, "tags": 2, "sale": 2}
+    items = pq.read_table(out / "items.parquet").to_pydict()
+    raw = pq.read_table(out / "vocab/items.parquet").column("raw_id").to_pylist()
+    k = [skus.index(sku) for sku in raw]  # the fixture row of each item id
+    assert items["brand"] == [1 - j % 2 for j in k]  # a 0, b 1
+    assert items["tags"] == [[[0, 1], [1], [], []][j % 4] for j in k]
+    assert items["sale"] == [int(j % 3 == 0) for j in k]  # False 0, True 1
+    assert pq.read_table(out / "vocab/item_features/sale.parquet").column("value").to_pylist() == [False, True]
+
+
+def test_a_side_column_named_like_a_built_in_one_is_refused(tmp_path):
+    cfg = side_config(tmp_path)
+    users = pd.read_csv(cfg.users_path)
+    users["user_id"] = range(len(users))  # beside the id column "user": would overwrite users.parquet's user_id
+    users.to_csv(cfg.users_path, index=False)
+    with pytest.raises(DatasetError, match=r"users\.csv: column 'user_id' has the name of a column .* \(user_id\)"):
+        _prepare(cfg, tmp_path / "data")

@@ -3,9 +3,13 @@ to the towers by configuration, end to end: KJT layout, tables, training on 1 an
 
 import dataclasses
 import json
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -238,3 +242,106 @@ def test_synthetic_user_groups_leave_everything_else_unchanged():
     assert grouped_interactions.equals(interactions) and grouped_items.equals(items)
     assert set(grouped_users["user_group"]) == {0, 1, 2, 3} and "user_group" not in users
     assert cache_key(spec, "recbole", 0) != cache_key(TINY_SPEC, "recbole", 0)
+
+
+# ---------------------------------------------------------------- your own data: string side columns by configuration
+
+
+def readme_experiment(conf_dir: Path) -> str:
+    """README "Side features"' experiment for your own side files, as conf_dir/experiment/my_shop.yaml:
+    the override that adds conf_dir to Hydra's search path."""
+    from tests.test_readme import README
+
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S) if "items_columns" in b]
+    assert len(blocks) == 1, "README.md: expected one yaml block declaring items_columns"
+    (conf_dir / "experiment").mkdir(parents=True)
+    (conf_dir / "experiment" / "my_shop.yaml").write_text(blocks[0])
+    return f"hydra.searchpath=[file://{conf_dir}]"
+
+
+def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_group):
+    """A CSV log with string ids, items.csv (string brand, "|"-joined tags) and users.csv (string country),
+    prepared by data=interactions and trained with model.features naming them: the README's experiment,
+    its files replaced by the fixture's, and no other step."""
+    from hydra import compose, initialize_config_dir
+
+    from recsys.config import FeatureConfig, register_configs, to_config
+    from recsys.run import fit, load_trained
+    from tests.helpers.config import CONF_DIR
+    from tests.test_interactions import _log, write_side_files
+
+    log = _log()
+    log.to_csv(tmp_path / "clicks.csv", index=False)
+    items_csv, users_csv = write_side_files(tmp_path, log)
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        composed = compose(
+            config_name="config",
+            overrides=[
+                readme_experiment(tmp_path / "conf"),
+                "+experiment=my_shop",
+                f"data.root={tmp_path / 'data'}",
+                f"data.interactions.path={tmp_path / 'clicks.csv'}",
+                f"data.interactions.items_path={items_csv}",
+                f"data.interactions.users_path={users_csv}",
+                "trainer.epochs=1",
+                "trainer.max_steps_per_epoch=2",
+                "trainer.global_batch_size=64",
+                "trainer.progress_bar=false",
+                "eval.batch_size=64",
+            ],
+        )
+    cfg = to_config(composed)
+    run_dir = tmp_path / "run"
+    assert fit(cfg, run_dir)["train"]["steps"] == 2
+    data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
+
+    # the mapping, from the raw files: distinct values ascending, a missing brand (""; the unlisted item) after them
+    raw_items = pd.read_csv(items_csv, keep_default_na=False).set_index("item")
+    raw_users = pd.read_csv(users_csv).set_index("user")
+    brands = sorted({b.strip() for b in raw_items["brand"] if b.strip()})
+    tags = sorted({t.strip() for ts in raw_items["tags"] for t in ts.split("|") if t.strip()})
+    countries = sorted(set(raw_users["country"]))
+    item_raw = pq.read_table(data.dir / "vocab/items.parquet").column("raw_id").to_pylist()
+    user_raw = pq.read_table(data.dir / "vocab/users.parquet").column("raw_id").to_pylist()
+
+    def brand_id(item):
+        sku = item_raw[item]
+        value = raw_items.loc[sku, "brand"].strip() if sku in raw_items.index else ""
+        return brands.index(value) if value else len(brands)
+
+    def tag_ids(item):
+        sku = item_raw[item]
+        values = raw_items.loc[sku, "tags"].split("|") if sku in raw_items.index else []
+        return sorted({tags.index(t.strip()) for t in values if t.strip()})
+
+    state = sharded.module.state_dict()
+    rows = {k.split(".")[-2]: v.size(0) for k, v in state.items() if ".embedding_bags." in k}
+    assert any(brand_id(i) == len(brands) for i in range(data.num_items))  # the fixture has missing brands
+    assert {t: rows[t] for t in ("brand", "tags", "country")} == {
+        "brand": len(brands) + 1,  # 3 brands + the missing one
+        "tags": len(tags),  # a bag: no missing id (an empty bag)
+        "country": len(countries),  # every user listed
+    }
+
+    builder = FeatureBuilder(data, cfg.data.history_length, user_id=cfg.model.query_user_id)
+    users, hist_lengths, hist_items = np.array([0, 4, 7]), np.array([2, 0, 3]), np.array([1, 2, 3, 5, 39])
+    candidates = np.arange(data.num_items)
+    kjt = builder.build(
+        user_ids=users, hist_lengths=hist_lengths, hist_items=hist_items, candidate_item_ids=candidates
+    ).features.to_dict()
+    assert kjt["country"].lengths().tolist() == [1, 1, 1] + [0] * len(candidates)
+    assert kjt["country"].values().tolist() == [countries.index(raw_users.loc[user_raw[u], "country"]) for u in users]
+    assert kjt["brand"].lengths().tolist() == [0, 0, 0] + [1] * len(candidates)
+    assert kjt["brand"].values().tolist() == [brand_id(i) for i in candidates]
+    # table tags: a query's row holds all its history items' tags (history_tags), a candidate's its own (tags)
+    bags = [*np.split(hist_items, np.cumsum(hist_lengths)[:-1]), *([i] for i in candidates)]
+    want_tags = [[t for i in bag for t in tag_ids(i)] for bag in bags]
+    assert kjt["tags"].lengths().tolist() == [len(w) for w in want_tags]
+    assert kjt["tags"].values().tolist() == [t for w in want_tags for t in w]
+
+    # a float column is kept as it is, and is no feature: the message says how to make one
+    with pytest.raises(
+        ValueError, match=r"column 'price' is double, not integer ids .*data\.interactions\.items_columns"
+    ):
+        with_side_features(data, {"price": FeatureConfig(source="items", column="price", tower="candidate")})

@@ -14,7 +14,8 @@ Two features share a table when one feeds the query tower and the other the cand
 years and the candidate's year): one key per table keeps fbgemm's fast single-feature CPU path
 (recsys/data/features.py), so a table has at most one feature per tower.
 
-Ids are contiguous by the dataset dir's contract (data_pipelines maps raw values when it prepares).
+Ids are contiguous by the dataset dir's contract (data_pipelines maps raw values when it prepares;
+``data=interactions`` maps the side files' categorical columns, data_pipelines/side_columns.py).
 A table has as many rows as meta.json's ``user_features`` / ``item_features`` declare for the column
 (a value no row holds still gets its row), else the column's largest id + 1. Every id is checked here
 once, naming file, column and value, and again in every batch before the lookup (fbgemm's CPU kernel
@@ -77,24 +78,27 @@ def read_column(root: Path, meta: Mapping, source: str, column: str, num_rows: i
     if not np.array_equal(row_ids, np.arange(num_rows)):
         raise ValueError(f"{path}: column '{ID_COLUMNS[source]}' must list 0..{num_rows - 1} in order")
     values = table.column(1).combine_chunks()
+    is_list = pa.types.is_list(values.type) or pa.types.is_large_list(values.type)
+    if not pa.types.is_integer(values.type.value_type if is_list else values.type):
+        raise ValueError(
+            f"{path}: column '{column}' is {values.type}, not integer ids (int64, or list<int64> for several per "
+            "row); map its raw values to contiguous ids 0.. when preparing the dataset (data_pipelines; "
+            f"data=interactions maps strings, and a column declared in data.interactions.{source}_columns)"
+        )
     if values.null_count:
         row = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
         raise ValueError(
             f"{path}: column '{column}' is null in row {row}; a feature column needs ids in every row "
-            "(give missing values an id of their own when preparing the dataset)"
+            "(give missing values an id of their own when preparing the dataset; data=interactions does for the "
+            f"columns it maps: declare it in data.interactions.{source}_columns)"
         )
-    if pa.types.is_integer(values.type):
-        indptr, flat = np.arange(num_rows + 1, dtype=np.int64), values
-    elif pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+    if is_list:
         offsets = values.offsets.to_numpy().astype(np.int64)
         indptr, flat = offsets - offsets[0], values.flatten()
-        if not pa.types.is_integer(flat.type) or flat.null_count:
-            raise ValueError(f"{path}: column '{column}' is {values.type}: lists of ids must hold integers, no nulls")
+        if flat.null_count:
+            raise ValueError(f"{path}: column '{column}' is {values.type}: lists of ids must hold no nulls")
     else:
-        raise ValueError(
-            f"{path}: column '{column}' is {values.type}, not integer ids (int64, or list<int64> for several per "
-            "row); map its raw values to contiguous ids 0.. when preparing the dataset (data_pipelines)"
-        )
+        indptr, flat = np.arange(num_rows + 1, dtype=np.int64), values
     ids = flat.to_numpy().astype(np.int64, copy=False)
     declared = meta.get(SIZES_IN_META[source], {}).get(column)
     num_ids = int(declared) if declared is not None else (int(ids.max()) + 1 if ids.size else 1)
