@@ -99,3 +99,25 @@ def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(
             for name, value in results[split][model].items():
                 assert value == pytest.approx(whole[name], rel=1e-9, abs=1e-12), (split, model, name)
     assert results["test"]["two_tower"]["num_users_evaluated"] == 400
+
+    # trainer.refit: each rank moved its users' valid rows into train; the ranks' combined test metrics
+    # equal a one-process evaluation of the refit's checkpoint on the whole (merged) data
+    refit = results["refit"]
+    counts = tiny_data.meta["counts"]
+    assert refit["dataset"]["counts"]["train"] == counts["train"] + counts["valid"] and refit["valid"] == {}
+    assert refit["train"]["world_size"] == 2 and refit["train"]["best_epoch"] == results["train"]["best_epoch"]
+    evaluate_run(
+        EvaluateConfig(
+            run_dir=str(run_dir / "refit"),
+            ann_kinds=[],
+            ease=False,
+            ials=False,
+            ks=[10, 20, 50],
+            out_dir=str(tmp_path / "refit_eval"),
+        )
+    )
+    report = json.loads((tmp_path / "refit_eval" / "report.json").read_text())
+    assert set(report["splits"]) == {"test"}
+    for model in ("two_tower", "popularity"):
+        for name, value in refit["test"][model].items():
+            assert value == pytest.approx(report["splits"]["test"]["metrics"][model][name], rel=1e-9, abs=1e-12)

@@ -33,5 +33,12 @@ JOBS = {
     "uninterrupted_by_user": [*FAULT_TOLERANCE, "data.shard_by_user=true"],
     "table_wise_uneven": [*MULTIPROCESS, "sharding=table_wise", *UNEVEN, "trainer.pipeline=none"],
     "column_wise_pipeline": [*MULTIPROCESS, "sharding=column_wise", "trainer.pipeline=sparse_dist"],
-    "by_user_uneven": [*MULTIPROCESS, "data.shard_by_user=true", "trainer.pipeline=sparse_dist", *UNEVEN],
+    # + the refit on train + valid, each rank merging its own users' rows (1 more epoch)
+    "by_user_uneven": [
+        *MULTIPROCESS,
+        "data.shard_by_user=true",
+        "trainer.pipeline=sparse_dist",
+        *UNEVEN,
+        "trainer.refit=true",
+    ],
 }
