@@ -136,3 +136,43 @@ def test_resume_continues_the_uninterrupted_run(tmp_path, data_root, process_gro
     whole, parts = losses(tmp_path / "whole"), losses(tmp_path / "parts")
     assert [s for s, _ in whole] == [s for s, _ in parts] and len(whole) == 8
     np.testing.assert_allclose([v for _, v in parts], [v for _, v in whole], rtol=1e-5)
+
+
+@pytest.mark.parametrize("user_id", [True, False], ids=["user_id", "sequence_alone"])
+def test_two_tower_reads_the_sequence_before_its_pooled_query_columns(user_id):
+    """Unsharded (the tables materialised on the CPU): shapes, and gradients reach the sequence table, not the
+    item table's query rows (the item key's query rows are empty)."""
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    from recsys.data.features import build_kjt, query_tables
+    from recsys.model.two_tower import TwoTower, table_configs
+
+    num_rows = {"user": 5, "item": 9} if user_id else {"item": 9}
+    configs = table_configs(num_rows=num_rows, dims={"user": 4, "item": 6}, poolings={"user": "sum", "item": "mean"})
+    sequence = EmbeddingConfig(name="sequence", num_embeddings=9, embedding_dim=8, feature_names=["sequence"])
+    torch.manual_seed(0)
+    model = TwoTower(
+        configs,
+        query_tables=query_tables(3, has_categories=False, user_id=user_id, sequence=True),
+        candidate_tables=["item"],
+        tower_dims=[7],
+        sequence_table=sequence,
+        sequence_encoder=SequenceEncoder(8, 3, num_layers=1, num_heads=2, dropout=0.0),
+    )
+    model.ebc, model.ec = EmbeddingBagCollection(tables=configs), EmbeddingCollection(tables=[sequence])
+    # 2 queries (histories [1, 2], []) and 3 candidates
+    lengths = {
+        "user": np.array([1, 1, 0, 0, 0]),
+        "item": np.array([0, 0, 1, 1, 1]),
+        "sequence": np.array([2, 0, 0, 0, 0]),
+    }
+    values = {"user": np.array([3, 4]), "item": np.array([5, 6, 7]), "sequence": np.array([1, 2])}
+    keys = [*num_rows, "sequence"]
+    queries, candidates = model(build_kjt(keys, lengths, values), 2)
+    assert queries.shape == (2, 7) and candidates.shape == (3, 7)
+    torch.testing.assert_close(queries.norm(dim=1), torch.ones(2))
+    (queries @ candidates.T).sum().backward()
+    sequence_grad = model.ec.embeddings["sequence"].weight.grad
+    assert sequence_grad[[1, 2]].abs().sum() > 0 and sequence_grad[[0, 3]].abs().sum() == 0
+    assert model.ebc.embedding_bags["item"].weight.grad[[1, 2]].abs().sum() == 0
