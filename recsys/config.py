@@ -43,6 +43,13 @@ class RetrievalLoss(Choice):
     ccl = "ccl"  # SimpleX's cosine contrastive loss (margin, negative weight)
 
 
+class QueryEncoderKind(Choice):
+    """How the query tower reads the user's history (model.query_encoder)."""
+
+    bag = "bag"  # the mean-pooled bag of history items from the item table (every protocol)
+    sasrec = "sasrec"  # SASRec: the recent items in order through transformer blocks (data.query_history=recent)
+
+
 class SparseOptimizer(Choice):
     """Fused into backward by fbgemm; the Adam / LAMB family has CUDA kernels only."""
 
@@ -97,6 +104,19 @@ class FeatureConfig:
 
 
 @dataclass
+class SasrecConfig:
+    """model.query_encoder=sasrec: the history's items (oldest -> newest, at most data.history_length) are looked
+    up per position in a table of their own (``sequence``: item-sized, fused optimizer like the others), plus a
+    learned embedding of each item's recency, and go through pre-LN transformer blocks; the newest item's output
+    (a learned vector for a user without history) joins the query tower's other inputs (recsys/model/sequence.py)."""
+
+    dim: int = 64  # columns of the sequence table = the blocks' width
+    num_layers: int = 2  # transformer encoder blocks
+    num_heads: int = 1  # attention heads per block; must divide dim
+    dropout: float = 0.2  # on the inputs and inside each block (SASRec's 0.2 for dense data); 0 disables
+
+
+@dataclass
 class ModelConfig:
     tables: dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables + side tables
     # side features by name, beside the built-in user / item / category ones; {} = none (today's model)
@@ -116,6 +136,10 @@ class ModelConfig:
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
     # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)
     query_user_id: bool | None = None
+    # how the query reads its history: bag (the mean-pooled item bag) | sasrec (the recent items in order through
+    # transformer blocks, model.sasrec; needs data.query_history=recent)
+    query_encoder: QueryEncoderKind = QueryEncoderKind.bag
+    sasrec: SasrecConfig = field(default_factory=SasrecConfig)  # model.query_encoder=sasrec only
 
 
 @dataclass
@@ -220,6 +244,11 @@ def query_uses_user_id(cfg: Config) -> bool:
     return cfg.data.query_history != "profile" or cfg.data.history_length <= 0
 
 
+def uses_sequence_encoder(cfg: Config) -> bool:
+    """Whether the query reads its history through the SASRec encoder (a ``sequence`` KJT key and table)."""
+    return cfg.model.query_encoder == QueryEncoderKind.sasrec
+
+
 def config_fingerprint(cfg: Config) -> str:
     """What the weights depend on (data and model), not where or how they are trained."""
     data = asdict(cfg.data)
@@ -239,6 +268,8 @@ def config_fingerprint(cfg: Config) -> str:
     if not data["item_neighbors"]:  # likewise without neighbours: the unused table config changes no weight
         del data["item_neighbors"]
         model["tables"].pop("neighbor", None)
+    if model["query_encoder"] == QueryEncoderKind.bag:  # the default: fingerprints from before the option stay valid
+        del model["query_encoder"], model["sasrec"]
     blob = json.dumps({"data": data, "model": model}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -341,6 +372,24 @@ def check_values(cfg: Config) -> None:
         d.item_neighbors,
         "needs a table model.tables.neighbor (embedding_dim, pooling)",
     )
+    if m.query_encoder == QueryEncoderKind.sasrec:
+        need(
+            d.query_history == "recent" and d.history_length > 0,
+            "model.query_encoder",
+            str(m.query_encoder),
+            f"reads the history in time order: needs data.query_history=recent and data.history_length > 0 "
+            f"(got data.query_history={str(d.query_history)!r}, data.history_length={d.history_length})",
+        )
+        sq = m.sasrec
+        need(sq.dim >= 1, "model.sasrec.dim", sq.dim, "must be >= 1")
+        need(sq.num_layers >= 1, "model.sasrec.num_layers", sq.num_layers, "must be >= 1")
+        need(
+            sq.num_heads >= 1 and sq.dim % max(sq.num_heads, 1) == 0,
+            "model.sasrec.num_heads",
+            sq.num_heads,
+            f"must be >= 1 and divide model.sasrec.dim={sq.dim}",
+        )
+        need(0.0 <= sq.dropout < 1.0, "model.sasrec.dropout", sq.dropout, "must be in [0, 1)")
     need(len(e.ks) > 0 and all(k >= 1 for k in e.ks), "eval.ks", e.ks, "cut-offs must be >= 1")
     metric, _, k = e.valid_metric.partition("@")
     valid_names = [f"{name}@{k}" for name in VALID_METRICS for k in e.ks]

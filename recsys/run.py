@@ -35,6 +35,7 @@ from recsys.config import (
     config_fingerprint,
     query_uses_user_id,
     to_config,
+    uses_sequence_encoder,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
@@ -253,6 +254,12 @@ def export_run(ecfg: ExportConfig) -> Path:
     out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
     check_replaceable(out)  # before any work, on every rank
     cfg = load_run_config(run_dir, ecfg.checkpoint)
+    if uses_sequence_encoder(cfg):
+        raise ValueError(
+            f"{run_dir}: model.query_encoder=sasrec runs cannot be exported yet: the serving bundle's query encoder "
+            "(recsys/serving.py) pools a history bag and has no sequence encoder; evaluate the run with "
+            "python -m recsys.evaluate instead"
+        )
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None
     try:

@@ -26,7 +26,7 @@ def read_run(run_dir):
 
 @pytest.mark.parametrize(
     "job,steps",
-    [  # table_wise with the plain loop, a full epoch of UNEVEN batches; column_wise with the sparse-dist pipeline
+    [  # table_wise with the plain loop, a full epoch of UNEVEN batches; column_wise and sasrec with the sparse-dist pipeline
         pytest.param(
             "table_wise_uneven",
             16,
@@ -38,6 +38,12 @@ def read_run(run_dir):
             24,
             marks=pytest.mark.two_rank_runs("column_wise_pipeline"),
             id="column_wise-pipeline",
+        ),
+        pytest.param(  # model.query_encoder=sasrec: the EmbeddingCollection sharded beside the bags, pipelined
+            "sasrec_pipeline",
+            24,
+            marks=pytest.mark.two_rank_runs("sasrec_pipeline"),
+            id="sasrec-pipeline",
         ),
     ],
 )

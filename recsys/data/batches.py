@@ -33,11 +33,14 @@ from recsys.data.batch_bounds import batch_bounds, rank_shares
 class FeatureBuilder:
     """Builds validated KJT batches (the layout of ``recsys.data.features``) from user / history / item arrays."""
 
-    def __init__(self, data: RetrievalData, history_length: int, user_id: bool = True) -> None:
+    def __init__(self, data: RetrievalData, history_length: int, user_id: bool = True, sequence: bool = False) -> None:
         self.data = data
         self.history_length = history_length
         self.user_id = user_id  # false: no user key (the model has no user table)
-        self.keys = tables(data.has_categories, user_id, data.has_neighbors) + list(side_tables(data.side_features))
+        # true (model.query_encoder=sasrec): the history goes to the sequence key, oldest first, and the
+        # item key's query rows are empty (the query tower reads no item bag)
+        self.sequence = sequence
+        self.keys = tables(data.has_categories, user_id, data.has_neighbors, sequence) + list(side_tables(data.side_features))
 
     def build(
         self,
@@ -70,6 +73,10 @@ class FeatureBuilder:
             "item": np.concatenate([hist_lengths, ones]),
         }
         values = {"user": user_ids, "item": np.concatenate([hist_items, candidate_item_ids])}
+        if self.sequence:
+            lengths["sequence"], values["sequence"] = np.concatenate([hist_lengths, zeros]), hist_items
+            lengths["item"] = np.concatenate([np.zeros(num_queries, dtype=np.int64), ones])
+            values["item"] = candidate_item_ids
         if not self.user_id:
             del lengths["user"], values["user"]
         if self.data.has_categories:
@@ -135,6 +142,7 @@ class TrainBatches:
         query_history: str = "recent",
         history_dropout: float = 0.0,
         user_id: bool = True,
+        sequence: bool = False,
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
@@ -146,7 +154,7 @@ class TrainBatches:
                 f"trainer.global_batch_size={global_batch_size} is smaller than the world size {world_size}"
             )
         self.train: Interactions = data.splits["train"]
-        self.builder = FeatureBuilder(data, history_length, user_id)
+        self.builder = FeatureBuilder(data, history_length, user_id, sequence)
         self.num_items = data.num_items
         self.global_batch_size = global_batch_size
         self.world_size = world_size

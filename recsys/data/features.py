@@ -10,6 +10,10 @@ rows [0, B_q) carry the queries' ids, rows [B_q, R) the candidates' ids::
     category   the categories of those history items       the candidate's categories (1..3)
     neighbor   empty                                       the candidate's co-occurrence neighbours
                                                            (0..data.item_neighbors; only when > 0)
+    sequence   the history again, oldest first, for         empty
+               model.query_encoder=sasrec's unpooled lookup
+               (an EmbeddingCollection); the item key's
+               query rows are then empty
     <side>     model.features' tables after these, one key each (recsys/data/side_features.py)
 
 Why not one key per feature (``history_item_ids`` and ``item_id`` both on the item table, stride
@@ -31,23 +35,34 @@ TABLES: List[str] = ["user", "item", "category"]
 # the candidate's neighbour bag looks up a table of its own (item-sized), not the item table: a
 # second key on the item table would leave fbgemm's fast CPU path (see above)
 NEIGHBOR_TABLE = "neighbor"
-ALL_TABLES: List[str] = [*TABLES, NEIGHBOR_TABLE]
+# model.query_encoder=sasrec's per-position lookup of the history: an item-sized table of its own in an
+# EmbeddingCollection (unpooled), beside the EmbeddingBagCollection's tables
+SEQUENCE_TABLE = "sequence"
+ALL_TABLES: List[str] = [*TABLES, NEIGHBOR_TABLE, SEQUENCE_TABLE]
 CANDIDATE_TABLES: List[str] = ["item", "category"]
 
 
-def tables(has_categories: bool = True, user_id: bool = True, has_neighbors: bool = False) -> List[str]:
+def tables(
+    has_categories: bool = True, user_id: bool = True, has_neighbors: bool = False, sequence: bool = False
+) -> List[str]:
     """The tables (= KJT keys) of a model: no category table when items have no categories, no user
-    table when the query does not see the user id, a neighbour table only with ``data.item_neighbors``."""
-    wanted = {"user": user_id, "category": has_categories, NEIGHBOR_TABLE: has_neighbors}
+    table when the query does not see the user id, a neighbour table only with ``data.item_neighbors``,
+    a sequence table only with ``model.query_encoder=sasrec``."""
+    wanted = {"user": user_id, "category": has_categories, NEIGHBOR_TABLE: has_neighbors, SEQUENCE_TABLE: sequence}
     return [t for t in ALL_TABLES if wanted.get(t, True)]
 
 
-def query_tables(history_length: int, has_categories: bool = True, user_id: bool = True) -> List[str]:
-    """Tables whose query-row lookups feed the query tower; history ones only when ``history_length > 0``,
-    the user-id table only with ``user_id``."""
+def query_tables(
+    history_length: int, has_categories: bool = True, user_id: bool = True, sequence: bool = False
+) -> List[str]:
+    """Tables whose pooled query-row lookups feed the query tower; history ones only when ``history_length > 0``,
+    the user-id table only with ``user_id``; not the item bag with ``sequence`` (the sequence encoder reads the
+    history instead)."""
     if not user_id and history_length <= 0:
         raise ValueError("model.query_user_id=false needs a history (data.history_length > 0): the query would see nothing")
-    return tables(has_categories, user_id) if history_length > 0 else ["user"]
+    if history_length <= 0:
+        return ["user"]
+    return [t for t in tables(has_categories, user_id) if not (sequence and t == "item")]
 
 
 def candidate_tables(has_categories: bool = True, has_neighbors: bool = False) -> List[str]:
@@ -63,6 +78,7 @@ FEATURE_TABLES: Dict[str, str] = {
     "item_categories": "category",
     "categories": "category",  # history's and candidates' together
     "item_neighbors": NEIGHBOR_TABLE,
+    "sequence_item_ids": SEQUENCE_TABLE,
 }
 
 

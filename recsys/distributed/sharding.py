@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -31,7 +32,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig
-from recsys.data.features import ALL_TABLES
+from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE
 from recsys.distributed.env import DistEnv
 from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
 from recsys.distributed.table_init import init_tables
@@ -113,8 +114,13 @@ def sparse_optimizer_kwargs(
 
 
 def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) -> dict[str, ParameterConstraints]:
+    """Each configured table's constraints; the sequence table (item-sized, model.query_encoder=sasrec) is
+    placed like the item table unless sharding.tables.sequence says otherwise."""
     constraints = {}
-    for table, tcfg in cfg.tables.items():
+    tables = dict(cfg.tables)
+    if SEQUENCE_TABLE in table_names and SEQUENCE_TABLE not in tables and "item" in tables:
+        tables[SEQUENCE_TABLE] = tables["item"]
+    for table, tcfg in tables.items():
         if table not in table_names and table in ALL_TABLES:
             continue  # a table this dataset does not feed (category for items without categories, neighbor when off)
         if table not in table_names:
@@ -228,8 +234,10 @@ def shard_model(
     ``frozen_tables`` get a fused SGD with learning rate 0: their rows never move.
     ``batch_size_per_rank`` (examples) sizes the planner's input / output reservations and perf model.
     """
-    ebc = task.model.ebc
+    ebc, ec = task.model.ebc, getattr(task.model, "ec", None)
     configs = {c.name: c for c in ebc.embedding_bag_configs()}
+    if ec is not None:  # the unpooled sequence table (model.query_encoder=sasrec)
+        configs.update({c.name: c for c in ec.embedding_configs()})
     table_names = set(configs)
     unknown = (set(pretrained or {}) | set(frozen_tables)) - table_names
     if unknown:
@@ -240,6 +248,8 @@ def shard_model(
             apply_optimizer_in_backward(torch.optim.SGD, [bag.weight], {"lr": 0.0})
         else:
             apply_optimizer_in_backward(opt_cls, [bag.weight], opt_kwargs)
+    for embedding in ec.embeddings.values() if ec is not None else ():
+        apply_optimizer_in_backward(opt_cls, [embedding.weight], opt_kwargs)
     readers = {
         t: open_pretrained(path, table=t, num_rows=configs[t].num_embeddings, dim=configs[t].embedding_dim)
         for t, path in (pretrained or {}).items()
@@ -251,6 +261,8 @@ def shard_model(
         constraints=planner_constraints(sharding, env.device, table_names),
     )
     sharders = [EmbeddingBagCollectionSharder(fused_params=sparse_fused_params(sparse))]
+    if ec is not None:
+        sharders.append(EmbeddingCollectionSharder(fused_params=sparse_fused_params(sparse)))
     pg = dist.GroupMember.WORLD
     plan = planner.collective_plan(task, sharders, pg)
     dmp = DistributedModelParallel(

@@ -44,14 +44,14 @@ def fill_rows(dst: torch.Tensor, *, seed: int, table: str, row0: int, col0: int,
 
 
 def _table_name(key: str) -> str:
-    # "model.ebc.embedding_bags.<table>.weight"
+    # "model.ebc.embedding_bags.<table>.weight", "model.ec.embeddings.<table>.weight"
     return key.split(".")[-2]
 
 
 @torch.no_grad()
 def init_tables(dmp: nn.Module, *, seed: int) -> None:
     for key, value in dmp.state_dict().items():
-        if ".embedding_bags." not in key or not key.endswith(".weight"):
+        if not (".embedding_bags." in key or ".ec.embeddings." in key) or not key.endswith(".weight"):
             continue
         table = _table_name(key)
         if isinstance(value, ShardedTensor):

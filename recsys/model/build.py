@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-from recsys.config import Config, ModelConfig, query_uses_user_id
+from recsys.config import Config, ModelConfig, QueryEncoderKind, query_uses_user_id
 from recsys.data.dataset import RetrievalData
-from recsys.data.features import ALL_TABLES, candidate_tables, query_tables
+from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE, candidate_tables, query_tables
+from recsys.model.sequence import SequenceEncoder
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 
@@ -55,14 +56,29 @@ def build_retrieval_task(
     side = dict(side_towers or {})
     side_query = [t for t, towers in side.items() if "query" in towers]
     side_candidate = [t for t, towers in side.items() if "candidate" in towers]
+    sequence = model.query_encoder == QueryEncoderKind.sasrec
     with torch.device(device) if device is not None else contextlib.nullcontext():
+        sequence_table = sequence_encoder = None
+        if sequence:  # an item-sized table of its own, looked up per position (recsys.model.sequence)
+            sq = model.sasrec
+            sequence_table = EmbeddingConfig(
+                name=SEQUENCE_TABLE,
+                num_embeddings=int(num_rows["item"]),
+                embedding_dim=sq.dim,
+                feature_names=[SEQUENCE_TABLE],
+            )
+            sequence_encoder = SequenceEncoder(
+                sq.dim, history_length, num_layers=sq.num_layers, num_heads=sq.num_heads, dropout=sq.dropout
+            )
         two_tower = TwoTower(
             configs,
-            query_tables=query_tables(history_length, has_categories, user_id)
+            query_tables=query_tables(history_length, has_categories, user_id, sequence)
             + side_query
             + [c.name for c in extra_tables],
             candidate_tables=candidate_tables(has_categories, has_neighbors) + side_candidate,
             tower_dims=model.tower_dims,
+            sequence_table=sequence_table,
+            sequence_encoder=sequence_encoder,
         )
         return RetrievalTask(
             two_tower,

@@ -11,6 +11,12 @@ Shapes (B_q queries, C candidates, D tower output)::
     ebc(features) -> KeyedTensor  (B_q + C) x sum(table dims)
     query tower:     rows [0, B_q) of the query tables' columns        -> B_q x D, L2-normalised
     candidate tower: rows [B_q, B_q + C) of the candidate tables' ones -> C x D, L2-normalised
+
+With a sequence encoder (``model.query_encoder=sasrec``) an EmbeddingCollection looks the ``sequence``
+key up unpooled, and the query tower reads the encoder's output before the pooled query columns::
+
+    ec(features)["sequence"] -> JaggedTensor (sum of history lengths) x D_s -> B_q x L x D_s
+    sequence_encoder -> B_q x D_s ; query tower input: [B_q x D_s | pooled query columns]
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 from recsys.data.features import ALL_TABLES, CANDIDATE_TABLES
+from recsys.model.sequence import SequenceEncoder, padded_history
 
 
 def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
@@ -54,6 +61,13 @@ def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> list[Embeddi
     ]
 
 
+@torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward(): padding and encoding branch on sizes
+def encode_history(encoder: SequenceEncoder, history: JaggedTensor, num_queries: int) -> torch.Tensor:
+    """The first ``num_queries`` rows of an unpooled history lookup -> ``num_queries x D_s`` (recsys.model.sequence)."""
+    items, lengths = padded_history(history, num_queries, encoder.max_length)
+    return encoder(items, lengths)
+
+
 class TwoTower(nn.Module):
     def __init__(
         self,
@@ -62,8 +76,14 @@ class TwoTower(nn.Module):
         query_tables: Sequence[str],
         tower_dims: Sequence[int],
         candidate_tables: Sequence[str] = tuple(CANDIDATE_TABLES),
+        sequence_table: EmbeddingConfig | None = None,
+        sequence_encoder: SequenceEncoder | None = None,
     ) -> None:
+        """``sequence_table`` and ``sequence_encoder`` (together or neither): the unpooled history lookup and the
+        module that summarises it for the query tower (recsys.model.sequence)."""
         super().__init__()
+        if (sequence_table is None) != (sequence_encoder is None):
+            raise ValueError("TwoTower: sequence_table and sequence_encoder go together")
         if any(len(t.feature_names) != 1 for t in tables):
             raise ValueError("TwoTower: every table is looked up by exactly one KJT key (see recsys.data.features)")
         # the towers read tables' pooled columns by the key each table is looked up with
@@ -72,15 +92,31 @@ class TwoTower(nn.Module):
         self.candidate_keys = [key_of[t] for t in candidate_tables]
         dim = {t.feature_names[0]: t.embedding_dim for t in tables}
         self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-        self.query_tower = mlp(sum(dim[k] for k in self.query_keys), tower_dims)
+        self.ec: EmbeddingCollection | None = None
+        self.sequence_encoder = sequence_encoder
+        sequence_dim = 0
+        if sequence_table is not None:
+            if sequence_table.feature_names != [sequence_table.name]:
+                raise ValueError("TwoTower: the sequence table is looked up by the KJT key of its name")
+            self.sequence_key, sequence_dim = sequence_table.name, sequence_table.embedding_dim
+            self.ec = EmbeddingCollection(tables=[sequence_table], device=torch.device("meta"))
+        self.query_tower = mlp(sequence_dim + sum(dim[k] for k in self.query_keys), tower_dims)
         self.candidate_tower = mlp(sum(dim[k] for k in self.candidate_keys), tower_dims)
 
     def forward(self, features: KeyedJaggedTensor, num_queries: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (queries ``B_q x D``, candidates ``C x D``), both with unit L2 norm."""
         # one fused permute (fbgemm's permute_pooled_embs) forward and backward, instead of a
         # split per table, a slice per query table and a cat per tower
-        query_in, candidate_in = KeyedTensor.regroup([self.ebc(features)], [self.query_keys, self.candidate_keys])
-        query_in, candidate_in = query_in[:num_queries], candidate_in[num_queries:]
+        pooled = self.ebc(features)
+        if self.query_keys:
+            query_in, candidate_in = KeyedTensor.regroup([pooled], [self.query_keys, self.candidate_keys])
+            query_in, candidate_in = query_in[:num_queries], candidate_in[num_queries:]
+        else:  # the sequence encoder alone (no user id, no categories)
+            (candidate_in,) = KeyedTensor.regroup([pooled], [self.candidate_keys])
+            query_in, candidate_in = candidate_in[:num_queries, :0], candidate_in[num_queries:]
+        if self.ec is not None:
+            history = self.ec(features)[self.sequence_key]
+            query_in = torch.cat([encode_history(self.sequence_encoder, history, num_queries), query_in], dim=1)
         queries = F.normalize(self.query_tower(query_in), dim=-1)
         candidates = F.normalize(self.candidate_tower(candidate_in), dim=-1)
         return queries, candidates

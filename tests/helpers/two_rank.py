@@ -28,11 +28,22 @@ MULTIPROCESS = [
 # and a last one of 929; one whole epoch, every example exactly once.
 UNEVEN = ["trainer.global_batch_size=1001", "trainer.epochs=1", "trainer.max_steps_per_epoch=0"]
 
+# tests/test_multiprocess.py: the SASRec query encoder (its own EmbeddingCollection table) on temporal leave-one-out;
+# no dropout, whose masks each rank would draw from its own generator
+SASREC = [
+    "data.protocol=loo",
+    "data.query_history=recent",
+    "model.query_encoder=sasrec",
+    "model.sasrec.dropout=0",
+    "model.sasrec.dim=16",
+]
+
 JOBS = {
     "uninterrupted": FAULT_TOLERANCE,
     "uninterrupted_by_user": [*FAULT_TOLERANCE, "data.shard_by_user=true"],
     "table_wise_uneven": [*MULTIPROCESS, "sharding=table_wise", *UNEVEN, "trainer.pipeline=none"],
     "column_wise_pipeline": [*MULTIPROCESS, "sharding=column_wise", "trainer.pipeline=sparse_dist"],
+    "sasrec_pipeline": [*MULTIPROCESS, *SASREC, "sharding=table_wise", "trainer.pipeline=sparse_dist"],
     # + the refit on train + valid, each rank merging its own users' rows (1 more epoch)
     "by_user_uneven": [
         *MULTIPROCESS,
