@@ -323,6 +323,20 @@ def _parquet_batches(path: Path, columns: list[str], batch_rows: int) -> Iterato
         raise DatasetError(f"{path}: a parquet file there is damaged ({e})") from None
 
 
+_DEFAULT_DELIMITERS = {"csv": ",", "tsv": "\t"}
+
+
+def _columnar_log(path: str | os.PathLike, fmt: str) -> tuple[Path, str]:
+    """(path, format) of a log with named columns: csv, tsv or parquet, else a clear error."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or folder")
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt not in ("csv", "tsv", "parquet"):
+        raise DatasetError(f"{path}: format {fmt!r} holds no named columns; expected csv, tsv or parquet")
+    return path, fmt
+
+
 def iter_columns(
     path: str | os.PathLike,
     columns: list[str],
@@ -334,16 +348,11 @@ def iter_columns(
 ) -> Iterator[pa.RecordBatch]:
     """``read_columns`` in record batches, for logs larger than memory: the same errors, found as the
     batches are read (a header without rows: ``no rows`` once the file ends)."""
-    path = Path(path)
-    if not path.exists():
-        raise DatasetError(f"{path}: no such file or folder")
-    fmt = detect_format(path) if fmt == "auto" else fmt
-    if fmt not in ("csv", "tsv", "parquet"):
-        raise DatasetError(f"{path}: format {fmt!r} holds no named columns; expected csv, tsv or parquet")
+    path, fmt = _columnar_log(path, fmt)
     if fmt == "parquet":
         batches = _parquet_batches(path, columns, batch_rows)
     else:
-        batches = _csv_batches(path, columns, delimiter or ("\t" if fmt == "tsv" else ","), header)
+        batches = _csv_batches(path, columns, delimiter or _DEFAULT_DELIMITERS[fmt], header)
     num_rows = 0
     for batch in batches:
         num_rows += batch.num_rows
@@ -358,16 +367,11 @@ def read_columns(
 ) -> pa.Table:
     """``columns`` of the log at ``path`` (names, or 0-based positions as strings when ``header`` is
     false; None: every column)."""
-    path = Path(path)
-    if not path.exists():
-        raise DatasetError(f"{path}: no such file or folder")
-    fmt = detect_format(path) if fmt == "auto" else fmt
-    if fmt not in ("csv", "tsv", "parquet"):
-        raise DatasetError(f"{path}: format {fmt!r} holds no named columns; expected csv, tsv or parquet")
+    path, fmt = _columnar_log(path, fmt)
     if fmt == "parquet":
         table = _read_parquet(path, columns)
     else:
-        table = _read_csv(path, columns, delimiter or ("\t" if fmt == "tsv" else ","), header)
+        table = _read_csv(path, columns, delimiter or _DEFAULT_DELIMITERS[fmt], header)
     if table.num_rows == 0:
         raise DatasetError(f"{path}: no rows (a header alone, or an empty file)")
     return table
