@@ -164,7 +164,7 @@ class SparseOptimConfig:
 @dataclass
 class DenseOptimConfig:
     name: DenseOptimizer = DenseOptimizer.adam  # tower optimizer
-    lr: float = 1e-3  # tower learning rate
+    lr: float = 3e-4  # tower learning rate (docs/quality.md, section 9)
     weight_decay: float = 0.0  # 0 disables
 
 
