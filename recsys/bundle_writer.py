@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
 from recsys.atomic import replace_dir
-from recsys.config import Config
+from recsys.config import Config, query_uses_neighbors
 from recsys.data.dataset import RetrievalData
 from recsys.serving import BUNDLE_FORMAT, QueryEncoder, dynamic_shapes, example_inputs
 
@@ -103,6 +103,7 @@ def _manifest(encoder_dim: int, data: RetrievalData, cfg: Config, checkpoint: Pa
         "num_items": data.num_items,
         "num_categories": data.num_categories,
         "history_length": cfg.data.history_length,
+        "query_neighbors": query_uses_neighbors(cfg),  # the history bag is pooled through the neighbour table too
         "poolings": {t: c.pooling for t, c in cfg.model.tables.items()},
         "side_features": [
             {

@@ -136,6 +136,11 @@ class ModelConfig:
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
     # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)
     query_user_id: bool | None = None
+    # the query also pools its history bag through the neighbour table (the table of the candidates'
+    # co-occurrence neighbours), so a history item meets a candidate's neighbours in one space: an
+    # item-kNN-like term at the cost of one more bag lookup per query (Gowalla: docs/quality.md, section 11).
+    # null = whenever that table exists (data.item_neighbors > 0) and the query pools a history bag
+    query_neighbors: bool | None = None
     # how the query reads its history: bag (the mean-pooled item bag) | sasrec (the recent items in order through
     # transformer blocks, model.sasrec; needs data.query_history=recent)
     query_encoder: QueryEncoderKind = QueryEncoderKind.bag
@@ -159,7 +164,7 @@ class SparseOptimConfig:
 @dataclass
 class DenseOptimConfig:
     name: DenseOptimizer = DenseOptimizer.adam  # tower optimizer
-    lr: float = 1e-3  # tower learning rate
+    lr: float = 3e-4  # tower learning rate (docs/quality.md, section 9)
     weight_decay: float = 0.0  # 0 disables
 
 
@@ -249,6 +254,24 @@ def uses_sequence_encoder(cfg: Config) -> bool:
     return cfg.model.query_encoder == QueryEncoderKind.sasrec
 
 
+def query_uses_neighbors(cfg: Config) -> bool:
+    """Whether the query pools its history bag through the neighbour table too: ``model.query_neighbors``, or
+    whenever there is such a table and a pooled history bag when null."""
+    if cfg.model.query_neighbors is not None:
+        return cfg.model.query_neighbors
+    return cfg.data.item_neighbors > 0 and cfg.data.history_length > 0 and not uses_sequence_encoder(cfg)
+
+
+def query_layout(cfg: Config) -> dict[str, bool]:
+    """What the query rows of a batch carry (keyword arguments of recsys.data.batches' FeatureBuilder and
+    TrainBatches): the user id, the history as a sequence, the history bag through the neighbour table."""
+    return {
+        "user_id": query_uses_user_id(cfg),
+        "sequence": uses_sequence_encoder(cfg),
+        "query_neighbors": query_uses_neighbors(cfg),
+    }
+
+
 def config_fingerprint(cfg: Config) -> str:
     """What the weights depend on (data and model), not where or how they are trained."""
     data = asdict(cfg.data)
@@ -268,6 +291,9 @@ def config_fingerprint(cfg: Config) -> str:
     if not data["item_neighbors"]:  # likewise without neighbours: the unused table config changes no weight
         del data["item_neighbors"]
         model["tables"].pop("neighbor", None)
+    model["query_neighbors"] = query_uses_neighbors(cfg)  # resolved: null and true build the same model
+    if not model["query_neighbors"]:  # off: the fingerprint from before the option existed
+        del model["query_neighbors"]
     if model["query_encoder"] == QueryEncoderKind.bag:  # the default: fingerprints from before the option stay valid
         del model["query_encoder"], model["sasrec"]
     blob = json.dumps({"data": data, "model": model}, sort_keys=True)
@@ -372,6 +398,15 @@ def check_values(cfg: Config) -> None:
         d.item_neighbors,
         "needs a table model.tables.neighbor (embedding_dim, pooling)",
     )
+    if m.query_neighbors:
+        need(
+            d.item_neighbors > 0 and d.history_length > 0 and m.query_encoder == QueryEncoderKind.bag,
+            "model.query_neighbors",
+            m.query_neighbors,
+            "pools the query's history bag through the neighbour table: needs data.item_neighbors > 0, "
+            f"data.history_length > 0 and model.query_encoder=bag (got {d.item_neighbors}, {d.history_length}, "
+            f"{str(m.query_encoder)}); null turns it on where it applies",
+        )
     if m.query_encoder == QueryEncoderKind.sasrec:
         need(
             d.query_history == "recent" and d.history_length > 0,

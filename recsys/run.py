@@ -33,7 +33,8 @@ from recsys.config import (
     ExportConfig,
     SparseOptimConfig,
     config_fingerprint,
-    query_uses_user_id,
+    query_layout,
+    query_uses_neighbors,
     to_config,
     uses_sequence_encoder,
 )  # fmt: skip
@@ -188,7 +189,11 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
         path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
-    cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path)))
+    saved_cfg = OmegaConf.load(path)
+    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
+        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
+        saved_cfg.model.query_neighbors = False
+    cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
     # the weights' own record of their data / model config: a config that differs would build another
     # model or split (and report numbers for a protocol the weights never saw)
     if (ckpt / STATE_FILE).is_file():
@@ -267,7 +272,7 @@ def export_run(ecfg: ExportConfig) -> Path:
         trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
         data, two_tower = trained.data, trained.sharded.module.module.model
         two_tower.eval()
-        builder = FeatureBuilder(data, cfg.data.history_length, query_uses_user_id(cfg))
+        builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
         item_emb = embed(
             two_tower,
             builder,
@@ -286,6 +291,7 @@ def export_run(ecfg: ExportConfig) -> Path:
                 {t: c.pooling for t, c in cfg.model.tables.items()},
                 two_tower.query_tower.cpu(),
                 with_history=cfg.data.history_length > 0,
+                with_neighbors=query_uses_neighbors(cfg),
                 side_tables=tuple(f.table for f in query_side_features(data)),
             ).eval()
             write_bundle(out, encoder, item_emb, data, cfg, trained.checkpoint)

@@ -50,6 +50,7 @@ class QueryEncoder(nn.Module):
             history_categories [M], history_category_offsets [B],
             side [ids_0, offsets_0 [B], ids_1, offsets_1 [B], ...]) -> [B, D], unit norm.
     Offsets are bag starts (PyTorch EmbeddingBag convention); bags may be empty (pool to 0).
+    ``with_neighbors`` (model.query_neighbors): the history bag is pooled through the neighbour table too.
     ``side``: one (ids, offsets) pair per table of ``side_tables`` (the query-tower side features,
     model.features, in the tower's order); None without side features.
     """
@@ -61,6 +62,7 @@ class QueryEncoder(nn.Module):
         tower: nn.Sequential,
         *,
         with_history: bool,
+        with_neighbors: bool = False,
         side_tables: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
@@ -73,6 +75,9 @@ class QueryEncoder(nn.Module):
             self.item = nn.EmbeddingBag.from_pretrained(tables["item"], mode=poolings["item"], freeze=True)
         if self.with_categories:
             self.category = nn.EmbeddingBag.from_pretrained(tables["category"], mode=poolings["category"], freeze=True)
+        self.with_neighbors = with_history and with_neighbors
+        if self.with_neighbors:
+            self.neighbor = nn.EmbeddingBag.from_pretrained(tables["neighbor"], mode=poolings["neighbor"], freeze=True)
         self.side_tables = tuple(side_tables)
         self.side = nn.ModuleDict(
             {t: nn.EmbeddingBag.from_pretrained(tables[t], mode=poolings[t], freeze=True) for t in self.side_tables}
@@ -95,6 +100,8 @@ class QueryEncoder(nn.Module):
             pooled.append(self.item(history_item_ids, history_offsets))
         if self.with_categories:
             pooled.append(self.category(history_categories, history_category_offsets))
+        if self.with_neighbors:  # after the built-in tables, as in recsys.model.build
+            pooled.append(self.neighbor(history_item_ids, history_offsets))
         for j, table in enumerate(self.side_tables):
             assert side is not None, "QueryEncoder: side features need the side argument"
             pooled.append(self.side[table](side[2 * j], side[2 * j + 1]))
@@ -199,10 +206,12 @@ def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncod
         raise ValueError(f"{path}: expected a state dict of tensors")
     poolings = manifest.get("poolings", {})
     with_history = manifest.get("history_length", 0) > 0
+    with_neighbors = with_history and bool(manifest.get("query_neighbors", False))
     needed = ("item",) if with_history else ("user",)  # a query is its history bag, its user id, or both
+    needed += ("neighbor",) if with_neighbors else ()
     tables = [
-        t for t in ("user", "item", "category") if f"{t}.weight" in state
-    ]  # recsys.data.features.TABLES (not imported: no torchrec here)
+        t for t in ("user", "item", "category", "neighbor") if f"{t}.weight" in state
+    ]  # recsys.data.features.ALL_TABLES' pooled ones (not imported: no torchrec here)
     for table in (*needed, *tables):
         if f"{table}.weight" not in state:
             raise ValueError(f"{path}: no weights for table {table!r}")
@@ -216,7 +225,12 @@ def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncod
             raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
     weights = {t: state[f"{t}.weight"] for t in tables} | {t: state[f"side.{t}.weight"] for t in side_tables}
     encoder = QueryEncoder(
-        weights, poolings, _tower_from_weights(state, path), with_history=with_history, side_tables=side_tables
+        weights,
+        poolings,
+        _tower_from_weights(state, path),
+        with_history=with_history,
+        with_neighbors=with_neighbors,
+        side_tables=side_tables,
     )
     encoder.load_state_dict(state)  # strict: every tensor is used, none is missing
     return encoder.eval()

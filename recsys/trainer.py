@@ -38,7 +38,7 @@ from recsys.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
-from recsys.config import Config, config_fingerprint, query_uses_user_id, uses_sequence_encoder
+from recsys.config import Config, config_fingerprint, query_layout
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData
@@ -283,8 +283,7 @@ class Trainer:
             seed=tcfg.seed,
             query_history=self.cfg.data.query_history,
             history_dropout=self.cfg.data.history_dropout,
-            user_id=query_uses_user_id(self.cfg),
-            sequence=uses_sequence_encoder(self.cfg),
+            **query_layout(self.cfg),
             rank=env.rank,
             world_size=env.world_size,
             pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
@@ -292,9 +291,7 @@ class Trainer:
         )
         self.evaluator = Evaluator(
             data,
-            FeatureBuilder(
-                data, self.cfg.data.history_length, query_uses_user_id(self.cfg), uses_sequence_encoder(self.cfg)
-            ),
+            FeatureBuilder(data, self.cfg.data.history_length, **query_layout(self.cfg)),
             ks=self.cfg.eval.ks,
             batch_size=self.cfg.eval.batch_size,
             chunk_size=self.cfg.eval.chunk_size,

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import torch
 
+from recsys.config import query_layout
 from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.evaluation.sharded import Evaluator, embed
 from recsys.run import load_trained
@@ -31,7 +32,7 @@ def test_exported_bundle_reproduces_training_time_scores(tmp_path, trained_run, 
     # training-time embeddings of the test users and of every item, from the sharded model
     data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
     two_tower = sharded.module.module.model.eval()
-    builder = FeatureBuilder(data, cfg.data.history_length)
+    builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
     common = dict(batch_size=64, device=torch.device("cpu"))
     expected = (

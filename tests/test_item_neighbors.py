@@ -3,18 +3,22 @@ every rank sees the same ones, and that a run with them trains, evaluates and ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
+from recsys.config import config_fingerprint, query_layout
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import Interactions, load_dataset
 from recsys.data.neighbors import item_neighbors, with_item_neighbors
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
+from recsys.run import load_run_config
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
 from tests.test_no_categories import fit_given_split
@@ -83,6 +87,49 @@ def test_candidate_rows_carry_the_neighbors_and_query_rows_none(run):
     assert all(len(e) == 4 for e in expected)  # every item here shares users with more than 4 others
 
 
+def test_query_rows_carry_the_history_bag_with_query_neighbors(run):
+    cfg, _, _ = run
+    data = with_item_neighbors(load_dataset(prepare_dataset(cfg.data)), 4)
+    builder = FeatureBuilder(data, history_length=10, user_id=False, query_neighbors=True)
+    batch = builder.build(
+        user_ids=np.array([0, 1]),
+        hist_lengths=np.array([2, 1]),
+        hist_items=np.array([5, 6, 7]),
+        candidate_item_ids=np.array([3]),
+    )
+    neighbors = batch.features["neighbor"]
+    expected = data.item_neighbor_ids[data.item_neighbor_indptr[3] : data.item_neighbor_indptr[4]].tolist()
+    assert neighbors.lengths().tolist() == [2, 1, len(expected)]
+    assert neighbors.values().tolist() == [5, 6, 7, *expected]  # the same bag as the item key's query rows
+    assert batch.features["item"].values().tolist() == [5, 6, 7, 3]
+    bare = dataclasses.replace(data, item_neighbor_indptr=None, item_neighbor_ids=None)
+    with pytest.raises(ValueError, match="query_neighbors needs a dataset loaded with item neighbours"):
+        FeatureBuilder(bare, history_length=10, user_id=False, query_neighbors=True)
+
+
+def test_query_neighbors_follow_the_neighbour_table_unless_set(tmp_path):
+    assert query_layout(tiny_config()) == {"user_id": False, "sequence": False, "query_neighbors": True}
+    assert not query_layout(tiny_config(["data.item_neighbors=0"]))["query_neighbors"]
+    assert not query_layout(tiny_config(["model.query_neighbors=false"]))["query_neighbors"]
+    no_bag = ["data.history_length=0", "model.query_user_id=true"]
+    assert not query_layout(tiny_config(no_bag))["query_neighbors"]
+    with pytest.raises(
+        ValueError, match=r"model.query_neighbors=True: .*needs data.item_neighbors > 0.*got 0, 10, bag"
+    ):
+        tiny_config(["data.item_neighbors=0", "model.query_neighbors=true"])
+    with pytest.raises(ValueError, match=r"model.query_neighbors=True: .*got 20, 0, bag"):
+        tiny_config([*no_bag, "model.query_neighbors=true"])
+    # null and true build the same model; false keeps the fingerprint of runs from before the option
+    assert config_fingerprint(tiny_config()) == config_fingerprint(tiny_config(["model.query_neighbors=true"]))
+    assert config_fingerprint(tiny_config()) != config_fingerprint(tiny_config(["model.query_neighbors=false"]))
+    # and a run dir written before it existed loads as what it built: no neighbour bag on the query
+    cfg = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(tiny_config())))
+    del cfg.model["query_neighbors"]
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(cfg, tmp_path / ".hydra" / "config.yaml")
+    assert load_run_config(tmp_path).model.query_neighbors is False
+
+
 def test_a_rank_share_sees_the_whole_splits_neighbors(run):
     cfg, _, _ = run
     root = prepare_dataset(cfg.data)
@@ -117,8 +164,6 @@ def test_config_errors_name_the_field():
 
 
 def test_a_model_and_a_dataset_that_disagree_are_refused(tiny_data):
-    import dataclasses
-
     from recsys.model.build import build_task
 
     cfg = tiny_config()

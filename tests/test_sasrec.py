@@ -39,8 +39,10 @@ def test_config_refuses_what_sasrec_cannot_use(overrides, message):
 
 def test_fingerprints_of_bag_runs_do_not_change():
     # the values main computed before the option existed: existing runs resume and evaluate as before
-    assert config_fingerprint(tiny_config()) == "53abeecc055bb0bf"
-    loo = ["data.protocol=loo", "data.query_history=recent"]
+    # (model.query_neighbors=false: what a run from before that option built; tests/test_item_neighbors.py)
+    off = ["model.query_neighbors=false"]
+    assert config_fingerprint(tiny_config(off)) == "53abeecc055bb0bf"
+    loo = ["data.protocol=loo", "data.query_history=recent", *off]
     assert config_fingerprint(tiny_config(loo)) == "1e07c644d9d1ea89"
     assert config_fingerprint(tiny_config([*loo, "model.sasrec.dim=32"])) == "1e07c644d9d1ea89"  # unused at bag
     assert config_fingerprint(tiny_config(SASREC)) != "1e07c644d9d1ea89"

@@ -15,7 +15,7 @@ import torch
 
 from data_pipelines.prepare import prepare_dataset
 from data_pipelines.synthetic import TINY_SPEC, cache_key, generate
-from recsys.config import config_fingerprint
+from recsys.config import config_fingerprint, query_layout
 from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.data.dataset import load_dataset
 from recsys.data.side_features import side_rows, with_side_features
@@ -203,7 +203,7 @@ def test_trains_evaluates_and_exports_with_side_features(ml_root, tmp_path, proc
     manifest = bundle.manifest
     assert [f["name"] for f in manifest["side_features"]] == ["gender", "age", "occupation", "history_year"]
     two_tower = sharded.module.module.model.eval()
-    builder = FeatureBuilder(data, cfg.data.history_length, user_id=False)
+    builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
     expected = embed(
         two_tower, builder, side="query", ids=users, timeline=timeline, batch_size=64, device=torch.device("cpu")
@@ -324,7 +324,7 @@ def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_
         "country": len(countries),  # every user listed
     }
 
-    builder = FeatureBuilder(data, cfg.data.history_length, user_id=cfg.model.query_user_id)
+    builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     users, hist_lengths, hist_items = np.array([0, 4, 7]), np.array([2, 0, 3]), np.array([1, 2, 3, 5, 39])
     candidates = np.arange(data.num_items)
     kjt = builder.build(

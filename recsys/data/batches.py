@@ -33,10 +33,21 @@ from recsys.data.batch_bounds import batch_bounds, rank_shares
 class FeatureBuilder:
     """Builds validated KJT batches (the layout of ``recsys.data.features``) from user / history / item arrays."""
 
-    def __init__(self, data: RetrievalData, history_length: int, user_id: bool = True, sequence: bool = False) -> None:
+    def __init__(
+        self,
+        data: RetrievalData,
+        history_length: int,
+        user_id: bool = True,
+        sequence: bool = False,
+        query_neighbors: bool = False,
+    ) -> None:
         self.data = data
         self.history_length = history_length
         self.user_id = user_id  # false: no user key (the model has no user table)
+        # true (model.query_neighbors): the neighbor key's query rows carry the history bag too
+        if query_neighbors and not data.has_neighbors:
+            raise ValueError("FeatureBuilder: query_neighbors needs a dataset loaded with item neighbours")
+        self.query_neighbors = query_neighbors
         # true (model.query_encoder=sasrec): the history goes to the sequence key, oldest first, and the
         # item key's query rows are empty (the query tower reads no item bag)
         self.sequence = sequence
@@ -88,11 +99,15 @@ class FeatureBuilder:
             values["category"] = np.concatenate([hist_categories[1], candidate_cats])
             validate_ids("categories", values["category"], sizes["category"])
             lengths["category"] = np.concatenate([hist_categories[0], candidate_cat_lengths])
-        if self.data.has_neighbors:  # candidate rows only: the query tower does not read this table
+        if self.data.has_neighbors:  # candidate rows: the neighbours; query rows: the history bag, or empty
             neighbor_lengths, neighbors = gather_rows(self.data.item_neighbor_indptr, self.data.item_neighbor_ids, candidate_item_ids)
             validate_ids("item_neighbors", neighbors, sizes["neighbor"])
-            lengths["neighbor"] = np.concatenate([np.zeros(num_queries, dtype=np.int64), neighbor_lengths])
-            values["neighbor"] = neighbors
+            if self.query_neighbors:  # the history ids were validated against the item table, the same size
+                lengths["neighbor"] = np.concatenate([hist_lengths, neighbor_lengths])
+                values["neighbor"] = np.concatenate([hist_items, neighbors])
+            else:
+                lengths["neighbor"] = np.concatenate([np.zeros(num_queries, dtype=np.int64), neighbor_lengths])
+                values["neighbor"] = neighbors
         if self.data.side_features:  # model.features: one more key per side table
             side_lengths, side_values = side_rows(
                 self.data.side_features,
@@ -143,6 +158,7 @@ class TrainBatches:
         history_dropout: float = 0.0,
         user_id: bool = True,
         sequence: bool = False,
+        query_neighbors: bool = False,
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
@@ -154,7 +170,7 @@ class TrainBatches:
                 f"trainer.global_batch_size={global_batch_size} is smaller than the world size {world_size}"
             )
         self.train: Interactions = data.splits["train"]
-        self.builder = FeatureBuilder(data, history_length, user_id, sequence)
+        self.builder = FeatureBuilder(data, history_length, user_id, sequence, query_neighbors)
         self.num_items = data.num_items
         self.global_batch_size = global_batch_size
         self.world_size = world_size

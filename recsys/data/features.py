@@ -8,8 +8,9 @@ rows [0, B_q) carry the queries' ids, rows [B_q, R) the candidates' ids::
     user       the user id (1)                             empty
     item       the user's history (0..history_length)      the candidate item (1)
     category   the categories of those history items       the candidate's categories (1..3)
-    neighbor   empty                                       the candidate's co-occurrence neighbours
-                                                           (0..data.item_neighbors; only when > 0)
+    neighbor   the history again with model.query_neighbors the candidate's co-occurrence neighbours
+               (the bag pooled through this table too),    (0..data.item_neighbors; only when > 0)
+               else empty
     sequence   the history again, oldest first, for         empty
                model.query_encoder=sasrec's unpooled lookup
                (an EmbeddingCollection); the item key's

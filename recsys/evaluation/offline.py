@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from recsys.config import Config, EvaluateConfig, query_uses_user_id, uses_sequence_encoder
+from recsys.config import Config, EvaluateConfig, query_layout
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.collectives import all_gather_rows
@@ -89,7 +89,7 @@ def evaluate_trained(
     user_range = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
     two_tower = sharded.module.module.model
     two_tower.eval()
-    builder = FeatureBuilder(data, cfg.data.history_length, query_uses_user_id(cfg), uses_sequence_encoder(cfg))
+    builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)
     common = dict(batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
 

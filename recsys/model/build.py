@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-from recsys.config import Config, ModelConfig, QueryEncoderKind, query_uses_user_id
+from recsys.config import Config, ModelConfig, QueryEncoderKind, query_uses_neighbors, query_uses_user_id
 from recsys.data.dataset import RetrievalData
-from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE, candidate_tables, query_tables
+from recsys.data.features import ALL_TABLES, NEIGHBOR_TABLE, SEQUENCE_TABLE, candidate_tables, query_tables
 from recsys.model.sequence import SequenceEncoder
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
@@ -31,6 +31,7 @@ def build_retrieval_task(
     item_counts: torch.Tensor,
     has_categories: bool = True,
     has_neighbors: bool = False,
+    query_neighbors: bool = False,
     user_id: bool = True,
     seed: int | None = None,
     device: torch.device | None = None,
@@ -39,9 +40,10 @@ def build_retrieval_task(
 ) -> RetrievalTask:
     """The model (``num_rows`` tables, towers ``model.tower_dims``) wrapped in its loss.
 
-    ``item_counts``: [num_items] training frequencies for logQ. ``seed``: torch's seed before the
-    towers are built (None: as it stands). ``device``: where the towers and buffers go (``meta``
-    for a dry run). ``extra_tables``: further query-side tables, one KJT key each (the bench's side features).
+    ``query_neighbors``: the query tower also reads the history bag pooled through the neighbour table
+    (model.query_neighbors), after the built-in query tables. ``item_counts``: [num_items] training
+    frequencies for logQ. ``seed``: torch's seed before the towers are built (None: as it stands).
+    ``device``: where the towers and buffers go (``meta`` for a dry run). ``extra_tables``: further query-side tables, one KJT key each (the bench's side features).
     ``side_towers``: the side tables of ``num_rows`` (model.features) -> the towers they feed ("query",
     "candidate"), each tower reading them after its built-in tables in this order.
     """
@@ -73,6 +75,7 @@ def build_retrieval_task(
         two_tower = TwoTower(
             configs,
             query_tables=query_tables(history_length, has_categories, user_id, sequence)
+            + ([NEIGHBOR_TABLE] if query_neighbors else [])
             + side_query
             + [c.name for c in extra_tables],
             candidate_tables=candidate_tables(has_categories, has_neighbors) + side_candidate,
@@ -100,6 +103,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
     """
     tables = cfg.model.tables
     user_id = query_uses_user_id(cfg)
+    query_neighbors = query_uses_neighbors(cfg)
     num_rows = {t: n for t, n in data.table_num_rows.items() if user_id or t != "user"}
     for name in num_rows:  # no category table for data without categories: none is faked
         if name not in tables:
@@ -132,6 +136,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
         item_counts=torch.from_numpy(counts),
         has_categories=data.has_categories,
         has_neighbors=data.has_neighbors,
+        query_neighbors=query_neighbors,
         user_id=user_id,
         seed=cfg.trainer.seed,
         side_towers=side_towers,
