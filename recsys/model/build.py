@@ -43,7 +43,8 @@ def build_retrieval_task(
     ``query_neighbors``: the query tower also reads the history bag pooled through the neighbour table
     (model.query_neighbors), after the built-in query tables. ``item_counts``: [num_items] training
     frequencies for logQ. ``seed``: torch's seed before the towers are built (None: as it stands).
-    ``device``: where the towers and buffers go (``meta`` for a dry run). ``extra_tables``: further query-side tables, one KJT key each (the bench's side features).
+    ``device``: where the towers and buffers go (``meta`` for a dry run). ``extra_tables``: further
+    query-side tables, one KJT key each (the bench's side features).
     ``side_towers``: the side tables of ``num_rows`` (model.features) -> the towers they feed ("query",
     "candidate"), each tower reading them after its built-in tables in this order.
     """
