@@ -34,6 +34,7 @@ from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema
 )
 from recsys.evaluation.ann import ANN_KINDS
 from recsys.evaluation.ease import DEFAULT_LAMBDAS
+from recsys.lr_schedule import SCHEDULES
 
 
 class RetrievalLoss(Choice):
@@ -172,6 +173,10 @@ class DenseOptimConfig:
 class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
+    # both optimizers' learning rates over training (recsys/lr_schedule.py): "constant" | "linear" (down to 0
+    # at the horizon); the horizon is optim.schedule_epochs, 0 = trainer.epochs (a refit keeps its selection's)
+    schedule: str = "constant"
+    schedule_epochs: int = 0
 
 
 @dataclass
@@ -218,6 +223,10 @@ class TrainerConfig:
     # true: after early stopping, a fresh model is trained on train + valid for the best epoch + 1 epochs
     # (data.train_on_valid) in <run dir>/refit and tested; its test figures are the run's answer
     refit: bool = False
+    # "fp32" | "bf16": the training step's towers and softmax matmuls in bfloat16 under autocast (fp32
+    # accumulation, the softmax and every weight and optimizer state in fp32; evaluation in fp32):
+    # ~2.5x faster matmuls on CPUs with AVX512-BF16 / AMX and on GPUs; docs/quality.md section 13
+    precision: str = "fp32"
 
 
 @dataclass
@@ -303,6 +312,7 @@ def config_fingerprint(cfg: Config) -> str:
 # Two names checked by check_values rather than typed as enums: their refusals say which values are allowed
 # in the words users already know (and "none" would be no good enum member name for Hydra's parser).
 PIPELINES = ("none", "sparse_dist")  # trainer.pipeline
+PRECISIONS = ("fp32", "bf16")  # trainer.precision
 POOLINGS = ("sum", "mean")  # model.tables.<name>.pooling
 FEATURE_SOURCES = ("users", "items")  # model.features.<name>.source
 TOWERS = ("query", "candidate")  # model.features.<name>.tower
@@ -318,7 +328,7 @@ def check_values(cfg: Config) -> None:
         if not ok:
             problems.append(f"{key}={value!r}: {rule}")
 
-    t, m, d, e = cfg.trainer, cfg.model, cfg.data, cfg.eval
+    t, m, d, e, o = cfg.trainer, cfg.model, cfg.data, cfg.eval, cfg.optim
     need(t.global_batch_size >= 1, "trainer.global_batch_size", t.global_batch_size, "must be >= 1")
     # one candidate makes the softmax loss 0 (nothing is learnt): the batch's positives plus the uniform negatives
     need(
@@ -342,6 +352,9 @@ def check_values(cfg: Config) -> None:
         "strong_generalization's valid users are held out (their rows are never training examples): "
         "there is nothing to refit on",
     )
+    need(o.schedule in SCHEDULES, "optim.schedule", o.schedule, f"expected one of {', '.join(SCHEDULES)}")
+    need(o.schedule_epochs >= 0, "optim.schedule_epochs", o.schedule_epochs, "must be >= 0 (0: trainer.epochs)")
+    need(t.precision in PRECISIONS, "trainer.precision", t.precision, f"expected one of {', '.join(PRECISIONS)}")
     need(t.log_every_steps >= 1, "trainer.log_every_steps", t.log_every_steps, "must be >= 1")
     for key in (
         "early_stopping_patience",

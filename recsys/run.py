@@ -161,7 +161,9 @@ def refit_config(cfg: Config, best_epoch: int) -> Config:
     trainer = replace(
         cfg.trainer, refit=False, epochs=best_epoch + 1, early_stopping_patience=0, init_from="", resume=resume
     )
-    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer)
+    # the learning-rate schedule's horizon stays the selection stage's: the refit replays its curve
+    optim = replace(cfg.optim, schedule_epochs=cfg.optim.schedule_epochs or cfg.trainer.epochs)
+    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim)
 
 
 def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.sharded import Evaluator
+from recsys.lr_schedule import LrSchedule
 from recsys.preemption import Preempted, PreemptionHandler
 from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run
 from recsys.run_outputs import MetricsLog, drop_records_after, format_results_table, write_json_atomic
@@ -75,29 +76,52 @@ class TrainStep(NamedTuple):
     step: Callable[[Iterator[Batch]], torch.Tensor]  # one optimizer step on the next batch -> its detached loss
 
 
-def make_train_step(pipeline: str, sharded: ShardedModel, env: DistEnv) -> TrainStep:
+def make_train_step(pipeline: str, sharded: ShardedModel, env: DistEnv, precision: str = "fp32") -> TrainStep:
     """One training step of ``sharded``; the step raises StopIteration when the batches run out.
 
     ``pipeline``: trainer.pipeline, "none" or "sparse_dist" (torchrec's TrainPipelineSparseDist).
+    ``precision``: trainer.precision; "bf16" runs the step's forward under bfloat16 autocast (AUTOCAST_DTYPES).
     """
     dmp, optimizer = sharded.module, sharded.optimizer
     if pipeline == "sparse_dist":
         train_pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
-        return TrainStep(
-            train_pipeline, train_pipeline.progress
-        )  # progress returns the task's second output: the detached loss
+        # progress returns the task's second output: the detached loss
+        return TrainStep(train_pipeline, with_precision(train_pipeline.progress, precision, env.device))
     if pipeline != "none":
         raise ValueError(f"trainer.pipeline={pipeline!r}: expected 'none' or 'sparse_dist'")
 
+    dtype = AUTOCAST_DTYPES[precision]
+
     def step(batches: Iterator[Batch]) -> torch.Tensor:
         batch = next(batches).to(env.device, non_blocking=True)  # pinned on GPU: no host sync
-        loss, _ = dmp(batch)
+        with torch.autocast(env.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss, _ = dmp(batch)
         loss.backward()  # the fused sparse optimizer updates the looked-up rows in here
         optimizer.step()
         optimizer.zero_grad()
         return loss.detach()
 
     return TrainStep(None, step)
+
+
+# trainer.precision (recsys.config.PRECISIONS) -> the autocast dtype of a training step (None: no autocast)
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def with_precision(step: Callable[[Iterator[Batch]], torch.Tensor], precision: str, device: torch.device):
+    """``step`` (forward and backward: TrainPipelineSparseDist.progress runs both) under autocast to
+    AUTOCAST_DTYPES[precision]: the towers' and the loss's matmuls run in that dtype with fp32 accumulation;
+    the tables, their fused optimizer, the dense weights and Adam's state, the softmax and evaluation
+    stay fp32 (recsys.model.task.masked_logits)."""
+    dtype = AUTOCAST_DTYPES[precision]
+    if dtype is None:
+        return step
+
+    def autocast_step(batches: Iterator[Batch]) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=dtype):
+            return step(batches)
+
+    return autocast_step
 
 
 def resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Path | None:
@@ -195,6 +219,10 @@ class Trainer:
             self.tcfg.preemption_grace_s, rank=env.rank, world_size=env.world_size, device=env.device
         )
         self.metrics_log: MetricsLog | None = None
+        # before resume(): the base rates are the configured ones, not a checkpoint's decayed ones
+        self.lr_schedule = LrSchedule(
+            sharded.optimizer, cfg.optim.schedule, cfg.optim.schedule_epochs or self.tcfg.epochs
+        )
 
     # ------------------------------------------------------------------ state
 
@@ -297,7 +325,7 @@ class Trainer:
             chunk_size=self.cfg.eval.chunk_size,
             per_rank_users=self.cfg.data.shard_by_user,
         )
-        self.pipeline, self.train_step = make_train_step(tcfg.pipeline, self.sharded, env)
+        self.pipeline, self.train_step = make_train_step(tcfg.pipeline, self.sharded, env, tcfg.precision)
         self.steps_per_epoch = min(len(self.batches), tcfg.max_steps_per_epoch or len(self.batches))
         if resumed is not None and env.is_main:
             drop_records_after(
@@ -336,6 +364,7 @@ class Trainer:
         self._window = (time.perf_counter(), [], state.samples)
         remaining = islice(self.batches.epoch(epoch, start_batch=state.next_batch), max(0, steps - state.next_batch))
         for i in range(state.next_batch, steps):
+            self.lr_schedule.apply(epoch + i / steps)
             try:
                 loss = self.train_step(remaining)
             except StopIteration:
@@ -376,7 +405,10 @@ class Trainer:
                 "check pretrained tables and learning rates"
             )
         samples_per_s = (state.samples - window_samples) / max(time.perf_counter() - window_start, 1e-9)
-        self.metrics_log.write({"step": state.step, "epoch": epoch, "loss": mean_loss, "samples_per_s": samples_per_s})
+        record = {"step": state.step, "epoch": epoch, "loss": mean_loss, "samples_per_s": samples_per_s}
+        if self.lr_schedule.schedule != "constant":  # the factor on the configured rates (TensorBoard: train/lr_factor)
+            record["lr_factor"] = self.lr_schedule.factor
+        self.metrics_log.write(record)
         if env.is_main and not self.tcfg.progress_bar:
             log.info("epoch %d step %d: loss %.4f, %.0f samples/s", epoch, state.step, mean_loss, samples_per_s)
         self._window = (time.perf_counter(), [], state.samples)

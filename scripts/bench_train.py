@@ -6,6 +6,7 @@
     $ .venv/bin/python scripts/bench_train.py --shape embedding --profile 10   # + torch.profiler per way
     $ .venv/bin/python scripts/bench_train.py --shape movielens   # batch 1024, ML-1M sizes (`make run`)
     $ .venv/bin/python scripts/bench_train.py --shape movielens --device cuda   # one GPU: samples/s per GPU
+    $ .venv/bin/python scripts/bench_train.py --shape softmax --precision bf16  # recsys's step under bf16 autocast
 
 The same two-tower (user / item / category tables, MLP towers [128, 64], in-batch softmax with
 logQ correction, temperature 0.05) trained three ways on the same pre-built synthetic batches:
@@ -296,6 +297,9 @@ def parse_args(argv=None):
     p.add_argument("--profile-rows", type=int, default=15, help="operators listed per profiled way")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
     p.add_argument(
+        "--precision", default="fp32", choices=["fp32", "bf16"], help="trainer.precision of the recsys way only"
+    )
+    p.add_argument(
         "--device",
         default="cpu",
         choices=["cpu", "cuda"],
@@ -330,10 +334,11 @@ def prepare_inputs(shape: Shape, data: RetrievalData, args, device: torch.device
     return Inputs(source, batches, plain_inputs)
 
 
-def recsys_way(sharded, inputs: Inputs, env) -> Callable[[int], torch.Tensor]:
-    """The trainer's own step (``make_train_step``) on batch ``i`` of the pre-built ones."""
+def recsys_way(sharded, inputs: Inputs, env, precision: str = "fp32") -> Callable[[int], torch.Tensor]:
+    """The trainer's own step (``make_train_step``, at trainer.precision ``precision``) on batch ``i`` of the
+    pre-built ones."""
     sharded.module.train()
-    _, train_step = make_train_step("none", sharded, env)
+    _, train_step = make_train_step("none", sharded, env, precision)
     return lambda i: train_step(iter([inputs.batches[i % len(inputs.batches)]]))
 
 
@@ -391,7 +396,7 @@ def unfused_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towe
     return unfused_step
 
 
-def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: list[str], env):
+def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: list[str], env, precision: str = "fp32"):
     """(step function per way, parameters + optimizer state in MB per way); every way starts from recsys's weights."""
     steps: dict[str, Callable[[int], torch.Tensor]] = {}
     state_mb: dict[str, float] = {}
@@ -399,7 +404,7 @@ def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: list[str
     weights = table_weights(sharded)
     towers = {k: v for k, v in sharded.module.module.model.state_dict().items() if "_tower." in k}
     if "recsys" in ways:
-        steps["recsys"] = recsys_way(sharded, inputs, env)
+        steps["recsys"] = recsys_way(sharded, inputs, env, precision)
         # weights + row-wise Adagrad's one float per row
         state_mb["recsys"] = sum(w.numel() * 4 + w.shape[0] * 4 for w in weights.values()) / 2**20
     else:
@@ -495,7 +500,7 @@ def measure_loader(source: TrainBatches, num_batches: int) -> tuple[float, float
 
 def summarize(args, B: int, samples_per_s, paired, state_mb, rss_before, loader, device: torch.device) -> dict:
     """The last line's JSON object."""
-    result = {"shape": args.shape, "batch_size": B}
+    result = {"shape": args.shape, "batch_size": B, "recsys_precision": args.precision}
     for w in ("recsys", "plain", "unfused"):
         if w in samples_per_s:
             result[f"{w}_samples_per_s"] = round(samples_per_s[w], 1)
@@ -537,7 +542,7 @@ def main(argv=None) -> dict:
     data = synthetic_data(shape)
     inputs = prepare_inputs(shape, data, args, device)
     rss_before = current_rss_mb()
-    steps, state_mb = build_ways(shape, data, inputs, args.ways.split(","), env)
+    steps, state_mb = build_ways(shape, data, inputs, args.ways.split(","), env, args.precision)
     times, _, counters = time_rounds(steps, args, shape.batch_size, sync)
     samples_per_s = {w: shape.batch_size / statistics.median(t[args.warmup :]) for w, t in times.items()}
     paired = paired_ratios(times, args)

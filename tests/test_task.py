@@ -181,3 +181,37 @@ def test_cosine_contrastive_loss_matches_naive_reference():
     )
     assert got.item() == pytest.approx(expected / 4, rel=1e-5)
     assert 0.0 < got.item()
+
+
+@pytest.mark.parametrize("use_log_q", [True, False])
+def test_bf16_autocast_loss_is_close_to_fp32_and_hands_back_fp32(use_log_q):
+    """trainer.precision=bf16: the GEMMs run in bfloat16, the scores, the softmax and the gradients stay fp32,
+    so loss and gradients are within bf16's rounding of the fp32 ones (a bf16 softmax would be ~10x further)."""
+    g = torch.Generator().manual_seed(2)
+    b, c_rows, d, tau = 128, 192, 64, 0.1
+    q0 = torch.nn.functional.normalize(torch.randn(b, d, generator=g), dim=-1)
+    c0 = torch.nn.functional.normalize(torch.randn(c_rows, d, generator=g), dim=-1)
+    c_items = torch.randint(0, 60, (c_rows,), generator=g)
+    labels = torch.arange(b)
+    q_items = c_items[labels]
+    log_q = torch.log(torch.rand(c_rows, generator=g) * 0.01 + 1e-4) if use_log_q else None
+    args = dict(
+        labels=labels, query_item_ids=q_items, candidate_item_ids=c_items, temperature=tau, candidate_log_q=log_q
+    )
+    results = []
+    for bf16 in (False, True):
+        q, c = q0.clone().requires_grad_(), c0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = sampled_softmax_loss(q, c, **args)
+            logits = masked_logits(q0, c0, **args)
+        loss.backward()  # outside the autocast region, as the plain training loop runs it
+        results.append((loss, logits, q.grad, c.grad))
+    (l32, s32, gq32, gc32), (l16, s16, gq16, gc16) = results
+    assert l16.dtype == s16.dtype == gq16.dtype == gc16.dtype == torch.float32
+    assert torch.equal(torch.isinf(s16), torch.isinf(s32))  # the same accidental hits masked
+    assert not torch.equal(s16, s32)  # the GEMM did run in bf16
+    finite = ~torch.isinf(s32)
+    assert (s16 - s32)[finite].abs().max().item() < 0.1  # |cos| <= 1 rounded to 8 bits, over tau = 0.1
+    assert l16.item() == pytest.approx(l32.item(), rel=2e-3)
+    for got, want in ((gq16, gq32), (gc16, gc32)):
+        assert ((got - want).norm() / want.norm()).item() < 0.02

@@ -79,6 +79,7 @@ def test_unknown_sharding_table_is_refused(tmp_path, data_root, process_group):
         ("eval.valid_metric=recal@20", "eval.valid_metric='recal@20': choose one of recall@10, recall@20"),
         ("eval.valid_metric=recall@100", "eval.valid_metric='recall@100': choose one of"),
         ("model.tables.item.pooling=max", "model.tables.item.pooling='max': must be 'sum' or 'mean'"),
+        ("trainer.precision=fp16", "trainer.precision='fp16': expected one of fp32, bf16"),
     ],
 )
 def test_values_no_run_can_use_are_refused_before_any_work(override, message):

@@ -66,6 +66,13 @@ def _on_host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
+def matmul_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype the loss's GEMMs run in (trainer.precision), or None outside autocast."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return None
+
+
 def masked_logits(
     queries: torch.Tensor,
     candidates: torch.Tensor,
@@ -76,9 +83,19 @@ def masked_logits(
     temperature: float,
     candidate_log_q: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``B_q x C`` scores <q, c> / tau - log q(c), accidental hits set to -inf (no autograd)."""
+    """``B_q x C`` fp32 scores <q, c> / tau - log q(c), accidental hits set to -inf (no autograd).
+
+    Under autocast (trainer.precision=bf16) only the GEMM runs in the autocast dtype (fp32 accumulation):
+    the scores are fp32 before the bias, so the softmax never sees bf16's 3 significant digits.
+    """
     with torch.no_grad():
-        if candidate_log_q is not None:
+        dtype = matmul_dtype(queries.device)
+        if dtype is not None:
+            with torch.autocast(queries.device.type, enabled=False):
+                logits = torch.mm(queries.to(dtype), candidates.to(dtype).t()).float().mul_(1.0 / temperature)
+            if candidate_log_q is not None:
+                logits.sub_(candidate_log_q.unsqueeze(0))
+        elif candidate_log_q is not None:
             # the logQ row is the GEMM's bias and 1/tau its alpha: no extra B_q x C pass for either
             logits = torch.addmm(candidate_log_q.neg().unsqueeze(0), queries, candidates.t(), alpha=1.0 / temperature)
         else:
@@ -119,6 +136,7 @@ class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
         loss = -log_probs[rows, labels].mean()
         ctx.save_for_backward(queries, candidates, log_probs, labels)
         ctx.temperature = temperature
+        ctx.matmul_dtype = matmul_dtype(queries.device)  # backward may run outside the autocast region
         ctx.backward_done = False
         return loss
 
@@ -131,8 +149,12 @@ class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
         grad_logits = log_probs.exp_()  # the softmax, in place
         grad_logits[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0
         scale = grad_loss / (labels.numel() * ctx.temperature)  # a 0-dim tensor: no host sync
-        grad_q = torch.mm(grad_logits, candidates).mul_(scale) if ctx.needs_input_grad[0] else None
-        grad_c = torch.mm(grad_logits.t(), queries).mul_(scale) if ctx.needs_input_grad[1] else None
+        dtype = ctx.matmul_dtype
+        with torch.autocast(grad_logits.device.type, enabled=False):
+            if dtype is not None:  # the two GEMMs in the forward's dtype, the gradients handed back in fp32
+                grad_logits, candidates, queries = grad_logits.to(dtype), candidates.to(dtype), queries.to(dtype)
+            grad_q = torch.mm(grad_logits, candidates).float().mul_(scale) if ctx.needs_input_grad[0] else None
+            grad_c = torch.mm(grad_logits.t(), queries).float().mul_(scale) if ctx.needs_input_grad[1] else None
         return grad_q, grad_c, None, None, None, None, None
 
 
@@ -179,7 +201,7 @@ def cosine_contrastive_loss(
     so the dot product is the cosine; no temperature and no logQ: negatives below the margin cost
     nothing, which is what lets many easy negatives in without drowning the hard ones.
     """
-    sims = torch.mm(queries, candidates.t())
+    sims = torch.mm(queries, candidates.t()).float()  # fp32 past the GEMM under autocast (trainer.precision)
     rows = torch.arange(labels.numel(), device=labels.device)
     with torch.no_grad():
         excluded = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)  # the positive and its hits

@@ -117,6 +117,7 @@ class TwoTower(nn.Module):
         if self.ec is not None:
             history = self.ec(features)[self.sequence_key]
             query_in = torch.cat([encode_history(self.sequence_encoder, history, num_queries), query_in], dim=1)
-        queries = F.normalize(self.query_tower(query_in), dim=-1)
-        candidates = F.normalize(self.candidate_tower(candidate_in), dim=-1)
+        # .float(): under autocast (trainer.precision=bf16) the towers' GEMMs are bf16, the norms are not
+        queries = F.normalize(self.query_tower(query_in).float(), dim=-1)
+        candidates = F.normalize(self.candidate_tower(candidate_in).float(), dim=-1)
         return queries, candidates
