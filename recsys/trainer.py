@@ -85,16 +85,18 @@ def make_train_step(pipeline: str, sharded: ShardedModel, env: DistEnv, precisio
     dmp, optimizer = sharded.module, sharded.optimizer
     if pipeline == "sparse_dist":
         train_pipeline = TrainPipelineSparseDist(dmp, optimizer, env.device, execute_all_batches=True)
-        # progress returns the task's second output: the detached loss
-        return TrainStep(train_pipeline, with_precision(train_pipeline.progress, precision, env.device))
+
+        def piped_step(batches: Iterator[Batch]) -> torch.Tensor:
+            with autocast_to(precision, env.device):  # progress runs forward and backward: both under it
+                return train_pipeline.progress(batches)  # the task's second output: the detached loss
+
+        return TrainStep(train_pipeline, piped_step)
     if pipeline != "none":
         raise ValueError(f"trainer.pipeline={pipeline!r}: expected 'none' or 'sparse_dist'")
 
-    dtype = AUTOCAST_DTYPES[precision]
-
     def step(batches: Iterator[Batch]) -> torch.Tensor:
         batch = next(batches).to(env.device, non_blocking=True)  # pinned on GPU: no host sync
-        with torch.autocast(env.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with autocast_to(precision, env.device):
             loss, _ = dmp(batch)
         loss.backward()  # the fused sparse optimizer updates the looked-up rows in here
         optimizer.step()
@@ -108,20 +110,12 @@ def make_train_step(pipeline: str, sharded: ShardedModel, env: DistEnv, precisio
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
-def with_precision(step: Callable[[Iterator[Batch]], torch.Tensor], precision: str, device: torch.device):
-    """``step`` (forward and backward: TrainPipelineSparseDist.progress runs both) under autocast to
-    AUTOCAST_DTYPES[precision]: the towers' and the loss's matmuls run in that dtype with fp32 accumulation;
-    the tables, their fused optimizer, the dense weights and Adam's state, the softmax and evaluation
-    stay fp32 (recsys.model.task.masked_logits)."""
+def autocast_to(precision: str, device: torch.device) -> torch.autocast:
+    """The autocast region of a training step at ``precision`` (disabled for fp32): the towers' and the loss's
+    matmuls run in AUTOCAST_DTYPES[precision] with fp32 accumulation; the tables, their fused optimizer, the
+    dense weights and Adam's state, the softmax and evaluation stay fp32 (recsys.model.task.masked_logits)."""
     dtype = AUTOCAST_DTYPES[precision]
-    if dtype is None:
-        return step
-
-    def autocast_step(batches: Iterator[Batch]) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=dtype):
-            return step(batches)
-
-    return autocast_step
+    return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
 def resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Path | None:
