@@ -231,11 +231,28 @@ class TrainerConfig:
 
 
 @dataclass
+class GraphFilterConfig:
+    """The final valid / test ranking fuses the two-tower's scores with GF-CF's graph filter
+    (recsys/evaluation/graph_filter.py); the per-epoch validation that early-stops is the two-tower's."""
+
+    # null: on wherever the model reads the co-occurrence graph (data.item_neighbors > 0: the random-split
+    # protocols), off elsewhere (loo, the synthetic smoke test); Gowalla, 3 seeds: docs/quality.md section 15
+    enabled: bool | None = None
+    alphas: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.3])  # weight of the low-pass filter
+    # weight of the filter (0: the two-tower alone)
+    betas: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.4])
+    rank: int = 256  # singular vectors of the low-pass filter (GF-CF's)
+    # skipped (and said so) when the sum over users of d_u^2, the item-item matrix's bound, exceeds this
+    max_pairs: int = 2_000_000_000
+
+
+@dataclass
 class EvalConfig:
     ks: list[int] = field(default_factory=lambda: [10, 20, 50])  # cut-offs reported
     valid_metric: str = "recall@20"  # early-stopping metric, computed on the valid split each epoch
     batch_size: int = 1024  # users / items embedded per forward pass
     chunk_size: int = 4096  # query rows per chunked score matmul in exact top-k
+    graph_filter: GraphFilterConfig = field(default_factory=GraphFilterConfig)
 
 
 @dataclass
@@ -257,6 +274,14 @@ def query_uses_user_id(cfg: Config) -> bool:
     if cfg.model.query_user_id is not None:
         return cfg.model.query_user_id
     return cfg.data.query_history != "profile" or cfg.data.history_length <= 0
+
+
+def uses_graph_filter(cfg: Config) -> bool:
+    """Whether the final valid / test rankings fuse in the graph filter: ``eval.graph_filter.enabled``, or by
+    the data when null (on wherever the co-occurrence neighbours are: the random-split protocols)."""
+    if cfg.eval.graph_filter.enabled is not None:
+        return cfg.eval.graph_filter.enabled
+    return cfg.data.item_neighbors > 0
 
 
 def uses_sequence_encoder(cfg: Config) -> bool:
@@ -403,6 +428,15 @@ def check_values(cfg: Config) -> None:
             f"no such table in model.tables ({', '.join(sorted(m.tables))}); add model.tables.{table}",
         )
     need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
+    gfc = cfg.eval.graph_filter
+    for key, values in (("alphas", gfc.alphas), ("betas", gfc.betas)):
+        need(
+            len(values) > 0 and all(v >= 0 for v in values),
+            f"eval.graph_filter.{key}",
+            list(values),
+            "must be a non-empty list of weights >= 0",
+        )
+    need(gfc.rank >= 1, "eval.graph_filter.rank", gfc.rank, "must be >= 1")
     need(t.pipeline in PIPELINES, "trainer.pipeline", t.pipeline, "expected 'none' or 'sparse_dist'")
     need(0.0 <= d.history_dropout < 1.0, "data.history_dropout", d.history_dropout, "must be in [0, 1)")
     need(d.item_neighbors >= 0, "data.item_neighbors", d.item_neighbors, "must be >= 0 (0 disables the feature)")

@@ -130,7 +130,7 @@ def fit(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
         results = _train_and_test(cfg, Path(run_dir), env)
         if cfg.trainer.refit:
-            refit_cfg = refit_config(cfg, results["train"]["best_epoch"])
+            refit_cfg = refit_config(cfg, results["train"]["best_epoch"], results.get("graph_filter"))
             if env.is_main:
                 log.info(
                     "trainer.refit: a fresh model on train + valid for %d epochs (the best epoch + 1) in %s",
@@ -151,9 +151,9 @@ def fit(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
 REFIT_DIR = "refit"  # <run dir>/refit: trainer.refit's second stage, a run dir of its own
 
 
-def refit_config(cfg: Config, best_epoch: int) -> Config:
+def refit_config(cfg: Config, best_epoch: int, graph_filter: dict | None = None) -> Config:
     """The second stage of trainer.refit: the same data and model, the valid rows trained on, for the
-    selected number of epochs, from scratch."""
+    selected number of epochs, from scratch; the graph filter's alpha and beta as the selection chose them."""
     if best_epoch < 0:
         raise ValueError("trainer.refit: the selection stage recorded no best epoch")
     # a resume path names a checkpoint of the selection stage: the refit continues its own, if any
@@ -163,7 +163,11 @@ def refit_config(cfg: Config, best_epoch: int) -> Config:
     )
     # the learning-rate schedule's horizon stays the selection stage's: the refit replays its curve
     optim = replace(cfg.optim, schedule_epochs=cfg.optim.schedule_epochs or cfg.trainer.epochs)
-    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim)
+    evaluation = cfg.eval
+    if graph_filter and "alpha" in graph_filter:  # the refit has no valid to choose them on
+        gfc = replace(cfg.eval.graph_filter, alphas=[graph_filter["alpha"]], betas=[graph_filter["beta"]])
+        evaluation = replace(cfg.eval, graph_filter=gfc)
+    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim, eval=evaluation)
 
 
 def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:

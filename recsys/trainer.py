@@ -38,13 +38,14 @@ from recsys.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
-from recsys.config import Config, config_fingerprint, query_layout
+from recsys.config import Config, config_fingerprint, query_layout, uses_graph_filter
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
+from recsys.evaluation.graph_filter import GraphFilterFusion
 from recsys.evaluation.sharded import Evaluator
 from recsys.lr_schedule import LrSchedule
 from recsys.preemption import Preempted, PreemptionHandler
@@ -408,7 +409,9 @@ class Trainer:
         self._window = (time.perf_counter(), [], state.samples)
         return mean_loss
 
-    def _evaluate(self, split: str, with_popularity: bool = False) -> dict[str, dict[str, float]]:
+    def _evaluate(
+        self, split: str, with_popularity: bool = False, fusion: GraphFilterFusion | None = None
+    ) -> dict[str, dict[str, float]]:
         env = self.env
         return self.evaluator.evaluate(
             self.two_tower,
@@ -417,6 +420,22 @@ class Trainer:
             rank=env.rank,
             world_size=env.world_size,
             with_popularity=with_popularity,
+            fusion=fusion,
+        )
+
+    def _graph_filter_fusion(self) -> GraphFilterFusion | None:
+        """The final rankings' fusion with the graph filter (``eval.graph_filter``), or None when off."""
+        if not uses_graph_filter(self.cfg):
+            return None
+        gfc, ecfg = self.cfg.eval.graph_filter, self.cfg.eval
+        return GraphFilterFusion(
+            alphas=gfc.alphas,
+            betas=gfc.betas,
+            rank=gfc.rank,
+            max_pairs=gfc.max_pairs,
+            metric=ecfg.valid_metric,
+            ks=ecfg.ks,
+            chunk_size=ecfg.chunk_size,
         )
 
     def validate(self) -> None:
@@ -455,8 +474,9 @@ class Trainer:
         best = _best_weights(self.ckpt_root, self.state)
         if best is not None:
             load_checkpoint(self.sharded, best, env=self.env, with_optimizer=False)
-        valid = {} if self.cfg.data.train_on_valid else self._evaluate("valid", with_popularity=True)
-        return valid, self._evaluate("test", with_popularity=True), best
+        fusion = self._graph_filter_fusion()
+        valid = {} if self.cfg.data.train_on_valid else self._evaluate("valid", with_popularity=True, fusion=fusion)
+        return valid, self._evaluate("test", with_popularity=True, fusion=fusion), best
 
     def results(self, valid: dict, test: dict, best: Path | None) -> dict[str, Any]:
         state, data = self.state, self.data
@@ -484,4 +504,5 @@ class Trainer:
                 },
             },
             "checkpoint": str(best) if best is not None else "",  # the weights tested ("": the last step's)
+            **({"graph_filter": self.evaluator.fusion_info} if uses_graph_filter(self.cfg) else {}),
         }

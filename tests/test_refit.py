@@ -14,6 +14,7 @@ from recsys.config import check_values
 from recsys.data.neighbors import with_item_neighbors
 from recsys.distributed.rank_data import load_rank_data
 from recsys.evaluate import EvaluateConfig, evaluate_run
+from recsys.evaluation.graph_filter import FUSED_MODEL
 from recsys.run import REFIT_DIR, open_dataset
 from tests.helpers.config import tiny_config
 from tests.test_no_categories import fit_given_split
@@ -39,6 +40,22 @@ def test_refit_trains_on_train_and_valid_for_the_selected_epochs(refit_run):
     assert refit["train"]["best_epoch"] == results["train"]["best_epoch"]  # the last epoch's weights are tested
     test = refit["test"]
     assert test["two_tower"]["recall@20"] > 1.5 * test["popularity"]["recall@20"]
+
+
+def test_the_graph_filter_is_chosen_on_valid_and_given_to_the_refit(refit_run):
+    """data.item_neighbors > 0 turns eval.graph_filter on: its alpha and beta are chosen on the selection
+    stage's valid (beta = 0, the two-tower alone, is in the grid) and the refit ranks test with them."""
+    _, _, results = refit_run
+    chosen = results["graph_filter"]
+    assert chosen["tuned_on"].startswith("valid recall@20") and len(chosen["grid"]) == 1 + 3 * 4  # one beta = 0
+    fused_valid = results["valid"][FUSED_MODEL]["recall@20"]
+    assert fused_valid == pytest.approx(max(chosen["grid"].values()))
+    assert fused_valid >= chosen["grid"]["alpha=0,beta=0"] - 1e-9
+    assert chosen["grid"]["alpha=0,beta=0"] == pytest.approx(results["valid"]["two_tower"]["recall@20"], abs=1e-9)
+    refit = results["refit"]
+    assert (refit["graph_filter"]["alpha"], refit["graph_filter"]["beta"]) == (chosen["alpha"], chosen["beta"])
+    assert refit["graph_filter"]["tuned_on"] == "given (eval.graph_filter)"
+    assert {"two_tower", "popularity", FUSED_MODEL} == set(refit["test"]) == set(results["test"])
 
 
 def test_the_refit_run_dir_reads_back_with_its_merged_data(refit_run):

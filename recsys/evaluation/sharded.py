@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder, item_batches, query_batches
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.distributed.collectives import all_gather_rows
+from recsys.evaluation.graph_filter import FUSED_MODEL, GraphFilterFusion
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
 from recsys.evaluation.scoring import rank_and_score
@@ -166,6 +167,7 @@ class Evaluator:
         self.data, self.builder = data, builder
         self.ks, self.batch_size, self.chunk_size = list(ks), batch_size, chunk_size
         self.per_rank_users = per_rank_users
+        self.fusion_info: dict = {}  # the graph filter's choice (or why skipped), once a fused split was evaluated
 
     def _csr(self, split: Interactions) -> UserItemCSR:
         return UserItemCSR.from_pairs(
@@ -195,8 +197,13 @@ class Evaluator:
         rank: int = 0,
         world_size: int = 1,
         with_popularity: bool = False,
+        fusion: GraphFilterFusion | None = None,
     ) -> dict[str, dict[str, float]]:
-        """``{"two_tower": metrics[, "popularity": metrics]}`` of ``split``, the same on every rank."""
+        """``{"two_tower": metrics[, "popularity": metrics][, FUSED_MODEL: metrics]}`` of ``split``, the same on every rank.
+
+        ``fusion``: the two-tower's scores fused with the graph filter too (ranked on rank 0; its choice,
+        ``fusion.describe()``, is broadcast to ``self.fusion_info``); not with ``per_rank_users``.
+        """
         users, relevant, exclude, timeline = self.protocol(split)
         common = dict(batch_size=self.batch_size, device=device, rank=rank, world_size=world_size)
         was_training = two_tower.training
@@ -213,6 +220,8 @@ class Evaluator:
         counts = torch.from_numpy(self.data.item_counts()).float() if with_popularity else None
         score = dict(exclude=exclude, relevant=relevant, ks=self.ks, chunk_size=self.chunk_size, item_counts=counts)
         if self.per_rank_users:  # every rank ranks its own users; the metrics are combined across ranks
+            if fusion is not None:
+                self.fusion_info = {"skipped": "data.shard_by_user: no rank holds every user's items for the filter"}
             return rank_and_score(
                 user_emb,
                 item_emb,
@@ -220,12 +229,21 @@ class Evaluator:
                 **score,
                 score=partial(metrics_over_ranks, device=device, world_size=world_size),
             )[1]
-        results: list[dict[str, dict[str, float]] | None] = [None]
+        results: list[Any] = [None, None]
         if rank == 0:
             results[0] = rank_and_score(user_emb, item_emb, max(self.ks), **score)[1]
+            if fusion is not None:
+                fused = fusion.evaluate(
+                    split, user_emb, item_emb, graph=self._csr(timeline), history=exclude, relevant=relevant
+                )
+                if fused is not None:
+                    results[0][FUSED_MODEL] = fused
+                results[1] = fusion.describe()
         if world_size > 1:
             dist.broadcast_object_list(results, src=0)
         assert results[0] is not None
+        if fusion is not None:
+            self.fusion_info = results[1]
         return results[0]
 
 
