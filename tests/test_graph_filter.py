@@ -76,16 +76,16 @@ def test_beta_zero_ranks_as_the_two_tower_and_the_grid_chooses_what_valid_prefer
     assert torch.equal(fused_topk(queries, items, gf, graph, 5, alpha=0.3, beta=0.0, exclude=graph)[1], plain)
 
     common = dict(alphas=[0.0, 0.3], betas=[0.0, 10.0], rank=4, metric="recall@1", exclude=graph, chunk_size=16)
-    choice = tune_fusion(queries, items, gf, graph, relevant, **common)
+    choice, top = tune_fusion(queries, items, gf, graph, relevant, **common)
     assert choice.beta == 10.0 and set(choice.grid) == {"alpha=0,beta=0", "alpha=0,beta=10", "alpha=0.3,beta=10"}
     fused = fused_topk(queries, items, gf, graph, 1, alpha=choice.alpha, beta=choice.beta, exclude=graph)[1]
     recall = lambda ids: compute_metrics(ids.numpy(), relevant, [1], num_items=num_items)["recall@1"]  # noqa: E731
     assert recall(fused) > 0.9 and recall(plain[:, :1]) < 0.3
-    assert max(choice.grid.values()) == pytest.approx(recall(fused))
+    assert max(choice.grid.values()) == pytest.approx(recall(fused)) and torch.equal(top, fused)
 
     oracle_items = torch.eye(num_items)
     oracle_queries = torch.from_numpy(dense(relevant)).float() * 10  # each user's valid item scores 10, the rest 0
-    assert tune_fusion(oracle_queries, oracle_items, gf, graph, relevant, **common).beta == 0.0
+    assert tune_fusion(oracle_queries, oracle_items, gf, graph, relevant, **common)[0].beta == 0.0
 
 
 def test_fusion_tunes_on_valid_then_ranks_test_and_refuses_test_first():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from recsys.evaluation.ease import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
+from recsys.evaluation.graph_filter import FUSED_MODEL
 from recsys.evaluation.ials import fit_ials, ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
@@ -120,7 +121,14 @@ def test_json_numbers_equal_compute_metrics(written):
         _, pop = popularity_topk(counts, split.relevant.num_users, 20, exclude=split.exclude)
         expected_pop = compute_metrics(pop.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
         assert on_disk["splits"][name]["metrics"]["popularity"] == pytest.approx(expected_pop, rel=1e-12)
-        assert set(on_disk["splits"][name]["metrics"]) == {"two_tower", "popularity", "ease", "ials"}
+        assert set(on_disk["splits"][name]["metrics"]) == {
+            "two_tower",
+            "popularity",
+            "ease",
+            "ials",
+            "gf_cf",
+            FUSED_MODEL,
+        }
         curve = on_disk["splits"][name]["recall_curve"]["two_tower"]
         assert len(curve) == 20 and curve[9] == pytest.approx(expected["recall@10"])
     assert on_disk["checkpoint"] == "runs/x/checkpoints/epoch_3"
@@ -180,7 +188,7 @@ def test_ease_and_ann_skipped_with_reasons(monkeypatch):
 
     monkeypatch.setattr(report_module, "compare_ann", no_faiss)
     inputs = _inputs()  # no dataset dir: indices instead of raw ids, no titles
-    result = compute_report(inputs, ReportOptions(ease_max_items=50, num_seed_items=2, ials=False))
+    result = compute_report(inputs, ReportOptions(ease_max_items=50, num_seed_items=2, ials=False, graph_filter=False))
     assert "catalogue of 80 items > 50" in result.report["ease"]["skipped"]
     assert "iALS disabled" in result.report["ials"]["skipped"] and "iALS not run" in result.report["gaps"][0]
     assert "pip install faiss-cpu" in result.report["ann"]["skipped"]
@@ -220,7 +228,7 @@ def test_ials_block_and_its_numbers(written):
 def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
     _, full, _ = written
     inputs = _inputs()
-    fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False)
+    fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False, graph_filter=False)
     need64 = ease_peak_bytes(NUM_ITEMS, torch.float64, num_users=NUM_USERS)
     need32 = ease_peak_bytes(NUM_ITEMS, torch.float32, num_users=NUM_USERS)
     assert full["ease"]["dtype"] == "float64" and full["ease"]["best_b_kept"]
@@ -243,7 +251,7 @@ def test_ease_skips_a_sweep_longer_than_its_time_budget(written):
     for a day; within the budget it runs as before."""
     _, full, _ = written
     inputs = _inputs()
-    fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False)
+    fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False, graph_filter=False)
     slow = compute_report(inputs, ReportOptions(ease_seconds_per_lambda=1200.0, ease_max_minutes=30, **fast)).report
     # 3 factorisations (two λ, then the best refitted) x 20 min > 30 min
     assert slow["ease"]["skipped"].startswith("the λ sweep would take ~60 min here (> ease_max_minutes=30): 3 O(I³)")
@@ -265,3 +273,23 @@ def test_factorisation_estimate_scales_with_the_cube_of_the_catalogue(monkeypatc
     # above the probe's size: the probe (PROBE_ITEMS) timed once and scaled by (I / probe)³
     assert factorisation_seconds(8 * PROBE_ITEMS, torch.float32) == pytest.approx(2.0 * 512)
     assert factorisation_seconds(300, torch.float32) == pytest.approx(0.5)  # a small catalogue is timed itself
+
+
+def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
+    """GF-CF alone (alpha) and fused with the two-tower (alpha, beta) are the best points of their valid
+    grids, and the valid rows are those points' figures; beta = 0 is the two-tower itself."""
+    inputs, report, out = written
+    gf = report["graph_filter"]
+    assert gf["tuned_on"] == "valid recall@20, 120 users" and gf["item_pairs"] > 0
+    alone, fused = gf["gf_cf"], gf["fused"]
+    assert alone["grid"][f"alpha={alone['alpha']:g}"] == max(alone["grid"].values())
+    assert fused["grid"][f"alpha={fused['alpha']:g},beta={fused['beta']:g}"] == max(fused["grid"].values())
+    valid = report["splits"]["valid"]["metrics"]
+    assert valid["gf_cf"]["recall@20"] == pytest.approx(max(alone["grid"].values()), abs=1e-12)
+    assert valid[FUSED_MODEL]["recall@20"] == pytest.approx(max(fused["grid"].values()), abs=1e-12)
+    assert fused["grid"]["alpha=0,beta=0"] == pytest.approx(valid["two_tower"]["recall@20"], abs=1e-12)
+    assert {"gf_cf", FUSED_MODEL} <= set(report["splits"]["test"]["metrics"])
+    md = (out / "report.md").read_text()
+    assert "## Graph filter (GF-CF)" in md and "GF-CF alone α = " in md and "two-tower + graph filter" in md
+    off = compute_report(inputs, ReportOptions(graph_filter=False, ease=False, ials=False, ann_kinds=())).report
+    assert "gf_cf" not in off["splits"]["test"]["metrics"] and "disabled" in off["graph_filter"]["skipped"]

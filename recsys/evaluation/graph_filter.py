@@ -157,6 +157,26 @@ def fused_topk(
     return chunked_topk(score_chunk, queries.shape[0], items.shape[0], k, exclude=exclude, chunk_size=chunk_size)
 
 
+def graph_filter_topk(
+    gf: GraphFilter,
+    history: UserItemCSR,
+    k: int,
+    *,
+    alpha: float,
+    exclude: UserItemCSR | None = None,
+    chunk_size: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of GF-CF alone (``linear + alpha * low``) per row of ``history``, with ``exact_topk``'s masking and ties."""
+    if history.num_items != gf.num_items:
+        raise ValueError(f"history has {history.num_items} items, the graph filter {gf.num_items}")
+
+    def score_chunk(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        linear, low = gf.parts(_rows(history, start, stop))
+        return torch.add(linear, low, alpha=alpha, out=out)
+
+    return chunked_topk(score_chunk, history.num_users, gf.num_items, k, exclude=exclude, chunk_size=chunk_size)
+
+
 def tune_fusion(
     queries: torch.Tensor,
     items: torch.Tensor,
@@ -170,11 +190,13 @@ def tune_fusion(
     metric: str,
     exclude: UserItemCSR | None = None,
     chunk_size: int = 4096,
-) -> FusionChoice:
-    """The (alpha, beta) of the grid with the best ``metric`` (e.g. "recall@20") on these users; ties: the first."""
+    top: int = 0,
+) -> tuple[FusionChoice, torch.Tensor]:
+    """The (alpha, beta) of the grid with the best ``metric`` (e.g. "recall@20") on these users (ties: the
+    first), and that point's top-k ids [U, k], k = max(``top``, the metric's cut-off)."""
     _check_inputs(queries, items, history, gf)
     name, _, cutoff = metric.partition("@")
-    k = int(cutoff)
+    k = max(int(cutoff), top)
     # beta = 0 ranks as the two-tower whatever alpha is: one point for it
     grid = [(float(alphas[0]), 0.0)] * (0.0 in betas) + [(float(a), float(b)) for a in alphas for b in betas if b]
     ids = {point: torch.empty(queries.shape[0], k, dtype=torch.int64) for point in grid}
@@ -190,16 +212,18 @@ def tune_fusion(
                 scores = torch.add(cos, filtered, alpha=point[1], out=buffer)
                 ids[point][start:stop] = topk_from_scores(scores, k, exclude=exclude, row_offset=start)[1]
     values = {
-        point: compute_metrics(ids[point].numpy(), relevant, [k], num_items=items.shape[0])[metric] for point in grid
+        point: compute_metrics(ids[point].numpy(), relevant, [int(cutoff)], num_items=items.shape[0])[metric]
+        for point in grid
     }
     best = max(grid, key=lambda point: values[point])  # max keeps the first of equal values
-    return FusionChoice(
+    choice = FusionChoice(
         alpha=best[0],
         beta=best[1],
         rank=rank,
         grid={f"alpha={a:g},beta={b:g}": v for (a, b), v in values.items()},
-        tuned_on=f"valid {name}@{k}, {relevant.num_users} users",
+        tuned_on=f"valid {metric}, {relevant.num_users} users",
     )
+    return choice, ids[best]
 
 
 def timed_fit(graph: UserItemCSR, rank: int, what: str) -> GraphFilter:
@@ -276,9 +300,10 @@ class GraphFilterFusion:
                     f"eval.graph_filter: a grid of alphas {self.alphas} x betas {self.betas} is chosen on valid, "
                     f"and {split!r} came first; give one alpha and one beta to rank {split} without valid"
                 )
-            self.choice = tune_fusion(
+            # the grid ranks the top max(ks) of every point: the chosen point's ranking is already there
+            self.choice, ids = tune_fusion(
                 queries, items, gf, history, relevant, alphas=self.alphas, betas=self.betas, rank=self.rank,
-                metric=self.metric, **common,
+                metric=self.metric, top=max(self.ks), **common,
             )  # fmt: skip
             log.info(
                 "graph filter: alpha %g, beta %g chosen on %s",
@@ -286,8 +311,9 @@ class GraphFilterFusion:
                 self.choice.beta,
                 self.choice.tuned_on,
             )
-        _, ids = fused_topk(
-            queries, items, gf, history, max(self.ks), alpha=self.choice.alpha, beta=self.choice.beta, **common
-        )  # fmt: skip
+        else:
+            _, ids = fused_topk(
+                queries, items, gf, history, max(self.ks), alpha=self.choice.alpha, beta=self.choice.beta, **common
+            )  # fmt: skip
         self.seconds += time.perf_counter() - start
         return compute_metrics(ids.numpy(), relevant, self.ks, num_items=items.shape[0])

@@ -19,10 +19,11 @@ from recsys.data.dataset import read_dataset_meta, read_vocabularies
 from recsys.evaluation.ann import compare_ann
 from recsys.evaluation.breakdowns import breakdowns
 from recsys.evaluation.ease import ease_topk
+from recsys.evaluation.graph_filter import FUSED_MODEL, fused_topk, graph_filter_topk
 from recsys.evaluation.ials import ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics, hit_matrix
-from recsys.evaluation.report.baselines import fit_ease, fit_ials
+from recsys.evaluation.report.baselines import fit_ease, fit_graph_filter, fit_ials
 from recsys.evaluation.report.types import MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
 from recsys.evaluation.retrieval import exact_topk
 from recsys.evaluation.scoring import rank_and_score
@@ -119,6 +120,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
 
     ease_b, ease_info = fit_ease(inputs, options, num_items)
     ials_model, ials_info = fit_ials(inputs, options)
+    gf, gf_alpha, fusion, gf_info = fit_graph_filter(inputs, options)
 
     splits_out: dict[str, Any] = {}
     curves: dict[str, dict[str, np.ndarray]] = {}
@@ -140,6 +142,14 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
             others["ials"] = lambda split=split: ials_topk(
                 ials_model, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size, device=device
             )
+        if gf is not None and fusion is not None:
+            others["gf_cf"] = lambda split=split: graph_filter_topk(
+                gf, split.exclude, kmax, alpha=gf_alpha, exclude=split.exclude, chunk_size=options.chunk_size
+            )
+            others[FUSED_MODEL] = lambda split=split: fused_topk(
+                _tensor(split.user_emb, "cpu"), items.cpu(), gf, split.exclude, kmax, alpha=fusion.alpha,
+                beta=fusion.beta, exclude=split.exclude, chunk_size=options.chunk_size,
+            )  # fmt: skip
         ranked, metrics = rank_and_score(
             _tensor(split.user_emb, device),
             items,
@@ -157,7 +167,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         splits_out[name] = _split_section(split, ids, metrics, ks, user_train_items, item_counts, options)
         curves[name] = {m: recall_curve(i, split.relevant) for m, i in ids.items()}
         splits_out[name]["recall_curve"] = {m: c.tolist() for m, c in curves[name].items()}
-    ease_b = ials_model = None  # free B (I x I) and the iALS factors before ANN
+    ease_b = ials_model = gf = None  # free B (I x I), the iALS factors and the filter before ANN
 
     ann = _ann_section(inputs, options, kmax, ks, num_items)
     names = _load_names(inputs.dataset_dir, inputs.train.num_users, num_items)
@@ -173,6 +183,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         "splits": splits_out,
         "ease": ease_info,
         "ials": ials_info,
+        "graph_filter": gf_info,
         "ann": ann,
         "gaps": _gap_statements(splits_out, model, headline_k, ease_info, ials_info),
         "more_like_this": _more_like_this(items, item_counts, names, options),

@@ -31,7 +31,15 @@ def _label(model: str, report: dict) -> str:
 
 def format_markdown(report: dict) -> str:
     """report.md from the report dict (tables, protocol, gaps, ANN, more like this)."""
-    out = _header(report) + _splits(report) + _ease(report) + _ials(report) + _ann(report) + _closing(report)
+    out = (
+        _header(report)
+        + _splits(report)
+        + _ease(report)
+        + _ials(report)
+        + _graph_filter(report)
+        + _ann(report)
+        + _closing(report)
+    )
     return "\n".join(out)
 
 
@@ -144,6 +152,24 @@ def _ials(report: dict) -> list[str]:
         ) + [""]
 
     return out
+
+
+def _graph_filter(report: dict) -> list[str]:
+    """GF-CF alone and fused with the two-tower: the choices and their valid grids, or why skipped."""
+    gf = report.get("graph_filter", {"skipped": "n/a"})
+    out = ["## Graph filter (GF-CF), alone and fused with the two-tower", ""]
+    if "skipped" in gf:
+        return out + [f"Graph filter skipped: {gf['skipped']}.", ""]
+    fused = gf["fused"]
+    out += [
+        f"Built from the {gf['fit_on']} ({gf['item_pairs']:,} co-occurring item pairs, low-pass rank {gf['rank']}); "
+        f"chosen by {gf['tuned_on']} in {gf['seconds']:.0f} s: GF-CF alone α = {gf['gf_cf']['alpha']:g}; fused "
+        f"α = {fused['alpha']:g}, β = {fused['beta']:g} (score {fused['score']}).",
+        "",
+    ]
+    rows = [[f"GF-CF, {point}", value] for point, value in gf["gf_cf"]["grid"].items()]
+    rows += [[f"fused, {point}", value] for point, value in fused["grid"].items()]
+    return out + _table(["grid point", "valid recall"], rows) + [""]
 
 
 def _ann(report: dict) -> list[str]:

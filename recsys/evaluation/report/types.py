@@ -16,7 +16,13 @@ from recsys.evaluation.ease import DEFAULT_LAMBDAS, MAX_EASE_ITEMS
 from recsys.evaluation.ials import DEFAULT_ALPHAS, DEFAULT_FACTORS, DEFAULT_ITERATIONS, DEFAULT_REGULARIZATIONS
 from recsys.evaluation.interactions import UserItemCSR
 
-MODEL_LABELS = {"popularity": "popularity", "ease": "EASE", "ials": "iALS"}
+MODEL_LABELS = {
+    "popularity": "popularity",
+    "ease": "EASE",
+    "ials": "iALS",
+    "gf_cf": "GF-CF",
+    "two_tower+graph_filter": "two-tower + graph filter",
+}
 EVAL_DIR = "eval"
 
 
@@ -91,6 +97,10 @@ class ReportOptions:
         ials_regularizations, ials_alphas: iALS's grid (their product); best validation
             recall@``ease_tune_k`` wins.
         ials_factors, ials_iterations: fixed D and ALS sweeps.
+        graph_filter: GF-CF alone (alpha tuned on valid) and the two-tower fused with it (alpha and beta
+            tuned on valid; recsys/evaluation/graph_filter.py), both built from train; needs a "valid"
+            split and sum_u d_u^2 <= ``graph_filter_max_pairs``.
+        graph_filter_alphas, graph_filter_betas, graph_filter_rank: their grids and the low-pass rank.
         ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
         ann_params: their settings.
         ann_split: split whose users are searched ("test", else the last split given).
@@ -118,6 +128,11 @@ class ReportOptions:
     ials_alphas: Sequence[float] = DEFAULT_ALPHAS
     ials_factors: int = DEFAULT_FACTORS
     ials_iterations: int = DEFAULT_ITERATIONS
+    graph_filter: bool = True
+    graph_filter_alphas: Sequence[float] = (0.0, 0.1, 0.3)
+    graph_filter_betas: Sequence[float] = (0.0, 0.05, 0.1, 0.2, 0.4)
+    graph_filter_rank: int = 256
+    graph_filter_max_pairs: int = 2_000_000_000
     ann_kinds: Sequence[str] = ANN_KINDS
     ann_params: AnnParams = field(default_factory=AnnParams)
     ann_split: str = "test"
