@@ -106,6 +106,10 @@ def test_fusion_tunes_on_valid_then_ranks_test_and_refuses_test_first():
     assert given.evaluate("test", queries, items, graph=graph, history=graph, relevant=relevant) is not None
     assert given.describe()["tuned_on"] == "given (eval.graph_filter)"
 
+    other = fit_graph_filter(random_graph(30, 24, 5, seed=4), rank=3)  # a filter of another catalogue
+    with pytest.raises(ValueError, match="graph filter 24 items"):
+        fused_topk(queries, items, other, graph, 5, alpha=0.0, beta=1.0)
+
     small = GraphFilterFusion(alphas=[0.0], betas=[1.0], **{**options, "max_pairs": 10})
     assert small.evaluate("valid", queries, items, graph=graph, history=graph, relevant=relevant) is None
     assert "max_pairs=10" in small.describe()["skipped"]

@@ -59,16 +59,20 @@ class GraphFilter:
         return linear, low
 
 
-def co_occurrence_pairs(graph: UserItemCSR) -> int:
-    """sum_u d_u^2: a bound on the item-item matrix's entries (and on its construction's work)."""
+def too_many_pairs(graph: UserItemCSR, max_pairs: int) -> str:
+    """Why the filter of ``graph`` is not built ("" when it is): sum_u d_u^2 bounds the item-item
+    matrix's entries (and its construction's work), checked before anything is allocated."""
     lengths = graph.lengths().astype(np.int64)
-    return int((lengths * lengths).sum())
+    pairs = int((lengths * lengths).sum())
+    if pairs <= max_pairs:
+        return ""
+    return f"sum over users of (items per user)^2 = {pairs:,} > max_pairs={max_pairs:,}: the item-item matrix would not fit one host"
 
 
 def fit_graph_filter(graph: UserItemCSR, rank: int) -> GraphFilter:
     """GF-CF's filters of ``graph`` (binary, every user's items); ``rank`` is capped below min(U, I)."""
     num_users, num_items = graph.num_users, graph.num_items
-    r = sp.csr_matrix((np.ones(graph.nnz, dtype=np.float64), graph.indices, graph.indptr), shape=(num_users, num_items))
+    r = _rows(graph, 0, num_users).astype(np.float64)
     user_deg = np.asarray(r.sum(axis=1)).ravel()
     item_deg = np.asarray(r.sum(axis=0)).ravel()
     inv_sqrt = lambda d: np.where(d > 0, 1.0 / np.sqrt(np.maximum(d, 1e-12)), 0.0)  # noqa: E731
@@ -126,7 +130,7 @@ class FusionChoice:
 
 
 def _check_inputs(queries: torch.Tensor, items: torch.Tensor, history: UserItemCSR, gf: GraphFilter) -> None:
-    if history.num_users != queries.shape[0] or history.num_items != items.shape[0] != gf.num_items:
+    if history.num_users != queries.shape[0] or not history.num_items == items.shape[0] == gf.num_items:
         raise ValueError(
             f"history is ({history.num_users} users, {history.num_items} items), queries {tuple(queries.shape)}, "
             f"items {tuple(items.shape)}, graph filter {gf.num_items} items"
@@ -281,13 +285,9 @@ class GraphFilterFusion:
     ) -> dict[str, float] | None:
         """Metrics of the fused ranking of ``split`` (None when skipped): ``graph`` is every user's known
         items (the filter is built from it), ``history`` the evaluated users' rows of it (also masked)."""
-        pairs = co_occurrence_pairs(graph)
-        if pairs > self.max_pairs:
-            self.skipped = (
-                f"sum over users of (items per user)^2 = {pairs:,} > eval.graph_filter.max_pairs={self.max_pairs:,}: "
-                "the item-item matrix would not fit one host"
-            )
-            log.info("graph filter skipped: %s", self.skipped)
+        self.skipped = too_many_pairs(graph, self.max_pairs)
+        if self.skipped:
+            log.info("graph filter skipped (eval.graph_filter.max_pairs): %s", self.skipped)
             return None
         start = time.perf_counter()
         gf = timed_fit(graph, self.rank, f"the splits before {split}")

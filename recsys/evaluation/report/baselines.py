@@ -24,9 +24,9 @@ from recsys.evaluation.ease import (
 from recsys.evaluation.graph_filter import (
     FusionChoice,
     GraphFilter,
-    co_occurrence_pairs,
     graph_filter_topk,
     timed_fit,
+    too_many_pairs,
     tune_fusion,
 )
 from recsys.evaluation.ials import tune_ials
@@ -176,14 +176,9 @@ def fit_graph_filter(
         return None, 0.0, None, {"skipped": "graph filter disabled (ReportOptions.graph_filter=False)"}
     if "valid" not in inputs.splits:
         return None, 0.0, None, {"skipped": "no 'valid' split given to tune alpha and beta on"}
-    pairs = co_occurrence_pairs(inputs.train)
-    if pairs > options.graph_filter_max_pairs:
-        return (
-            None,
-            0.0,
-            None,
-            {"skipped": f"sum over users of (items per user)^2 = {pairs:,} > {options.graph_filter_max_pairs:,}"},
-        )
+    skipped = too_many_pairs(inputs.train, options.graph_filter_max_pairs)
+    if skipped:
+        return None, 0.0, None, {"skipped": skipped}
     start = time.perf_counter()
     gf = timed_fit(inputs.train, options.graph_filter_rank, "train")
     valid, k = inputs.splits["valid"], options.ease_tune_k
