@@ -240,9 +240,11 @@ class GraphFilterConfig:
     enabled: bool | None = None
     alphas: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.3])  # weight of the low-pass filter
     # weight of the filter (0: the two-tower alone)
-    betas: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2, 0.4])
+    betas: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.4])
+    # BSPM's sharpening time of the filter (one RK4 step of dU/dt = -U R~'R~; 0: GF-CF unsharpened)
+    sharpen: list[float] = field(default_factory=lambda: [0.0, 2.5])
     rank: int = 256  # singular vectors of the low-pass filter (GF-CF's)
-    # skipped (and said so) when the sum over users of d_u^2, the item-item matrix's bound, exceeds this
+    # skipped (and said so) when the sum over users of d_u^2, the item pairs the filter weighs, exceeds this
     max_pairs: int = 2_000_000_000
 
 
@@ -429,12 +431,12 @@ def check_values(cfg: Config) -> None:
         )
     need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
     gfc = cfg.eval.graph_filter
-    for key, values in (("alphas", gfc.alphas), ("betas", gfc.betas)):
+    for key, values in (("alphas", gfc.alphas), ("betas", gfc.betas), ("sharpen", gfc.sharpen)):
         need(
             len(values) > 0 and all(v >= 0 for v in values),
             f"eval.graph_filter.{key}",
             list(values),
-            "must be a non-empty list of weights >= 0",
+            "must be a non-empty list of values >= 0",
         )
     need(gfc.rank >= 1, "eval.graph_filter.rank", gfc.rank, "must be >= 1")
     need(t.pipeline in PIPELINES, "trainer.pipeline", t.pipeline, "expected 'none' or 'sparse_dist'")

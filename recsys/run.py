@@ -153,7 +153,7 @@ REFIT_DIR = "refit"  # <run dir>/refit: trainer.refit's second stage, a run dir 
 
 def refit_config(cfg: Config, best_epoch: int, graph_filter: dict | None = None) -> Config:
     """The second stage of trainer.refit: the same data and model, the valid rows trained on, for the
-    selected number of epochs, from scratch; the graph filter's alpha and beta as the selection chose them."""
+    selected number of epochs, from scratch; the graph filter's alpha, beta and sharpening as the selection chose them."""
     if best_epoch < 0:
         raise ValueError("trainer.refit: the selection stage recorded no best epoch")
     # a resume path names a checkpoint of the selection stage: the refit continues its own, if any
@@ -165,7 +165,12 @@ def refit_config(cfg: Config, best_epoch: int, graph_filter: dict | None = None)
     optim = replace(cfg.optim, schedule_epochs=cfg.optim.schedule_epochs or cfg.trainer.epochs)
     evaluation = cfg.eval
     if graph_filter and "alpha" in graph_filter:  # the refit has no valid to choose them on
-        gfc = replace(cfg.eval.graph_filter, alphas=[graph_filter["alpha"]], betas=[graph_filter["beta"]])
+        gfc = replace(
+            cfg.eval.graph_filter,
+            alphas=[graph_filter["alpha"]],
+            betas=[graph_filter["beta"]],
+            sharpen=[graph_filter.get("sharpen", 0.0)],
+        )
         evaluation = replace(cfg.eval, graph_filter=gfc)
     return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim, eval=evaluation)
 

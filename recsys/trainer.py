@@ -431,6 +431,7 @@ class Trainer:
         return GraphFilterFusion(
             alphas=gfc.alphas,
             betas=gfc.betas,
+            sharpens=gfc.sharpen,
             rank=gfc.rank,
             max_pairs=gfc.max_pairs,
             metric=ecfg.valid_metric,

@@ -1,6 +1,6 @@
-"""GF-CF's graph filter and its fusion with the two-tower (recsys/evaluation/graph_filter.py): the
-filters against dense numpy formulas, beta = 0 ranking as the two-tower, the valid grid choosing the
-better ranking, and the refusals."""
+"""GF-CF's graph filter, BSPM's sharpening and their fusion with the two-tower
+(recsys/evaluation/graph_filter.py): the filters against dense numpy formulas, beta = 0 ranking as the
+two-tower, the valid grid choosing the better ranking, and the refusals."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from recsys.evaluation.graph_filter import (
     GraphFilterFusion,
     fit_graph_filter,
     fused_topk,
+    graph_filter_topk,
     tune_fusion,
 )
 from recsys.evaluation.interactions import UserItemCSR
@@ -45,9 +46,19 @@ def test_filters_match_gf_cf_formulas():
     k = 5
     expected_low = r @ np.diag(safe(di)) @ vt[:k].T @ vt[:k] @ np.diag(np.sqrt(di))
     gf = fit_graph_filter(graph, rank=k)
-    linear, low = gf.parts(sp.csr_matrix(r.astype(np.float32)))  # every user's row
-    np.testing.assert_allclose(linear.numpy(), r @ norm.T @ norm, rtol=1e-4, atol=1e-5)
+    parts = gf.parts(sp.csr_matrix(r.astype(np.float32)), [0.0, 2.5])  # every user's row, plain and sharpened
+    linear, low = parts[0.0]
+    item_item = norm.T @ norm
+    np.testing.assert_allclose(linear.numpy(), r @ item_item, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(low.numpy(), expected_low, rtol=1e-3, atol=1e-4)
+    # BSPM's sharpening, one RK4 step of dU/dt = -U P over [0, 2.5]: U(0) (I - hP + (hP)^2/2 - (hP)^3/6 + (hP)^4/24)
+    h = 2.5 * item_item
+    step = np.eye(30) - h + h @ h / 2 - h @ h @ h / 6 + h @ h @ h @ h / 24
+    np.testing.assert_allclose(parts[2.5][0].numpy(), r @ item_item @ step, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(parts[2.5][1].numpy(), expected_low @ step, rtol=1e-3, atol=1e-3)
+    alone = graph_filter_topk(gf, graph, 3, alpha=0.3, sharpen=2.5)[1]
+    expected = torch.from_numpy((r @ item_item + 0.3 * expected_low) @ step).float().topk(3, dim=1).indices
+    assert torch.equal(alone, expected)
     assert fit_graph_filter(graph, rank=500).low_in.shape == (30, 29)  # capped below min(users, items)
 
 
@@ -77,7 +88,8 @@ def test_beta_zero_ranks_as_the_two_tower_and_the_grid_chooses_what_valid_prefer
 
     common = dict(alphas=[0.0, 0.3], betas=[0.0, 10.0], rank=4, metric="recall@1", exclude=graph, chunk_size=16)
     choice, top = tune_fusion(queries, items, gf, graph, relevant, **common)
-    assert choice.beta == 10.0 and set(choice.grid) == {"alpha=0,beta=0", "alpha=0,beta=10", "alpha=0.3,beta=10"}
+    assert choice.beta == 10.0 and choice.sharpen == 0.0
+    assert set(choice.grid) == {"alpha=0,sharpen=0,beta=0", "alpha=0,sharpen=0,beta=10", "alpha=0.3,sharpen=0,beta=10"}
     fused = fused_topk(queries, items, gf, graph, 1, alpha=choice.alpha, beta=choice.beta, exclude=graph)[1]
     recall = lambda ids: compute_metrics(ids.numpy(), relevant, [1], num_items=num_items)["recall@1"]  # noqa: E731
     assert recall(fused) > 0.9 and recall(plain[:, :1]) < 0.3
@@ -93,18 +105,24 @@ def test_fusion_tunes_on_valid_then_ranks_test_and_refuses_test_first():
     relevant = random_graph(30, 25, 1, seed=3)
     queries, items = torch.randn(30, 4), torch.randn(25, 4)
     options = dict(rank=3, max_pairs=10**9, metric="recall@5", ks=[5, 10], chunk_size=8)
-    fusion = GraphFilterFusion(alphas=[0.0, 1.0], betas=[0.0, 1.0], **options)
+    fusion = GraphFilterFusion(alphas=[0.0, 1.0], betas=[0.0, 1.0], sharpens=[0.0, 1.0], **options)
     with pytest.raises(ValueError, match="chosen on valid, and 'test' came first"):
         fusion.evaluate("test", queries, items, graph=graph, history=graph, relevant=relevant)
     valid = fusion.evaluate("valid", queries, items, graph=graph, history=graph, relevant=relevant)
     assert set(valid) >= {"recall@5", "recall@10", "ndcg@10"}
     info = fusion.describe()
-    assert (info["alpha"], info["beta"]) in {(0.0, 0.0), (0.0, 1.0), (1.0, 1.0)} and len(info["grid"]) == 3
+    assert len(info["grid"]) == 1 + 2 * 2  # beta = 0 once, then alpha x sharpen
     assert valid["recall@5"] == pytest.approx(max(info["grid"].values()))
-    # a refit is given the selection's choice: no valid needed
-    given = GraphFilterFusion(alphas=[info["alpha"]], betas=[info["beta"]], **options)
-    assert given.evaluate("test", queries, items, graph=graph, history=graph, relevant=relevant) is not None
+    assert info["grid"][f"alpha={info['alpha']:g},sharpen={info['sharpen']:g},beta={info['beta']:g}"] == max(
+        info["grid"].values()
+    )
+    # a refit is given the selection's choice: no valid needed, and it ranks test as the choice does
+    given = GraphFilterFusion(alphas=[info["alpha"]], betas=[info["beta"]], sharpens=[info["sharpen"]], **options)
+    test = given.evaluate("test", queries, items, graph=graph, history=graph, relevant=relevant)
     assert given.describe()["tuned_on"] == "given (eval.graph_filter)"
+    _, ids = fused_topk(queries, items, fit_graph_filter(graph, rank=3), graph, 10, alpha=info["alpha"],
+                        beta=info["beta"], sharpen=info["sharpen"], exclude=graph)  # fmt: skip
+    assert test == compute_metrics(ids.numpy(), relevant, [5, 10], num_items=25)
 
     other = fit_graph_filter(random_graph(30, 24, 5, seed=4), rank=3)  # a filter of another catalogue
     with pytest.raises(ValueError, match="graph filter 24 items"):
@@ -120,7 +138,8 @@ def test_graph_filter_config_defaults_and_refusals():
     assert uses_graph_filter(cfg) == (cfg.data.item_neighbors > 0)
     on = Config(eval=type(cfg.eval)(graph_filter=GraphFilterConfig(enabled=True)))
     assert uses_graph_filter(on)
-    bad = Config(eval=type(cfg.eval)(graph_filter=GraphFilterConfig(betas=[0.5, -1.0], rank=0)))
+    bad = Config(eval=type(cfg.eval)(graph_filter=GraphFilterConfig(betas=[0.5, -1.0], sharpen=[-2.5], rank=0)))
     with pytest.raises(ValueError) as e:
         check_values(bad)
     assert "eval.graph_filter.betas=[0.5, -1.0]" in str(e.value) and "eval.graph_filter.rank=0" in str(e.value)
+    assert "eval.graph_filter.sharpen=[-2.5]: must be a non-empty list of values >= 0" in str(e.value)

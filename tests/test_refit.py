@@ -47,13 +47,17 @@ def test_the_graph_filter_is_chosen_on_valid_and_given_to_the_refit(refit_run):
     stage's valid (beta = 0, the two-tower alone, is in the grid) and the refit ranks test with them."""
     _, _, results = refit_run
     chosen = results["graph_filter"]
-    assert chosen["tuned_on"].startswith("valid recall@20") and len(chosen["grid"]) == 1 + 3 * 4  # one beta = 0
+    # beta = 0 once, then alpha x sharpen x beta
+    assert chosen["tuned_on"].startswith("valid recall@20") and len(chosen["grid"]) == 1 + 3 * 2 * 3
     fused_valid = results["valid"][FUSED_MODEL]["recall@20"]
     assert fused_valid == pytest.approx(max(chosen["grid"].values()))
-    assert fused_valid >= chosen["grid"]["alpha=0,beta=0"] - 1e-9
-    assert chosen["grid"]["alpha=0,beta=0"] == pytest.approx(results["valid"]["two_tower"]["recall@20"], abs=1e-9)
+    assert fused_valid >= chosen["grid"]["alpha=0,sharpen=0,beta=0"] - 1e-9
+    assert chosen["grid"]["alpha=0,sharpen=0,beta=0"] == pytest.approx(
+        results["valid"]["two_tower"]["recall@20"], abs=1e-9
+    )
     refit = results["refit"]
-    assert (refit["graph_filter"]["alpha"], refit["graph_filter"]["beta"]) == (chosen["alpha"], chosen["beta"])
+    picked = lambda info: (info["alpha"], info["sharpen"], info["beta"])  # noqa: E731
+    assert picked(refit["graph_filter"]) == picked(chosen)
     assert refit["graph_filter"]["tuned_on"] == "given (eval.graph_filter)"
     assert {"two_tower", "popularity", FUSED_MODEL} == set(refit["test"]) == set(results["test"])
 

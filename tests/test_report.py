@@ -280,16 +280,21 @@ def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
     grids, and the valid rows are those points' figures; beta = 0 is the two-tower itself."""
     inputs, report, out = written
     gf = report["graph_filter"]
-    assert gf["tuned_on"] == "valid recall@20, 120 users" and gf["item_pairs"] > 0
+    assert gf["tuned_on"] == "valid recall@20, 120 users" and gf["interactions"] == inputs.train.indices.size
     alone, fused = gf["gf_cf"], gf["fused"]
-    assert alone["grid"][f"alpha={alone['alpha']:g}"] == max(alone["grid"].values())
-    assert fused["grid"][f"alpha={fused['alpha']:g},beta={fused['beta']:g}"] == max(fused["grid"].values())
+    assert alone["grid"][f"alpha={alone['alpha']:g},sharpen={alone['sharpen']:g}"] == max(alone["grid"].values())
+    point = f"alpha={fused['alpha']:g},sharpen={fused['sharpen']:g},beta={fused['beta']:g}"
+    assert fused["grid"][point] == max(fused["grid"].values())
     valid = report["splits"]["valid"]["metrics"]
     assert valid["gf_cf"]["recall@20"] == pytest.approx(max(alone["grid"].values()), abs=1e-12)
     assert valid[FUSED_MODEL]["recall@20"] == pytest.approx(max(fused["grid"].values()), abs=1e-12)
-    assert fused["grid"]["alpha=0,beta=0"] == pytest.approx(valid["two_tower"]["recall@20"], abs=1e-12)
+    assert fused["grid"]["alpha=0,sharpen=0,beta=0"] == pytest.approx(valid["two_tower"]["recall@20"], abs=1e-12)
     assert {"gf_cf", FUSED_MODEL} <= set(report["splits"]["test"]["metrics"])
     md = (out / "report.md").read_text()
-    assert "## Graph filter (GF-CF)" in md and "GF-CF alone α = " in md and "two-tower + graph filter" in md
+    assert (
+        "## Graph filter (GF-CF, sharpened as BSPM)" in md
+        and "the filter alone α = " in md
+        and "two-tower + graph filter" in md
+    )
     off = compute_report(inputs, ReportOptions(graph_filter=False, ease=False, ials=False, ann_kinds=())).report
     assert "gf_cf" not in off["splits"]["test"]["metrics"] and "disabled" in off["graph_filter"]["skipped"]

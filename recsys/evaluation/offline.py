@@ -127,6 +127,7 @@ def evaluate_trained(
         graph_filter=ecfg.graph_filter,
         graph_filter_alphas=tuple(cfg.eval.graph_filter.alphas),
         graph_filter_betas=tuple(cfg.eval.graph_filter.betas),
+        graph_filter_sharpen=tuple(cfg.eval.graph_filter.sharpen),
         graph_filter_rank=cfg.eval.graph_filter.rank,
         graph_filter_max_pairs=cfg.eval.graph_filter.max_pairs,
         ann_kinds=ecfg.ann_kinds,

@@ -170,43 +170,50 @@ def _ease_skip_reason(inputs: EvalInputs, options: ReportOptions, num_items: int
 
 def fit_graph_filter(
     inputs: EvalInputs, options: ReportOptions
-) -> tuple[GraphFilter | None, float, FusionChoice | None, dict]:
-    """GF-CF built from train, its alpha alone and the fusion's (alpha, beta), both chosen on valid, and the report's block."""
+) -> tuple[GraphFilter | None, tuple[float, float], FusionChoice | None, dict]:
+    """The graph filter built from train, its (alpha, sharpen) alone and the fusion's (alpha, sharpen, beta),
+    both chosen on valid, and the report's block."""
     if not options.graph_filter:
-        return None, 0.0, None, {"skipped": "graph filter disabled (ReportOptions.graph_filter=False)"}
+        return None, (0.0, 0.0), None, {"skipped": "graph filter disabled (ReportOptions.graph_filter=False)"}
     if "valid" not in inputs.splits:
-        return None, 0.0, None, {"skipped": "no 'valid' split given to tune alpha and beta on"}
+        return None, (0.0, 0.0), None, {"skipped": "no 'valid' split given to tune alpha and beta on"}
     skipped = too_many_pairs(inputs.train, options.graph_filter_max_pairs)
     if skipped:
-        return None, 0.0, None, {"skipped": skipped}
+        return None, (0.0, 0.0), None, {"skipped": skipped}
     start = time.perf_counter()
     gf = timed_fit(inputs.train, options.graph_filter_rank, "train")
     valid, k = inputs.splits["valid"], options.ease_tune_k
     metric = f"recall@{k}"
     alone = {}
     for alpha in options.graph_filter_alphas:
-        _, ids = graph_filter_topk(
-            gf, valid.exclude, k, alpha=alpha, exclude=valid.exclude, chunk_size=options.chunk_size
-        )
-        alone[float(alpha)] = compute_metrics(ids.numpy(), valid.relevant, [k], num_items=gf.num_items)[metric]
-    alpha = max(alone, key=lambda a: alone[a])
+        for sharpen in options.graph_filter_sharpen:
+            _, ids = graph_filter_topk(
+                gf, valid.exclude, k, alpha=alpha, sharpen=sharpen, exclude=valid.exclude, chunk_size=options.chunk_size
+            )
+            metrics = compute_metrics(ids.numpy(), valid.relevant, [k], num_items=gf.num_items)
+            alone[(float(alpha), float(sharpen))] = metrics[metric]
+    best = max(alone, key=lambda point: alone[point])
     queries = torch.as_tensor(valid.user_emb).float()
     choice, _ = tune_fusion(
         queries, torch.as_tensor(inputs.item_emb).float(), gf, valid.exclude, valid.relevant,
         alphas=options.graph_filter_alphas, betas=options.graph_filter_betas, rank=options.graph_filter_rank,
-        metric=metric, exclude=valid.exclude, chunk_size=options.chunk_size,
+        metric=metric, sharpens=options.graph_filter_sharpen, exclude=valid.exclude, chunk_size=options.chunk_size,
     )  # fmt: skip
     return (
         gf,
-        alpha,
+        best,
         choice,
         {
-            "gf_cf": {"alpha": alpha, "grid": {f"alpha={a:g}": v for a, v in alone.items()}},
+            "gf_cf": {
+                "alpha": best[0],
+                "sharpen": best[1],
+                "grid": {f"alpha={a:g},sharpen={t:g}": v for (a, t), v in alone.items()},
+            },
             "fused": choice.describe(),
             "tuned_on": f"valid {metric}, {valid.relevant.num_users} users",
             "fit_on": "train interactions (binary); input row = the user's masked items",
             "rank": int(gf.low_in.shape[1]),
-            "item_pairs": int(gf.item_item.nnz),
+            "interactions": gf.num_interactions,
             "seconds": round(time.perf_counter() - start, 1),
         },
     )

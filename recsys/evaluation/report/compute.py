@@ -120,7 +120,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
 
     ease_b, ease_info = fit_ease(inputs, options, num_items)
     ials_model, ials_info = fit_ials(inputs, options)
-    gf, gf_alpha, fusion, gf_info = fit_graph_filter(inputs, options)
+    gf, (gf_alpha, gf_sharpen), fusion, gf_info = fit_graph_filter(inputs, options)
 
     splits_out: dict[str, Any] = {}
     curves: dict[str, dict[str, np.ndarray]] = {}
@@ -144,11 +144,17 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
             )
         if gf is not None and fusion is not None:
             others["gf_cf"] = lambda split=split: graph_filter_topk(
-                gf, split.exclude, kmax, alpha=gf_alpha, exclude=split.exclude, chunk_size=options.chunk_size
+                gf,
+                split.exclude,
+                kmax,
+                alpha=gf_alpha,
+                sharpen=gf_sharpen,
+                exclude=split.exclude,
+                chunk_size=options.chunk_size,
             )
             others[FUSED_MODEL] = lambda split=split: fused_topk(
                 _tensor(split.user_emb, "cpu"), items.cpu(), gf, split.exclude, kmax, alpha=fusion.alpha,
-                beta=fusion.beta, exclude=split.exclude, chunk_size=options.chunk_size,
+                beta=fusion.beta, sharpen=fusion.sharpen, exclude=split.exclude, chunk_size=options.chunk_size,
             )  # fmt: skip
         ranked, metrics = rank_and_score(
             _tensor(split.user_emb, device),

@@ -155,19 +155,20 @@ def _ials(report: dict) -> list[str]:
 
 
 def _graph_filter(report: dict) -> list[str]:
-    """GF-CF alone and fused with the two-tower: the choices and their valid grids, or why skipped."""
+    """The graph filter alone and fused with the two-tower: the choices and their valid grids, or why skipped."""
     gf = report.get("graph_filter", {"skipped": "n/a"})
-    out = ["## Graph filter (GF-CF), alone and fused with the two-tower", ""]
+    out = ["## Graph filter (GF-CF, sharpened as BSPM), alone and fused with the two-tower", ""]
     if "skipped" in gf:
         return out + [f"Graph filter skipped: {gf['skipped']}.", ""]
     fused = gf["fused"]
     out += [
-        f"Built from the {gf['fit_on']} ({gf['item_pairs']:,} co-occurring item pairs, low-pass rank {gf['rank']}); "
-        f"chosen by {gf['tuned_on']} in {gf['seconds']:.0f} s: GF-CF alone α = {gf['gf_cf']['alpha']:g}; fused "
-        f"α = {fused['alpha']:g}, β = {fused['beta']:g} (score {fused['score']}).",
+        f"Built from the {gf['fit_on']} ({gf['interactions']:,} interactions, low-pass rank {gf['rank']}); "
+        f"chosen by {gf['tuned_on']} in {gf['seconds']:.0f} s: the filter alone α = {gf['gf_cf']['alpha']:g}, "
+        f"sharpening {gf['gf_cf']['sharpen']:g}; fused α = {fused['alpha']:g}, sharpening {fused['sharpen']:g}, "
+        f"β = {fused['beta']:g} (score {fused['score']}).",
         "",
     ]
-    rows = [[f"GF-CF, {point}", value] for point, value in gf["gf_cf"]["grid"].items()]
+    rows = [[f"filter alone, {point}", value] for point, value in gf["gf_cf"]["grid"].items()]
     rows += [[f"fused, {point}", value] for point, value in fused["grid"].items()]
     return out + _table(["grid point", "valid recall"], rows) + [""]
 

@@ -20,7 +20,7 @@ MODEL_LABELS = {
     "popularity": "popularity",
     "ease": "EASE",
     "ials": "iALS",
-    "gf_cf": "GF-CF",
+    "gf_cf": "graph filter (GF-CF / BSPM)",
     "two_tower+graph_filter": "two-tower + graph filter",
 }
 EVAL_DIR = "eval"
@@ -97,10 +97,12 @@ class ReportOptions:
         ials_regularizations, ials_alphas: iALS's grid (their product); best validation
             recall@``ease_tune_k`` wins.
         ials_factors, ials_iterations: fixed D and ALS sweeps.
-        graph_filter: GF-CF alone (alpha tuned on valid) and the two-tower fused with it (alpha and beta
-            tuned on valid; recsys/evaluation/graph_filter.py), both built from train; needs a "valid"
-            split and sum_u d_u^2 <= ``graph_filter_max_pairs``.
-        graph_filter_alphas, graph_filter_betas, graph_filter_rank: their grids and the low-pass rank.
+        graph_filter: the graph filter alone (GF-CF, sharpened as BSPM; alpha and the sharpening time tuned
+            on valid) and the two-tower fused with it (alpha, sharpening, beta tuned on valid;
+            recsys/evaluation/graph_filter.py), both built from train; needs a "valid" split and
+            sum_u d_u^2 <= ``graph_filter_max_pairs``.
+        graph_filter_alphas, graph_filter_betas, graph_filter_sharpen, graph_filter_rank: their grids and the
+            low-pass rank.
         ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
         ann_params: their settings.
         ann_split: split whose users are searched ("test", else the last split given).
@@ -130,7 +132,8 @@ class ReportOptions:
     ials_iterations: int = DEFAULT_ITERATIONS
     graph_filter: bool = True
     graph_filter_alphas: Sequence[float] = (0.0, 0.1, 0.3)
-    graph_filter_betas: Sequence[float] = (0.0, 0.05, 0.1, 0.2, 0.4)
+    graph_filter_betas: Sequence[float] = (0.0, 0.1, 0.2, 0.4)
+    graph_filter_sharpen: Sequence[float] = (0.0, 2.5)
     graph_filter_rank: int = 256
     graph_filter_max_pairs: int = 2_000_000_000
     ann_kinds: Sequence[str] = ANN_KINDS
