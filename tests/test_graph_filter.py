@@ -16,6 +16,7 @@ from recsys.evaluation.graph_filter import (
     fused_topk,
     graph_filter_topk,
     tune_fusion,
+    tune_graph_filter,
 )
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
@@ -123,6 +124,16 @@ def test_fusion_tunes_on_valid_then_ranks_test_and_refuses_test_first():
     _, ids = fused_topk(queries, items, fit_graph_filter(graph, rank=3), graph, 10, alpha=info["alpha"],
                         beta=info["beta"], sharpen=info["sharpen"], exclude=graph)  # fmt: skip
     assert test == compute_metrics(ids.numpy(), relevant, [5, 10], num_items=25)
+
+    # the filter alone over (alpha, sharpen) in one pass: each point as graph_filter_topk ranks it
+    gf = fit_graph_filter(graph, rank=3)
+    alone = tune_graph_filter(
+        gf, graph, relevant, alphas=[0.0, 1.0], sharpens=[0.0, 1.0], metric="recall@5", exclude=graph
+    )
+    for (alpha, sharpen), value in alone.items():
+        ids = graph_filter_topk(gf, graph, 5, alpha=alpha, sharpen=sharpen, exclude=graph)[1]
+        assert value == compute_metrics(ids.numpy(), relevant, [5], num_items=25)["recall@5"]
+    assert len(alone) == 4
 
     other = fit_graph_filter(random_graph(30, 24, 5, seed=4), rank=3)  # a filter of another catalogue
     with pytest.raises(ValueError, match="graph filter 24 items"):

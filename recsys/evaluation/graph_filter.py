@@ -263,6 +263,33 @@ def graph_filter_topk(
     return chunked_topk(score_chunk, history.num_users, gf.num_items, k, exclude=exclude, chunk_size=chunk_size)
 
 
+def tune_graph_filter(
+    gf: GraphFilter,
+    history: UserItemCSR,
+    relevant: UserItemCSR,
+    *,
+    alphas: Sequence[float],
+    sharpens: Sequence[float],
+    metric: str,
+    exclude: UserItemCSR | None = None,
+    chunk_size: int = 4096,
+) -> dict[tuple[float, float], float]:
+    """``metric`` of the graph filter alone at every (alpha, sharpen) of the grid, ranked as
+    ``graph_filter_topk`` ranks them, in one pass over the users (each block's powers of P~ computed once)."""
+    cutoff = int(metric.partition("@")[2])
+    grid = [(float(a), float(t)) for a in alphas for t in sharpens]
+    ids = {point: torch.empty(history.num_users, cutoff, dtype=torch.int64) for point in grid}
+    for start in range(0, history.num_users, chunk_size):
+        stop = min(start + chunk_size, history.num_users)
+        for sharpen, (linear, low) in gf.parts(_rows(history, start, stop), sharpens).items():
+            for point in (p for p in grid if p[1] == sharpen):
+                scores = torch.add(linear, low, alpha=point[0])
+                ids[point][start:stop] = topk_from_scores(scores, cutoff, exclude=exclude, row_offset=start)[1]
+    return {
+        point: compute_metrics(ids[point].numpy(), relevant, [cutoff], num_items=gf.num_items)[metric] for point in grid
+    }
+
+
 def tune_fusion(
     queries: torch.Tensor,
     items: torch.Tensor,

@@ -24,14 +24,13 @@ from recsys.evaluation.ease import (
 from recsys.evaluation.graph_filter import (
     FusionChoice,
     GraphFilter,
-    graph_filter_topk,
     timed_fit,
     too_many_pairs,
     tune_fusion,
+    tune_graph_filter,
 )
 from recsys.evaluation.ials import tune_ials
 from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
 from recsys.evaluation.report.types import EvalInputs, ReportOptions
 
 log = logging.getLogger("recsys.evaluation.report")
@@ -184,14 +183,10 @@ def fit_graph_filter(
     gf = timed_fit(inputs.train, options.graph_filter_rank, "train")
     valid, k = inputs.splits["valid"], options.ease_tune_k
     metric = f"recall@{k}"
-    alone = {}
-    for alpha in options.graph_filter_alphas:
-        for sharpen in options.graph_filter_sharpen:
-            _, ids = graph_filter_topk(
-                gf, valid.exclude, k, alpha=alpha, sharpen=sharpen, exclude=valid.exclude, chunk_size=options.chunk_size
-            )
-            metrics = compute_metrics(ids.numpy(), valid.relevant, [k], num_items=gf.num_items)
-            alone[(float(alpha), float(sharpen))] = metrics[metric]
+    alone = tune_graph_filter(
+        gf, valid.exclude, valid.relevant, alphas=options.graph_filter_alphas, sharpens=options.graph_filter_sharpen,
+        metric=metric, exclude=valid.exclude, chunk_size=options.chunk_size,
+    )  # fmt: skip
     best = max(alone, key=lambda point: alone[point])
     queries = torch.as_tensor(valid.user_emb).float()
     choice, _ = tune_fusion(
