@@ -10,6 +10,12 @@ and exits with status 75 (recsys/preemption.py); the same command resumes.
 
 from __future__ import annotations
 
+from recsys.cpu_memory import tune_cpu_allocator
+
+# run as a program, not imported: set before anything imports torch, which reads THP_MEM_ALLOC_ENABLE
+# at its first allocation
+CPU_ALLOCATOR_SETTINGS = tune_cpu_allocator() if __name__ == "__main__" else []
+
 import logging
 import os
 import sys
@@ -21,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from data_pipelines.errors import DatasetError
 from recsys.config import register_configs, to_config
-from recsys.logs import setup_logging
+from recsys.logs import FILE_ONLY, setup_logging
 from recsys.preemption import PREEMPTED_EXIT_CODE, Preempted
 from recsys.run import fit
 
@@ -30,6 +36,9 @@ from recsys.run import fit
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
+    logging.getLogger(__name__).info(
+        "CPU allocator: %s", CPU_ALLOCATOR_SETTINGS or "as set by the environment", extra=FILE_ONLY
+    )
     if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
         logging.getLogger().setLevel(logging.WARNING)
     try:

@@ -41,6 +41,8 @@ def run_copy(trained_run, tmp_path_factory, data_root):
         pytest.raises(SystemExit) as exited,
     ):
         mp.setattr(sys, "argv", argv)
+        # the entry point leaves a variable that is set as it is: its allocator setting stays out of this process
+        mp.setenv("THP_MEM_ALLOC_ENABLE", "0")
         runpy.run_module(
             "recsys.train", run_name="__main__", alter_sys=True
         )  # as `python -m recsys.train`, in this process

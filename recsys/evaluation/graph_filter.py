@@ -135,10 +135,9 @@ def fit_graph_filter(graph: UserItemCSR, rank: int) -> GraphFilter:
     norm = (sp.diags(inv_sqrt(user_deg)) @ r @ sp.diags(inv_sqrt(item_deg))).tocsr()
     norm32 = norm.astype(np.float32)
     k = max(1, min(rank, min(num_users, num_items) - 1))
-    # a fixed start vector: ARPACK's default is random, and the filter must be the same on every run
-    v0 = np.ones(min(num_users, num_items), dtype=np.float64) / np.sqrt(min(num_users, num_items))
-    _, _, vt = svds(norm, k=k, v0=v0)
-    vt = torch.from_numpy(np.ascontiguousarray(vt, dtype=np.float32))  # [k, I]; V V' ignores signs and order
+    vt = torch.from_numpy(
+        np.ascontiguousarray(_top_right_singular_vectors(norm, k), dtype=np.float32)
+    )  # [k, I]; V V' ignores signs and order
     low_in = (vt * torch.from_numpy(inv_sqrt(item_deg).astype(np.float32))[None]).t().contiguous()
     low_out = vt * torch.from_numpy(np.sqrt(item_deg).astype(np.float32))[None]
     return GraphFilter(
@@ -147,6 +146,15 @@ def fit_graph_filter(graph: UserItemCSR, rank: int) -> GraphFilter:
         low_in=low_in,
         low_out=low_out,
     )
+
+
+def _top_right_singular_vectors(norm: sp.csr_matrix, k: int) -> np.ndarray:
+    """V' [k, I] of the top k singular values of ``norm``, the same on every run (a fixed start vector)."""
+    v0 = np.ones(min(norm.shape), dtype=np.float64) / np.sqrt(min(norm.shape))
+    try:  # PROPACK: 7 s on Gowalla against ARPACK's 20 s, the same subspace (principal angles' cosines 1 - 4e-12)
+        return svds(norm, k=k, v0=v0, solver="propack")[2]
+    except ValueError:  # scipy releases that make PROPACK opt-in (SCIPY_USE_PROPACK)
+        return svds(norm, k=k, v0=v0)[2]
 
 
 def _torch_csr(matrix: sp.csr_matrix) -> torch.Tensor:
@@ -168,15 +176,21 @@ def _rows(history: UserItemCSR, start: int, stop: int) -> sp.csr_matrix:
     )
 
 
-def _spread_normalised(scores: torch.Tensor) -> torch.Tensor:
-    return scores / scores.std(dim=1, keepdim=True).clamp_min(1e-12)  # a row of one value (no history) gives 0s
+def _spread_normalised(scores: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """scores / their standard deviation per row (a row of one value, no history, gives 0s)."""
+    # the std as the centred row's norm: torch.std takes 0.47 s for a [4096, 41k] block here, this 0.10 s
+    centred = scores - scores.mean(dim=1, keepdim=True)
+    spread = torch.linalg.vector_norm(centred, dim=1, keepdim=True).div_(math.sqrt(max(scores.shape[1] - 1, 1)))
+    del centred
+    spread.clamp_min_(1e-12)
+    return scores.div_(spread) if in_place else scores / spread
 
 
 def fused_scores(cos: torch.Tensor, linear: torch.Tensor, low: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
     """The fused score [C, I] of the two-tower's scores ``cos`` and the filter's parts (module docstring)."""
     out = _spread_normalised(cos)
     if beta:  # torch.add as tune_fusion does: the chosen point ranks bit for bit as it was scored
-        out = torch.add(out, _spread_normalised(linear + alpha * low), alpha=beta)
+        out = torch.add(out, _spread_normalised(torch.add(linear, low, alpha=alpha), in_place=True), alpha=beta)
     return out
 
 
@@ -323,7 +337,7 @@ def tune_fusion(
         buffer = torch.empty_like(cos)
         for sharpen, (linear, low) in gf.parts(_rows(history, start, stop), sharpens).items():
             for alpha in dict.fromkeys(p[0] for p in grid if p[1] == sharpen):  # each spread once per filter
-                filtered = _spread_normalised(linear + alpha * low)
+                filtered = _spread_normalised(torch.add(linear, low, alpha=alpha), in_place=True)
                 for point in (p for p in grid if p[:2] == (alpha, sharpen)):
                     scores = torch.add(cos, filtered, alpha=point[2], out=buffer)
                     ids[point][start:stop] = topk_from_scores(scores, k, exclude=exclude, row_offset=start)[1]
