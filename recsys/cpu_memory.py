@@ -13,11 +13,12 @@ each, 0.3 s for one score block, more than the matmul that fills it. Two switche
 - glibc's ``mallopt``: the mmap threshold fixed at 32 MB (glibc's cap) and the trim threshold at 1 GB,
   so blocks under 32 MB are reused from the heap instead of going back to the kernel after each step.
 
-Measured on Gowalla (2 cores, docs/quality.md section 17): training 24.9k -> 27.6k samples/s, a
-propagation through the graph filter 2.06 -> 1.44 s; the rankings are bit-identical. A variable the
-user set (``THP_MEM_ALLOC_ENABLE``, ``GLIBC_TUNABLES`` or ``MALLOC_*``) wins over either switch.
-Only the entry points call this (``recsys.train``, ``recsys.evaluate``, ``recsys.export``): importing
-recsys as a library changes nothing.
+Measured on Gowalla (2 cores, docs/quality.md section 17): training 23.3k -> 26.6k samples/s, one
+block's pass through the graph filter 2.06 -> 1.44 s; the whole run, with the section's two other
+changes, 15 min 12 s -> 12 min 35 s, the same rankings. A variable the user set
+(``THP_MEM_ALLOC_ENABLE``, ``GLIBC_TUNABLES`` or ``MALLOC_*``) wins over either switch. Only the
+entry points call this (``recsys.train``, ``recsys.evaluate``, ``recsys.export``), and only when run as
+programs: importing recsys, or them, changes nothing.
 """
 
 from __future__ import annotations
