@@ -24,8 +24,8 @@ print(json.dumps({"applied": applied, "thp": os.environ.get("THP_MEM_ALLOC_ENABL
 
 
 def run_probe(code: str, **env: str) -> dict:
-    environ = {k: v for k, v in os.environ.items() if k not in ("THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES")}
-    environ = {k: v for k, v in environ.items() if not k.startswith("MALLOC_")}
+    user_set = ("THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES", "MALLOC_")  # what tune_cpu_allocator leaves alone
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(user_set)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**environ, **env})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
