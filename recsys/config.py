@@ -246,6 +246,9 @@ class GraphFilterConfig:
     rank: int = 256  # singular vectors of the low-pass filter (GF-CF's)
     # skipped (and said so) when the sum over users of d_u^2, the item pairs the filter weighs, exceeds this
     max_pairs: int = 2_000_000_000
+    # bound on a block's dense [users, items] arrays: fewer users per block than eval.chunk_size where the
+    # catalogue needs it (the same rankings; Gowalla keeps 4096, 4 GB would give 2,183: docs/quality.md section 18)
+    memory_gb: float = 8.0
 
 
 @dataclass
@@ -439,6 +442,7 @@ def check_values(cfg: Config) -> None:
             "must be a non-empty list of values >= 0",
         )
     need(gfc.rank >= 1, "eval.graph_filter.rank", gfc.rank, "must be >= 1")
+    need(gfc.memory_gb > 0, "eval.graph_filter.memory_gb", gfc.memory_gb, "must be > 0")
     need(t.pipeline in PIPELINES, "trainer.pipeline", t.pipeline, "expected 'none' or 'sparse_dist'")
     need(0.0 <= d.history_dropout < 1.0, "data.history_dropout", d.history_dropout, "must be in [0, 1)")
     need(d.item_neighbors >= 0, "data.item_neighbors", d.item_neighbors, "must be >= 0 (0 disables the feature)")

@@ -434,6 +434,7 @@ class Trainer:
             sharpens=gfc.sharpen,
             rank=gfc.rank,
             max_pairs=gfc.max_pairs,
+            memory_gb=gfc.memory_gb,
             metric=ecfg.valid_metric,
             ks=ecfg.ks,
             chunk_size=ecfg.chunk_size,

@@ -11,7 +11,9 @@ import torch
 
 from recsys.config import Config, GraphFilterConfig, check_values, uses_graph_filter
 from recsys.evaluation.graph_filter import (
+    BLOCK_ARRAYS,
     GraphFilterFusion,
+    block_rows,
     fit_graph_filter,
     fused_topk,
     graph_filter_topk,
@@ -144,13 +146,50 @@ def test_fusion_tunes_on_valid_then_ranks_test_and_refuses_test_first():
     assert "max_pairs=10" in small.describe()["skipped"]
 
 
+def test_memory_bound_shrinks_the_blocks_and_leaves_every_ranking_as_it_was():
+    assert block_rows(4096, 40_981, 8.0) == 4096  # Gowalla's catalogue keeps eval.chunk_size at the default
+    assert block_rows(4096, 40_981, 4.0) == 2183  # 12 x 2183 x 40,981 x 4 B <= 4 GiB
+    assert block_rows(1024, 40_981, 4.0) == 1024  # eval.chunk_size stays the cap
+    assert block_rows(4096, 10**9, 4.0) == 1  # never 0, whatever the catalogue
+    with pytest.raises(ValueError, match="memory_gb must be > 0, got 0"):
+        block_rows(4096, 100, 0)
+
+    graph, relevant = random_graph(30, 25, 5, seed=5), random_graph(30, 25, 1, seed=6)
+    queries, items = torch.randn(30, 4), torch.randn(25, 4)
+    gf = fit_graph_filter(graph, rank=3)
+    one_row = BLOCK_ARRAYS * 4 * 25 / 2**30  # room for blocks of one user
+    assert block_rows(16, 25, one_row) == 1
+    grid = dict(alphas=[0.0, 0.3], sharpens=[0.0, 2.5], metric="recall@5", exclude=graph, chunk_size=16)
+    wide, narrow = (
+        tune_fusion(queries, items, gf, graph, relevant, betas=[0.0, 0.2], rank=3, top=10, memory_gb=m, **grid)
+        for m in (8.0, one_row)
+    )
+    assert wide[0].grid == narrow[0].grid and torch.equal(wide[1], narrow[1])
+    assert tune_graph_filter(gf, graph, relevant, memory_gb=one_row, **grid) == tune_graph_filter(
+        gf, graph, relevant, **grid
+    )
+    point = dict(alpha=0.3, sharpen=2.5, exclude=graph, chunk_size=16)
+    for m in (8.0, one_row):  # each block a different size, the same top-k as one block of all users
+        assert torch.equal(
+            fused_topk(queries, items, gf, graph, 10, beta=0.2, memory_gb=m, **point)[1],
+            fused_topk(queries, items, gf, graph, 10, beta=0.2, **{**point, "chunk_size": 30})[1],
+        )
+        assert torch.equal(
+            graph_filter_topk(gf, graph, 10, memory_gb=m, **point)[1],
+            graph_filter_topk(gf, graph, 10, **{**point, "chunk_size": 30})[1],
+        )
+
+
 def test_graph_filter_config_defaults_and_refusals():
     cfg = Config()
     assert uses_graph_filter(cfg) == (cfg.data.item_neighbors > 0)
     on = Config(eval=type(cfg.eval)(graph_filter=GraphFilterConfig(enabled=True)))
     assert uses_graph_filter(on)
-    bad = Config(eval=type(cfg.eval)(graph_filter=GraphFilterConfig(betas=[0.5, -1.0], sharpen=[-2.5], rank=0)))
+    bad = Config(
+        eval=type(cfg.eval)(graph_filter=GraphFilterConfig(betas=[0.5, -1.0], sharpen=[-2.5], rank=0, memory_gb=0.0))
+    )
     with pytest.raises(ValueError) as e:
         check_values(bad)
     assert "eval.graph_filter.betas=[0.5, -1.0]" in str(e.value) and "eval.graph_filter.rank=0" in str(e.value)
     assert "eval.graph_filter.sharpen=[-2.5]: must be a non-empty list of values >= 0" in str(e.value)
+    assert "eval.graph_filter.memory_gb=0.0: must be > 0" in str(e.value)

@@ -22,7 +22,8 @@ Cost: P~ (one entry per co-occurring item pair, Gowalla: 36M for 41k items) is n
 block of users' dense rows goes through R~ and back, R~'(R~ x), once for the linear filter and four
 more times for the sharpening; the low-pass part's sharpening is folded into V' once. It all runs on
 one host, with ``max_pairs`` bounding sum_u d_u^2 (the pairs the filter weighs) before anything is
-allocated.
+allocated, and ``memory_gb`` bounding a block's dense arrays: the users per block shrink as the catalogue
+grows (``block_rows``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ from recsys.evaluation.retrieval import chunked_topk, topk_from_scores
 log = logging.getLogger("recsys.evaluation.graph_filter")
 
 FUSED_MODEL = "two_tower+graph_filter"  # the fused ranking's name in results.json and the printed table
+# default bound on one block's dense arrays (eval.graph_filter.memory_gb): Gowalla keeps its 4096-user blocks
+# (4 GB would take them to 2,183 users: peak RSS 10.0 -> 6.0 GB, but the valid grid 2:22 -> 3:15; section 18)
+MEMORY_GB = 8.0
+# [rows, I] float32 arrays live at a block's peak, as measured (RSS) for tune_fusion's default grid (two
+# sharpening times): the input rows, the powers of P~, each time's linear and low-pass parts and their
+# transposes, the two-tower's scores, the fused buffer, the spread's temporaries
+BLOCK_ARRAYS = 12
+
+
+def block_rows(chunk_size: int, num_items: int, memory_gb: float = MEMORY_GB) -> int:
+    """Users per block: ``chunk_size``, fewer where BLOCK_ARRAYS [rows, num_items] float32 arrays would pass
+    ``memory_gb`` (Gowalla's 41k items: 4096 at 8 GB, 2,183 at 4 GB), at least 1."""
+    if memory_gb <= 0:
+        raise ValueError(f"memory_gb must be > 0, got {memory_gb}")
+    fits = int(memory_gb * 2**30 // (BLOCK_ARRAYS * 4 * max(num_items, 1)))
+    return max(1, min(chunk_size, fits))
 
 
 def sharpening_coefficients(sharpen: float) -> list[float]:
@@ -242,6 +259,7 @@ def fused_topk(
     sharpen: float = 0.0,
     exclude: UserItemCSR | None = None,
     chunk_size: int = 4096,
+    memory_gb: float = MEMORY_GB,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the fused score per query (row u of ``history``: user u's known items, the filter's input)."""
     _check_inputs(queries, items, history, gf)
@@ -252,7 +270,8 @@ def fused_topk(
         linear, low = gf.parts(_rows(history, start, stop), [sharpen])[sharpen]
         return fused_scores(cos, linear, low, alpha, beta)
 
-    return chunked_topk(score_chunk, queries.shape[0], items.shape[0], k, exclude=exclude, chunk_size=chunk_size)
+    rows = block_rows(chunk_size, gf.num_items, memory_gb)
+    return chunked_topk(score_chunk, queries.shape[0], items.shape[0], k, exclude=exclude, chunk_size=rows)
 
 
 def graph_filter_topk(
@@ -264,6 +283,7 @@ def graph_filter_topk(
     sharpen: float = 0.0,
     exclude: UserItemCSR | None = None,
     chunk_size: int = 4096,
+    memory_gb: float = MEMORY_GB,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the graph filter alone (``linear + alpha * low``, sharpened) per row of ``history``, with
     ``exact_topk``'s masking and ties."""
@@ -274,7 +294,8 @@ def graph_filter_topk(
         linear, low = gf.parts(_rows(history, start, stop), [sharpen])[sharpen]
         return torch.add(linear, low, alpha=alpha, out=out)
 
-    return chunked_topk(score_chunk, history.num_users, gf.num_items, k, exclude=exclude, chunk_size=chunk_size)
+    rows = block_rows(chunk_size, gf.num_items, memory_gb)
+    return chunked_topk(score_chunk, history.num_users, gf.num_items, k, exclude=exclude, chunk_size=rows)
 
 
 def tune_graph_filter(
@@ -287,14 +308,16 @@ def tune_graph_filter(
     metric: str,
     exclude: UserItemCSR | None = None,
     chunk_size: int = 4096,
+    memory_gb: float = MEMORY_GB,
 ) -> dict[tuple[float, float], float]:
     """``metric`` of the graph filter alone at every (alpha, sharpen) of the grid, ranked as
     ``graph_filter_topk`` ranks them, in one pass over the users (each block's powers of P~ computed once)."""
     cutoff = int(metric.partition("@")[2])
     grid = [(float(a), float(t)) for a in alphas for t in sharpens]
     ids = {point: torch.empty(history.num_users, cutoff, dtype=torch.int64) for point in grid}
-    for start in range(0, history.num_users, chunk_size):
-        stop = min(start + chunk_size, history.num_users)
+    rows = block_rows(chunk_size, gf.num_items, memory_gb)
+    for start in range(0, history.num_users, rows):
+        stop = min(start + rows, history.num_users)
         for sharpen, (linear, low) in gf.parts(_rows(history, start, stop), sharpens).items():
             for point in (p for p in grid if p[1] == sharpen):
                 scores = torch.add(linear, low, alpha=point[0])
@@ -318,6 +341,7 @@ def tune_fusion(
     sharpens: Sequence[float] = (0.0,),
     exclude: UserItemCSR | None = None,
     chunk_size: int = 4096,
+    memory_gb: float = MEMORY_GB,
     top: int = 0,
 ) -> tuple[FusionChoice, torch.Tensor]:
     """The (alpha, sharpen, beta) of the grid with the best ``metric`` (e.g. "recall@20") on these users (ties:
@@ -331,8 +355,9 @@ def tune_fusion(
     ]
     ids = {point: torch.empty(queries.shape[0], k, dtype=torch.int64) for point in grid}
     items_t = items.float().t()
-    for start in range(0, queries.shape[0], chunk_size):
-        stop = min(start + chunk_size, queries.shape[0])
+    rows = block_rows(chunk_size, gf.num_items, memory_gb)
+    for start in range(0, queries.shape[0], rows):
+        stop = min(start + rows, queries.shape[0])
         cos = _spread_normalised(queries[start:stop].float() @ items_t)
         buffer = torch.empty_like(cos)
         for sharpen, (linear, low) in gf.parts(_rows(history, start, stop), sharpens).items():
@@ -389,9 +414,10 @@ class GraphFilterFusion:
         ks: Sequence[int],
         chunk_size: int,
         sharpens: Sequence[float] = (0.0,),
+        memory_gb: float = MEMORY_GB,
     ) -> None:
         self.alphas, self.betas, self.rank, self.max_pairs = list(alphas), list(betas), rank, max_pairs
-        self.sharpens = list(sharpens)
+        self.sharpens, self.memory_gb = list(sharpens), memory_gb
         self.metric, self.ks, self.chunk_size = metric, sorted(ks), chunk_size
         self.choice: FusionChoice | None = None
         self.skipped = ""
@@ -420,7 +446,13 @@ class GraphFilterFusion:
             return None
         start = time.perf_counter()
         gf = timed_fit(graph, self.rank, f"the splits before {split}")
-        common = dict(exclude=history, chunk_size=self.chunk_size)
+        common = dict(exclude=history, chunk_size=self.chunk_size, memory_gb=self.memory_gb)
+        log.info(
+            "graph filter: blocks of %d users (eval.chunk_size %d, eval.graph_filter.memory_gb %g)",
+            block_rows(self.chunk_size, gf.num_items, self.memory_gb),
+            self.chunk_size,
+            self.memory_gb,
+        )
         if self.choice is None and len(self.alphas) * len(self.betas) * len(self.sharpens) == 1:
             self.choice = FusionChoice(
                 self.alphas[0], self.betas[0], self.rank, sharpen=self.sharpens[0], tuned_on="given (eval.graph_filter)"

@@ -130,6 +130,7 @@ def evaluate_trained(
         graph_filter_sharpen=tuple(cfg.eval.graph_filter.sharpen),
         graph_filter_rank=cfg.eval.graph_filter.rank,
         graph_filter_max_pairs=cfg.eval.graph_filter.max_pairs,
+        graph_filter_memory_gb=cfg.eval.graph_filter.memory_gb,
         ann_kinds=ecfg.ann_kinds,
         chunk_size=ecfg.chunk_size,
         device=env.device.type,

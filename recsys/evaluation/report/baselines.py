@@ -185,7 +185,7 @@ def fit_graph_filter(
     metric = f"recall@{k}"
     alone = tune_graph_filter(
         gf, valid.exclude, valid.relevant, alphas=options.graph_filter_alphas, sharpens=options.graph_filter_sharpen,
-        metric=metric, exclude=valid.exclude, chunk_size=options.chunk_size,
+        metric=metric, exclude=valid.exclude, chunk_size=options.chunk_size, memory_gb=options.graph_filter_memory_gb,
     )  # fmt: skip
     best = max(alone, key=lambda point: alone[point])
     queries = torch.as_tensor(valid.user_emb).float()
@@ -193,6 +193,7 @@ def fit_graph_filter(
         queries, torch.as_tensor(inputs.item_emb).float(), gf, valid.exclude, valid.relevant,
         alphas=options.graph_filter_alphas, betas=options.graph_filter_betas, rank=options.graph_filter_rank,
         metric=metric, sharpens=options.graph_filter_sharpen, exclude=valid.exclude, chunk_size=options.chunk_size,
+        memory_gb=options.graph_filter_memory_gb,
     )  # fmt: skip
     return (
         gf,

@@ -151,10 +151,12 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
                 sharpen=gf_sharpen,
                 exclude=split.exclude,
                 chunk_size=options.chunk_size,
+                memory_gb=options.graph_filter_memory_gb,
             )
             others[FUSED_MODEL] = lambda split=split: fused_topk(
                 _tensor(split.user_emb, "cpu"), items.cpu(), gf, split.exclude, kmax, alpha=fusion.alpha,
                 beta=fusion.beta, sharpen=fusion.sharpen, exclude=split.exclude, chunk_size=options.chunk_size,
+                memory_gb=options.graph_filter_memory_gb,
             )  # fmt: skip
         ranked, metrics = rank_and_score(
             _tensor(split.user_emb, device),

@@ -13,6 +13,7 @@ import torch
 from recsys.evaluation.ann import ANN_KINDS, AnnParams
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES
 from recsys.evaluation.ease import DEFAULT_LAMBDAS, MAX_EASE_ITEMS
+from recsys.evaluation.graph_filter import MEMORY_GB
 from recsys.evaluation.ials import DEFAULT_ALPHAS, DEFAULT_FACTORS, DEFAULT_ITERATIONS, DEFAULT_REGULARIZATIONS
 from recsys.evaluation.interactions import UserItemCSR
 
@@ -103,6 +104,8 @@ class ReportOptions:
             sum_u d_u^2 <= ``graph_filter_max_pairs``.
         graph_filter_alphas, graph_filter_betas, graph_filter_sharpen, graph_filter_rank: their grids and the
             low-pass rank.
+        graph_filter_memory_gb: bound on a filter block's dense arrays (fewer users per block than
+            ``chunk_size`` where the catalogue needs it).
         ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
         ann_params: their settings.
         ann_split: split whose users are searched ("test", else the last split given).
@@ -136,6 +139,7 @@ class ReportOptions:
     graph_filter_sharpen: Sequence[float] = (0.0, 2.5)
     graph_filter_rank: int = 256
     graph_filter_max_pairs: int = 2_000_000_000
+    graph_filter_memory_gb: float = MEMORY_GB
     ann_kinds: Sequence[str] = ANN_KINDS
     ann_params: AnnParams = field(default_factory=AnnParams)
     ann_split: str = "test"
