@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import platform
+
+from recsys.logs import FILE_ONLY
 
 THP_VARIABLE = "THP_MEM_ALLOC_ENABLE"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
@@ -51,3 +54,8 @@ def tune_cpu_allocator() -> list[str]:
         if mmap_set and trim_set:  # mallopt returns 1 on success
             applied.append("mallopt: mmap threshold 32 MB, trim threshold 1 GB")
     return applied
+
+
+def log_cpu_allocator(logger: logging.Logger, applied: list[str]) -> None:
+    """The run's log (file only) says what ``tune_cpu_allocator`` set."""
+    logger.info("CPU allocator: %s", applied or "as set by the environment", extra=FILE_ONLY)

@@ -15,7 +15,7 @@ other rank reads only its own range of users, whose queries it embeds.
 
 from __future__ import annotations
 
-from recsys.cpu_memory import tune_cpu_allocator
+from recsys.cpu_memory import log_cpu_allocator, tune_cpu_allocator
 
 # run as a program, not imported: set before anything imports torch, which reads THP_MEM_ALLOC_ENABLE
 # at its first allocation
@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import EvaluateConfig, register_configs, to_typed
-from recsys.logs import FILE_ONLY, setup_logging
+from recsys.logs import setup_logging
 from recsys.run import evaluate_run
 
 __all__ = ["EvaluateConfig", "evaluate_run", "main"]
@@ -39,9 +39,7 @@ __all__ = ["EvaluateConfig", "evaluate_run", "main"]
 @hydra.main(config_path="../conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
-    logging.getLogger(__name__).info(
-        "CPU allocator: %s", CPU_ALLOCATOR_SETTINGS or "as set by the environment", extra=FILE_ONLY
-    )
+    log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
     evaluate_run(to_typed(cfg, EvaluateConfig))
 
 

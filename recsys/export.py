@@ -10,7 +10,7 @@ from one process, so the user, item and category tables must fit in that host's 
 
 from __future__ import annotations
 
-from recsys.cpu_memory import tune_cpu_allocator
+from recsys.cpu_memory import log_cpu_allocator, tune_cpu_allocator
 
 # run as a program, not imported: set before anything imports torch, which reads THP_MEM_ALLOC_ENABLE
 # at its first allocation
@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import ExportConfig, register_configs, to_typed
-from recsys.logs import FILE_ONLY, setup_logging
+from recsys.logs import setup_logging
 from recsys.run import export_run
 
 __all__ = ["ExportConfig", "export_run", "main"]
@@ -34,9 +34,7 @@ __all__ = ["ExportConfig", "export_run", "main"]
 @hydra.main(config_path="../conf", config_name="export", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
-    logging.getLogger(__name__).info(
-        "CPU allocator: %s", CPU_ALLOCATOR_SETTINGS or "as set by the environment", extra=FILE_ONLY
-    )
+    log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
     print(export_run(to_typed(cfg, ExportConfig)))
 
 

@@ -10,7 +10,7 @@ and exits with status 75 (recsys/preemption.py); the same command resumes.
 
 from __future__ import annotations
 
-from recsys.cpu_memory import tune_cpu_allocator
+from recsys.cpu_memory import log_cpu_allocator, tune_cpu_allocator
 
 # run as a program, not imported: set before anything imports torch, which reads THP_MEM_ALLOC_ENABLE
 # at its first allocation
@@ -27,7 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from data_pipelines.errors import DatasetError
 from recsys.config import register_configs, to_config
-from recsys.logs import FILE_ONLY, setup_logging
+from recsys.logs import setup_logging
 from recsys.preemption import PREEMPTED_EXIT_CODE, Preempted
 from recsys.run import fit
 
@@ -36,9 +36,7 @@ from recsys.run import fit
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
-    logging.getLogger(__name__).info(
-        "CPU allocator: %s", CPU_ALLOCATOR_SETTINGS or "as set by the environment", extra=FILE_ONLY
-    )
+    log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
     if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
         logging.getLogger().setLevel(logging.WARNING)
     try:
