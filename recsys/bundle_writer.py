@@ -23,6 +23,8 @@ from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
 from recsys.atomic import replace_dir
 from recsys.config import Config, query_uses_neighbors
 from recsys.data.dataset import RetrievalData
+from recsys.evaluation.ann import build_index, require_faiss
+from recsys.rankers.served import ServedState
 from recsys.serving import BUNDLE_FORMAT, QueryEncoder, dynamic_shapes, example_inputs
 
 BUNDLE_FILES = {
@@ -30,6 +32,10 @@ BUNDLE_FILES = {
     "query_encoder.pt",
     "query_encoder.pt2",
     "item_embeddings.npy",
+    "graph_query.npy",
+    "covariance_two_tower.npy",
+    "covariance_graph_filter.npy",
+    "index.faiss",
     "items.parquet",
     "users.parquet",
     "vocab",
@@ -76,16 +82,13 @@ def _side_columns(data: RetrievalData, source: str) -> dict[str, pa.Array]:
     }
 
 
-def _items_table(data: RetrievalData, embeddings: np.ndarray) -> pa.Table:
-    """item_id, categories, embedding, raw_id / title where the dataset dir's vocabulary has them, side features' ids."""
+def _items_table(data: RetrievalData) -> pa.Table:
+    """item_id, categories, raw_id / title where the dataset dir's vocabulary has them, side features' ids (the
+    vectors are item_embeddings.npy's rows, in item_id order)."""
     categories = pa.ListArray.from_arrays(
         pa.array(data.item_category_indptr, pa.int32()), pa.array(data.item_category_ids, pa.int64())
     )
-    columns = {
-        "item_id": pa.array(np.arange(data.num_items)),
-        "categories": categories,
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), embeddings.shape[1]),
-    }
+    columns = {"item_id": pa.array(np.arange(data.num_items)), "categories": categories}
     vocab = data.dir / ITEMS_VOCAB
     if vocab.is_file():
         names = pq.read_table(vocab).to_pandas().set_index("item_id").reindex(np.arange(data.num_items))
@@ -95,10 +98,15 @@ def _items_table(data: RetrievalData, embeddings: np.ndarray) -> pa.Table:
     return pa.table(columns | _side_columns(data, "items"))
 
 
-def _manifest(encoder_dim: int, data: RetrievalData, cfg: Config, checkpoint: Path) -> dict:
+def _manifest(served: ServedState, index: str, data: RetrievalData, cfg: Config, checkpoint: Path) -> dict:
     return {
         "format": BUNDLE_FORMAT,
-        "dim": encoder_dim,
+        "ranker": served.ranker,  # the run's headline ranker (eval.serve)
+        "point": served.point,  # its settings, as valid chose them
+        "dim": int(served.item_vectors.shape[1]),
+        "two_tower_dim": served.two_tower_dim,  # the query's first columns: the two-tower's (0: not a part)
+        "graph_dim": 0 if served.graph_query is None else int(served.graph_query.shape[1]),
+        "index": index,
         "num_users": data.num_users,
         "num_items": data.num_items,
         "num_categories": data.num_categories,
@@ -116,33 +124,51 @@ def _manifest(encoder_dim: int, data: RetrievalData, cfg: Config, checkpoint: Pa
             for f in query_side_features(data)
         ],
         "temperature": cfg.model.temperature,
-        "score": "inner product <query, item>",
+        "score": "inner product <query, item>"
+        + (
+            "; query = [q_tt / spread_tt, beta * q_graph / spread_graph], spread = sqrt(q' C q)"
+            if served.covariances
+            else ""
+        ),
         "checkpoint": str(checkpoint.resolve()),
         "dataset_dir": str(data.dir),
     }
 
 
 def write_bundle(
-    out: Path, encoder: QueryEncoder, item_emb: torch.Tensor, data: RetrievalData, cfg: Config, checkpoint: Path
+    out: Path,
+    encoder: QueryEncoder | None,
+    served: ServedState,
+    data: RetrievalData,
+    cfg: Config,
+    checkpoint: Path,
+    index: str = "flat",
 ) -> None:
-    """The bundle of ``encoder`` and ``item_emb`` [num_items, D] at ``out``, replacing an earlier bundle there."""
+    """The bundle of the served ranker (``encoder``: the two-tower's query side, None when it is not a part) at
+    ``out``, replacing an earlier bundle there; ``index``: the FAISS index kind written with it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        num_side = len(encoder.side_tables)
-        program = torch.export.export(encoder, example_inputs(num_side), dynamic_shapes=dynamic_shapes(num_side))
-        torch.export.save(program, str(tmp / "query_encoder.pt2"))
-        torch.save(encoder.state_dict(), tmp / "query_encoder.pt")  # what load_bundle reads (weights only)
-        embeddings = item_emb.numpy().astype(np.float32)
+        if encoder is not None:
+            num_side = len(encoder.side_tables)
+            program = torch.export.export(encoder, example_inputs(num_side), dynamic_shapes=dynamic_shapes(num_side))
+            torch.export.save(program, str(tmp / "query_encoder.pt2"))
+            torch.save(encoder.state_dict(), tmp / "query_encoder.pt")  # what load_bundle reads (weights only)
+        embeddings = served.item_vectors.numpy().astype(np.float32)
         np.save(tmp / "item_embeddings.npy", embeddings)
-        pq.write_table(_items_table(data, embeddings), tmp / "items.parquet")
+        if served.graph_query is not None:
+            np.save(tmp / "graph_query.npy", served.graph_query.numpy().astype(np.float32))
+        for part, covariance in served.covariances.items():
+            np.save(tmp / f"covariance_{part}.npy", covariance.numpy().astype(np.float64))
+        require_faiss().write_index(build_index(embeddings, index), str(tmp / "index.faiss"))
+        pq.write_table(_items_table(data), tmp / "items.parquet")
         users = _side_columns(data, "users")
         if users:
             pq.write_table(pa.table({"user_id": pa.array(np.arange(data.num_users))} | users), tmp / "users.parquet")
         if (data.dir / VOCAB_DIR).is_dir():
             shutil.copytree(data.dir / VOCAB_DIR, tmp / "vocab")
         (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        manifest = _manifest(int(embeddings.shape[1]), data, cfg, checkpoint)
+        manifest = _manifest(served, index, data, cfg, checkpoint)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         check_replaceable(out)  # again: something may have appeared there while the items were embedded

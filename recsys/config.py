@@ -223,32 +223,36 @@ class TrainerConfig:
     # true: after early stopping, a fresh model is trained on train + valid for the best epoch + 1 epochs
     # (data.train_on_valid) in <run dir>/refit and tested; its test figures are the run's answer
     refit: bool = False
-    # "fp32" | "bf16": the training step's towers and softmax matmuls in bfloat16 under autocast (fp32
-    # accumulation, the softmax and every weight and optimizer state in fp32; evaluation in fp32):
-    # on this project's CPU (AVX512-BF16) 2.5x faster GEMMs, 8-16% more samples/s on Gowalla, the same test
-    # figures over 3 seeds (docs/quality.md, section 13); without native bf16 (no AVX512-BF16 / AMX) keep fp32
+    # "fp32" | "bf16" | "auto": the training step's towers and softmax matmuls in bfloat16 under autocast (fp32
+    # accumulation, the softmax and every weight and optimizer state in fp32; evaluation in fp32). bf16 pays only
+    # with native bf16 GEMMs (AVX512-BF16 / AMX CPUs, Ampere+ GPUs): a CPU without them emulates it ~10x slower
+    # than fp32. "auto": bf16 where the device has them, else fp32 (the log says which)
     precision: str = "fp32"
 
 
 @dataclass
 class GraphFilterConfig:
-    """The final valid / test ranking fuses the two-tower's scores with GF-CF's graph filter
-    (recsys/evaluation/graph_filter.py); the per-epoch validation that early-stops is the two-tower's."""
+    """The ``graph_filter`` ranker (recsys/rankers/graph_filter.py): GF-CF's filter sharpened as BSPM, over the top
+    ``rank`` eigenpairs of the user-item graph, so that it is a dot product the serving bundle ships."""
 
-    # null: on wherever the model reads the co-occurrence graph (data.item_neighbors > 0: the random-split
-    # protocols), off elsewhere (loo, the synthetic smoke test); Gowalla, 3 seeds: docs/quality.md section 15
-    enabled: bool | None = None
-    alphas: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.3])  # weight of the low-pass filter
-    # weight of the filter (0: the two-tower alone)
-    betas: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.4])
-    # BSPM's sharpening time of the filter (one RK4 step of dU/dt = -U R~'R~; 0: GF-CF unsharpened)
+    alphas: list[float] = field(
+        default_factory=lambda: [0.0, 0.1, 0.3]
+    )  # weights of the low-pass filter, chosen on valid
+    # BSPM's sharpening times (one RK4 step of dU/dt = -U R~'R~; 0: GF-CF unsharpened), chosen on valid
     sharpen: list[float] = field(default_factory=lambda: [0.0, 2.5])
-    rank: int = 256  # singular vectors of the low-pass filter (GF-CF's)
-    # skipped (and said so) when the sum over users of d_u^2, the item pairs the filter weighs, exceeds this
-    max_pairs: int = 2_000_000_000
-    # bound on a block's dense [users, items] arrays: fewer users per block than eval.chunk_size where the
-    # catalogue needs it (the same rankings; Gowalla keeps 4096, 4 GB would give 2,183: docs/quality.md section 18)
-    memory_gb: float = 8.0
+    rank: int = 1024  # eigenpairs of R~'R~ the linear filter keeps: the width of its query / item vectors
+    low_rank: int = 256  # eigenvectors of the ideal low-pass filter (GF-CF's 256), among the rank kept
+    iterations: int = 3  # subspace iterations of the randomized eigensolver (each one pass over the interactions)
+    oversample: int = 64  # extra columns the eigensolver carries beyond rank (accuracy of the last eigenpairs)
+
+
+@dataclass
+class FusionConfig:
+    """Every fusion ranker ``first+second`` (recsys/rankers/fusion.py): its parts' spread-normalised scores added."""
+
+    betas: list[float] = field(
+        default_factory=lambda: [0.0, 0.1, 0.2, 0.4]
+    )  # weights of the second part, chosen on valid (0: the first alone)
 
 
 @dataclass
@@ -257,7 +261,15 @@ class EvalConfig:
     valid_metric: str = "recall@20"  # early-stopping metric, computed on the valid split each epoch
     batch_size: int = 1024  # users / items embedded per forward pass
     chunk_size: int = 4096  # query rows per chunked score matmul in exact top-k
+    # rankers of the evaluation stage after training (recsys/rankers: two_tower, popularity, graph_filter, and
+    # fusions "a+b"); null: two_tower and popularity, with two_tower+graph_filter where the query is a profile bag
+    # over a co-occurrence graph (data.item_neighbors > 0), as resolved and logged at the start of the run
+    rankers: list[str] | None = None
+    # the ranker results.json's headline and recsys.export's bundle are (servable, among the rankers); "": the
+    # last servable one of ``rankers``
+    serve: str = ""
     graph_filter: GraphFilterConfig = field(default_factory=GraphFilterConfig)
+    fusion: FusionConfig = field(default_factory=FusionConfig)
 
 
 @dataclass
@@ -281,12 +293,28 @@ def query_uses_user_id(cfg: Config) -> bool:
     return cfg.data.query_history != "profile" or cfg.data.history_length <= 0
 
 
-def uses_graph_filter(cfg: Config) -> bool:
-    """Whether the final valid / test rankings fuse in the graph filter: ``eval.graph_filter.enabled``, or by
-    the data when null (on wherever the co-occurrence neighbours are: the random-split protocols)."""
-    if cfg.eval.graph_filter.enabled is not None:
-        return cfg.eval.graph_filter.enabled
-    return cfg.data.item_neighbors > 0
+FUSED_RANKER = "two_tower+graph_filter"  # the two-tower fused with the graph filter (recsys/rankers/fusion.py)
+
+
+def resolved_rankers(cfg: Config) -> list[str]:
+    """``eval.rankers``, or when null: the two-tower and popularity, and the two-tower fused with the graph
+    filter where the data is a profile-bag graph (data.item_neighbors > 0: the random-split protocols); the
+    run logs what this gave (recsys.run)."""
+    if cfg.eval.rankers is not None:
+        return list(cfg.eval.rankers)
+    return ["two_tower", "popularity"] + ([FUSED_RANKER] if cfg.data.item_neighbors > 0 else [])
+
+
+def served_ranker(cfg: Config) -> str:
+    """The ranker results.json's headline and recsys.export's bundle are: ``eval.serve``, else the last servable
+    one of the resolved rankers (servable: two_tower, graph_filter and their fusions)."""
+    if cfg.eval.serve:
+        return cfg.eval.serve
+    servable = [n for n in resolved_rankers(cfg) if all(p in SERVABLE_RANKERS for p in n.split("+"))]
+    return servable[-1] if servable else "two_tower"
+
+
+SERVABLE_RANKERS = ("two_tower", "graph_filter")  # dot products the bundle can ship (recsys/bundle_writer.py)
 
 
 def uses_sequence_encoder(cfg: Config) -> bool:
@@ -343,7 +371,7 @@ def config_fingerprint(cfg: Config) -> str:
 # Two names checked by check_values rather than typed as enums: their refusals say which values are allowed
 # in the words users already know (and "none" would be no good enum member name for Hydra's parser).
 PIPELINES = ("none", "sparse_dist")  # trainer.pipeline
-PRECISIONS = ("fp32", "bf16")  # trainer.precision
+PRECISIONS = ("fp32", "bf16", "auto")  # trainer.precision
 POOLINGS = ("sum", "mean")  # model.tables.<name>.pooling
 FEATURE_SOURCES = ("users", "items")  # model.features.<name>.source
 TOWERS = ("query", "candidate")  # model.features.<name>.tower
@@ -433,16 +461,30 @@ def check_values(cfg: Config) -> None:
             f"no such table in model.tables ({', '.join(sorted(m.tables))}); add model.tables.{table}",
         )
     need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
+    rankers = resolved_rankers(cfg)
+    need(len(rankers) > 0 and "two_tower" in rankers, "eval.rankers", rankers, "must list two_tower (what was trained)")
+    serve = served_ranker(cfg)
+    need(
+        serve in rankers and all(p in SERVABLE_RANKERS for p in serve.split("+")),
+        "eval.serve",
+        serve,
+        f"must be one of eval.rankers ({', '.join(rankers)}) made of {' / '.join(SERVABLE_RANKERS)}",
+    )
     gfc = cfg.eval.graph_filter
-    for key, values in (("alphas", gfc.alphas), ("betas", gfc.betas), ("sharpen", gfc.sharpen)):
+    for key, values in (
+        ("graph_filter.alphas", gfc.alphas),
+        ("fusion.betas", cfg.eval.fusion.betas),
+        ("graph_filter.sharpen", gfc.sharpen),
+    ):
         need(
             len(values) > 0 and all(v >= 0 for v in values),
-            f"eval.graph_filter.{key}",
+            f"eval.{key}",
             list(values),
             "must be a non-empty list of values >= 0",
         )
-    need(gfc.rank >= 1, "eval.graph_filter.rank", gfc.rank, "must be >= 1")
-    need(gfc.memory_gb > 0, "eval.graph_filter.memory_gb", gfc.memory_gb, "must be > 0")
+    for key in ("rank", "low_rank", "iterations"):
+        need(getattr(gfc, key) >= 1, f"eval.graph_filter.{key}", getattr(gfc, key), "must be >= 1")
+    need(gfc.oversample >= 0, "eval.graph_filter.oversample", gfc.oversample, "must be >= 0")
     need(t.pipeline in PIPELINES, "trainer.pipeline", t.pipeline, "expected 'none' or 'sparse_dist'")
     need(0.0 <= d.history_dropout < 1.0, "data.history_dropout", d.history_dropout, "must be in [0, 1)")
     need(d.item_neighbors >= 0, "data.item_neighbors", d.item_neighbors, "must be >= 0 (0 disables the feature)")
@@ -548,6 +590,8 @@ class ExportConfig:
     )
     batch_size: int = 4096  # items embedded per forward pass
     device: Device = Device.auto  # where the tables are loaded to embed the items (the bundle is CPU either way)
+    # the FAISS index written with the bundle (bundle.recommend searches it): flat (exact), ivf_flat, hnsw
+    index: str = "flat"
 
 
 @dataclass

@@ -35,6 +35,8 @@ from recsys.config import (
     config_fingerprint,
     query_layout,
     query_uses_neighbors,
+    resolved_rankers,
+    served_ranker,
     to_config,
     uses_sequence_encoder,
 )  # fmt: skip
@@ -49,11 +51,15 @@ from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
 from recsys.evaluation.offline import check_splits, evaluate_trained
+from recsys.evaluation.run_stage import rank_after_training
 from recsys.evaluation.sharded import embed
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
+from recsys.rankers.registry import check_ranker_names
+from recsys.rankers.served import SERVED_DIR, load_served, two_tower_state
 from recsys.run_dir import RESULTS_FILE
 from recsys.run_lock import lock_run_dir
+from recsys.run_outputs import format_results_table
 from recsys.serving import QueryEncoder
 from recsys.trainer import Trainer
 
@@ -122,22 +128,31 @@ def shard_for_training(cfg: Config, data: RetrievalData, env: DistEnv) -> Sharde
 
 
 def fit(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
-    """Train, validate each epoch, restore the best epoch, test (then, with trainer.refit, train again on
-    train + valid and test that); returns what results.json holds."""
+    """Train, validate each epoch, restore the best epoch, rank valid and test with the configured rankers (then,
+    with trainer.refit, train again on train + valid and rank test with the points valid chose); returns what
+    results.json holds."""
     env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
     lock = None
     try:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
+        check_ranker_names(resolved_rankers(cfg))  # a typo fails now, not after training
+        if env.is_main:
+            log.info(
+                "evaluation stage: rankers %s; the headline and the bundle: %s",
+                ", ".join(resolved_rankers(cfg)),
+                served_ranker(cfg),
+            )
         results = _train_and_test(cfg, Path(run_dir), env)
         if cfg.trainer.refit:
-            refit_cfg = refit_config(cfg, results["train"]["best_epoch"], results.get("graph_filter"))
+            refit_cfg = refit_config(cfg, results["train"]["best_epoch"])
+            chosen = {name: row["point"] for name, row in results.get("rankers", {}).items()}
             if env.is_main:
                 log.info(
                     "trainer.refit: a fresh model on train + valid for %d epochs (the best epoch + 1) in %s",
                     refit_cfg.trainer.epochs,
                     Path(run_dir) / REFIT_DIR,
                 )
-            refit = _train_and_test(refit_cfg, Path(run_dir) / REFIT_DIR, env)
+            refit = _train_and_test(refit_cfg, Path(run_dir) / REFIT_DIR, env, chosen=chosen)
             results = {**results, "refit": refit}
             if env.is_main:
                 write_json_atomic(Path(run_dir) / RESULTS_FILE, results)
@@ -151,9 +166,9 @@ def fit(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
 REFIT_DIR = "refit"  # <run dir>/refit: trainer.refit's second stage, a run dir of its own
 
 
-def refit_config(cfg: Config, best_epoch: int, graph_filter: dict | None = None) -> Config:
+def refit_config(cfg: Config, best_epoch: int) -> Config:
     """The second stage of trainer.refit: the same data and model, the valid rows trained on, for the
-    selected number of epochs, from scratch; the graph filter's alpha, beta and sharpening as the selection chose them."""
+    selected number of epochs, from scratch (the rankers' points come from the selection stage: ``fit``)."""
     if best_epoch < 0:
         raise ValueError("trainer.refit: the selection stage recorded no best epoch")
     # a resume path names a checkpoint of the selection stage: the refit continues its own, if any
@@ -163,25 +178,35 @@ def refit_config(cfg: Config, best_epoch: int, graph_filter: dict | None = None)
     )
     # the learning-rate schedule's horizon stays the selection stage's: the refit replays its curve
     optim = replace(cfg.optim, schedule_epochs=cfg.optim.schedule_epochs or cfg.trainer.epochs)
-    evaluation = cfg.eval
-    if graph_filter and "alpha" in graph_filter:  # the refit has no valid to choose them on
-        gfc = replace(
-            cfg.eval.graph_filter,
-            alphas=[graph_filter["alpha"]],
-            betas=[graph_filter["beta"]],
-            sharpen=[graph_filter.get("sharpen", 0.0)],
-        )
-        evaluation = replace(cfg.eval, graph_filter=gfc)
-    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim, eval=evaluation)
+    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim)
 
 
-def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv) -> dict[str, Any]:
+def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | None = None) -> dict[str, Any]:
+    """Train (``Trainer``), then the evaluation stage on the best epoch's weights; writes results.json."""
     sharded: ShardedModel | None = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         data, example_counts = load_data(cfg, env)
         sharded = shard_for_training(cfg, data, env)
-        return Trainer(cfg, run_dir, env, data, sharded, example_counts).fit()
+        trainer = Trainer(cfg, run_dir, env, data, sharded, example_counts)
+        trained = trainer.fit()
+        if trained.finished_before:
+            return trained.results
+        ranked = rank_after_training(
+            cfg, env, data, trainer.two_tower, run_dir, chosen=chosen, per_rank_users=cfg.data.shard_by_user
+        )
+        headline = ranked.pop("headline")
+        results = {
+            "test": ranked["test"],
+            "valid": ranked["valid"],
+            "headline": {**headline, "test": ranked["test"][headline["ranker"]]},
+            "rankers": ranked["rankers"],
+            **trained.results,
+        }
+        if env.is_main:
+            write_json_atomic(run_dir / RESULTS_FILE, results)
+            print(format_results_table(results, cfg.eval.ks), flush=True)
+        return results
     finally:
         del sharded  # before the group goes: torchrec's threads otherwise abort the exit
 
@@ -204,6 +229,7 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
     if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
         # written before model.query_neighbors existed: those models' queries did not read the neighbour table
         saved_cfg.model.query_neighbors = False
+    drop_retired_keys(saved_cfg)
     cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
     # the weights' own record of their data / model config: a config that differs would build another
     # model or split (and report numbers for a protocol the weights never saw)
@@ -216,6 +242,19 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
                 "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to"
             )
     return cfg
+
+
+# eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
+RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
+
+
+def drop_retired_keys(saved_cfg) -> None:
+    """Remove keys an older run's config holds that this code no longer has (none changes what was trained)."""
+    for section, keys in RETIRED_KEYS.items():
+        node = OmegaConf.select(saved_cfg, section)
+        if node is not None:
+            for key in keys:
+                node.pop(key, None)
 
 
 class TrainedRun(NamedTuple):
@@ -265,7 +304,11 @@ def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
 
 
 def export_run(ecfg: ExportConfig) -> Path:
-    """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path."""
+    """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path.
+
+    The bundle serves the run's headline ranker as its evaluation stage fit it for test (``<run dir>/served/``);
+    ``checkpoint=PATH`` (other weights than the best epoch's), or a run without served/, exports the two-tower alone.
+    """
     run_dir = Path(ecfg.run_dir)
     out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
     check_replaceable(out)  # before any work, on every rank
@@ -276,6 +319,20 @@ def export_run(ecfg: ExportConfig) -> Path:
             "(recsys/serving.py) pools a history bag and has no sequence encoder; evaluate the run with "
             "python -m recsys.evaluate instead"
         )
+    served = None
+    if not ecfg.checkpoint and (run_dir / SERVED_DIR).is_dir():
+        served, meta = load_served(run_dir)
+        log.info(
+            "serving bundle of %s (%s, fit on %s), as the run ranked test",
+            served.ranker,
+            meta["point_key"],
+            meta["fit_on"],
+        )
+    else:
+        log.info(
+            "serving bundle of the two-tower alone (%s)",
+            "checkpoint=" + ecfg.checkpoint if ecfg.checkpoint else f"no {SERVED_DIR}/ in {run_dir}",
+        )
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None
     try:
@@ -283,29 +340,26 @@ def export_run(ecfg: ExportConfig) -> Path:
         trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
         data, two_tower = trained.data, trained.sharded.module.module.model
         two_tower.eval()
-        builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
-        item_emb = embed(
-            two_tower,
-            builder,
-            side="candidate",
-            ids=np.arange(data.num_items),
-            timeline=None,
-            batch_size=ecfg.batch_size,
-            device=env.device,
-            rank=env.rank,
-            world_size=env.world_size,
-        )
+        if served is None:
+            builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
+            item_emb = embed(
+                two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
+                batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size,
+            )  # fmt: skip
+            served = two_tower_state(item_emb)
         tables = full_tables(trained.sharded.module, env.rank, env.device)
         if env.is_main:
-            encoder = QueryEncoder(
-                tables,
-                {t: c.pooling for t, c in cfg.model.tables.items()},
-                two_tower.query_tower.cpu(),
-                with_history=cfg.data.history_length > 0,
-                with_neighbors=query_uses_neighbors(cfg),
-                side_tables=tuple(f.table for f in query_side_features(data)),
-            ).eval()
-            write_bundle(out, encoder, item_emb, data, cfg, trained.checkpoint)
+            encoder = None
+            if served.two_tower_dim:
+                encoder = QueryEncoder(
+                    tables,
+                    {t: c.pooling for t, c in cfg.model.tables.items()},
+                    two_tower.query_tower.cpu(),
+                    with_history=cfg.data.history_length > 0,
+                    with_neighbors=query_uses_neighbors(cfg),
+                    side_tables=tuple(f.table for f in query_side_features(data)),
+                ).eval()
+            write_bundle(out, encoder, served, data, cfg, trained.checkpoint, index=ecfg.index)
             log.info("serving bundle: %s", out)
         return out
     finally:

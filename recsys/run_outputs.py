@@ -61,14 +61,24 @@ class MetricsLog:
 
 
 def format_results_table(results: dict[str, Any], ks: Sequence[int]) -> str:
-    """Markdown table: one row per (split, model), recall and NDCG at each k."""
+    """Markdown table: one row per (split, ranker), recall and NDCG at each k, whether the bundle can serve it
+    (``served``: the headline ranker recsys.export ships; runs from before the rankers: no such column)."""
     columns = [f"recall@{k}" for k in ks] + [f"ndcg@{k}" for k in ks]
+    rankers, headline = results.get("rankers"), results.get("headline", {}).get("ranker")
+
+    def serving(model: str) -> list[str]:
+        if rankers is None:
+            return []
+        if model == headline:
+            return ["served"]
+        return ["servable" if rankers.get(model, {}).get("servable") else "no"]
+
     rows = [
-        [split, model, *(f"{metrics[c]:.4f}" for c in columns)]
+        [split, model, *serving(model), *(f"{metrics[c]:.4f}" for c in columns)]
         for split in ("valid", "test")
         for model, metrics in results[split].items()
     ]
-    lines = markdown_table(["split", "model", *columns], rows)
+    lines = markdown_table(["split", "model", *(["bundle"] if rankers is not None else []), *columns], rows)
     train = results["train"]
     lines.append(
         f"\ntrain: {train['steps']} steps in {train['seconds']:.1f} s ({train['samples_per_s']:.0f} samples/s), best epoch {train['best_epoch']}"

@@ -1,24 +1,30 @@
 """Serving bundle: what a trained run becomes for online retrieval, loadable without torchrec.
 
 Written by ``python -m recsys.export run_dir=...``; read by :func:`load_bundle` in one plain
-CPU process (torch, numpy, pyarrow only)::
+CPU process (torch, numpy, pyarrow, faiss only)::
 
     <bundle>/
-      manifest.json        format, dims, counts, poolings, source run and checkpoint
-      query_encoder.pt     QueryEncoder's weights (a state dict of tensors): what load_bundle reads
+      manifest.json        format, the served ranker and its point, dims, counts, poolings, source run
+      query_encoder.pt     QueryEncoder's weights (a state dict of tensors): the two-tower's query side
       query_encoder.pt2    torch.export program of QueryEncoder (batch and bag sizes dynamic), for
                            torch.export consumers; its loader unpickles objects, so load_bundle never
                            reads it: load it only from a bundle you made or trust
-      item_embeddings.npy  float32 [num_items, D], L2-normalised: FAISS IndexFlatIP-ready
-      items.parquet        item_id, categories, embedding (+ raw_id / title when the dataset has them,
+      item_embeddings.npy  float32 [num_items, D]: the served ranker's item vectors
+      graph_query.npy      float32 [num_items, G]: the graph filter's query table (row j is what item j adds
+                           to a query), when the served ranker has the graph filter as a part
+      covariance_*.npy     float64 [D_part, D_part]: each part's item covariance, for a fusion's spread
+      index.faiss          FAISS inner-product index of item_embeddings (flat: exact; ivf_flat / hnsw by option)
+      items.parquet        item_id, categories (+ raw_id / title when the dataset has them,
                            + feature_<name> list<int64>: the ids of each query-tower side feature of items)
       users.parquet        user_id + feature_<name> list<int64> of each query-tower side feature of users
                            (only when there are some; manifest "side_features" lists them in the tower's order)
       vocab/               the dataset's raw id <-> index vocabularies, when it has them
       config.yaml          the run's resolved config
 
-Scores are inner products <query, item> (the training logits times the temperature), so the
-ranking equals the trained model's.
+The served ranker is the run's headline (eval.serve): the two-tower, or its fusion with the graph filter
+(recsys/rankers/fusion.py), whose query is [q_tt / spread, beta * q_graph / spread] and whose items are
+[c_tt, c_graph]. Scores are inner products <query, item>, so the bundle ranks as the run's evaluation did
+(tests/test_served.py): ``bundle.recommend(history, k)``.
 
 Trust: :func:`load_bundle` runs no code from the bundle (weights load with ``torch.load(weights_only=True)``,
 arrays with ``allow_pickle=False``, JSON and parquet as data); it rebuilds QueryEncoder from this module's
@@ -37,10 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from recsys.data.ragged import gather_rows, segment_sum  # numpy only
+from recsys.data.ragged import gather_ranges, gather_rows, segment_sum  # numpy only
+from recsys.rankers.fusion import spread  # torch only
 from recsys.safe_load import numpy_load, torch_load_weights
 
-BUNDLE_FORMAT = "recsys-bundle/2"  # 2: the encoder is rebuilt from query_encoder.pt (1 needed the pickle-bearing .pt2)
+BUNDLE_FORMAT = "recsys-bundle/3"  # 3: the served ranker (fusions, graph_query.npy, index.faiss); 2: the encoder from query_encoder.pt
 
 
 class QueryEncoder(nn.Module):
@@ -146,24 +153,28 @@ def _offsets(lengths: np.ndarray) -> torch.Tensor:
 @dataclass
 class ServingBundle:
     manifest: dict
-    encoder: nn.Module
-    item_embeddings: torch.Tensor  # num_items x D
+    encoder: nn.Module | None  # the two-tower's query side; None when the served ranker is the graph filter alone
+    item_embeddings: torch.Tensor  # num_items x D: the served ranker's item vectors
     category_indptr: np.ndarray
     category_ids: np.ndarray
     # per query-tower side feature (manifest "side_features" order): its source and (indptr, ids) over users / items
     side_columns: tuple[tuple[str, np.ndarray, np.ndarray], ...] = ()
+    graph_query: torch.Tensor | None = None  # num_items x G: the graph filter's query table (a sum-pooled bag)
+    covariances: dict[str, torch.Tensor] | None = None  # a fusion's per-part item covariances (its spread)
+    index: object | None = None  # the FAISS index over item_embeddings (index.faiss)
 
-    def encode(self, user_ids: np.ndarray, history_lengths: np.ndarray, history_items: np.ndarray) -> torch.Tensor:
-        """Query embeddings ``B x D`` from user ids and their recent items (concatenated, oldest first)."""
+    def _check_ids(self, name: str, ids: np.ndarray, size: int) -> None:
+        if ids.size and (ids.min() < 0 or ids.max() >= size):
+            raise ValueError(f"{name}: ids must be in [0, {size}), got {int(ids.min())}..{int(ids.max())}")
+
+    def encode_two_tower(
+        self, user_ids: np.ndarray, history_lengths: np.ndarray, history_items: np.ndarray
+    ) -> torch.Tensor:
+        """The two-tower's query embeddings ``B x D_tt`` (unit norm) from user ids and their history (each user's
+        items concatenated, oldest first; the tower reads each user's latest ``history_length``)."""
         user_ids = np.asarray(user_ids, dtype=np.int64)
-        history_lengths = np.asarray(history_lengths, dtype=np.int64)
-        history_items = np.asarray(history_items, dtype=np.int64)
-        for name, ids, size in (
-            ("user_ids", user_ids, self.manifest["num_users"]),
-            ("history_items", history_items, self.manifest["num_items"]),
-        ):
-            if ids.size and (ids.min() < 0 or ids.max() >= size):
-                raise ValueError(f"{name}: ids must be in [0, {size}), got {int(ids.min())}..{int(ids.max())}")
+        history_lengths, history_items = _latest(history_lengths, history_items, self.manifest.get("history_length", 0))
+        self._check_ids("user_ids", user_ids, self.manifest["num_users"])
         cat_lengths, cats = gather_rows(self.category_indptr, self.category_ids, history_items)
         per_user = segment_sum(cat_lengths, history_lengths)
         side = []
@@ -172,6 +183,7 @@ class ServingBundle:
             if source == "items":
                 lengths = segment_sum(lengths, history_lengths)
             side += [torch.from_numpy(values.astype(np.int64)), _offsets(lengths)]
+        assert self.encoder is not None
         with torch.no_grad():
             return self.encoder(
                 torch.from_numpy(user_ids),
@@ -182,9 +194,94 @@ class ServingBundle:
                 side or None,
             )
 
+    def encode_graph(self, history_lengths: np.ndarray, history_items: np.ndarray) -> torch.Tensor:
+        """The graph filter's query ``B x G``: the sum of graph_query's rows over each user's distinct items."""
+        assert self.graph_query is not None
+        lengths = np.asarray(history_lengths, dtype=np.int64)
+        items = np.asarray(history_items, dtype=np.int64)
+        users = np.repeat(np.arange(len(lengths)), lengths)
+        keys = np.unique(users * self.manifest["num_items"] + items)  # a user's item counts once (a binary row)
+        users, items = keys // self.manifest["num_items"], keys % self.manifest["num_items"]
+        out = torch.zeros(len(lengths), self.graph_query.shape[1])
+        out.index_add_(0, torch.from_numpy(users), self.graph_query[torch.from_numpy(items)])
+        return out
+
+    def encode(self, user_ids: np.ndarray, history_lengths: np.ndarray, history_items: np.ndarray) -> torch.Tensor:
+        """Query vectors ``B x D`` of the served ranker (rank items by <query, item_embeddings>).
+
+        ``user_ids``: dataset indices (vocab/users.parquet maps raw ids); ``history_items``: every user's items,
+        concatenated in user order, oldest first (``history_lengths`` per user). The two-tower reads each user's
+        latest manifest["history_length"]; the graph filter every distinct item.
+        """
+        history_lengths = np.asarray(history_lengths, dtype=np.int64)
+        history_items = np.asarray(history_items, dtype=np.int64)
+        self._check_ids("history_items", history_items, self.manifest["num_items"])
+        parts = []
+        if self.encoder is not None:
+            parts.append(("two_tower", self.encode_two_tower(user_ids, history_lengths, history_items)))
+        if self.graph_query is not None:
+            parts.append(("graph_filter", self.encode_graph(history_lengths, history_items)))
+        if len(parts) == 1:
+            return parts[0][1]
+        assert self.covariances is not None
+        beta = float(self.manifest["point"]["beta"])
+        (a_name, a), (b_name, b) = parts
+        return torch.cat(
+            [a / spread(a, self.covariances[a_name])[:, None], beta * b / spread(b, self.covariances[b_name])[:, None]],
+            dim=1,
+        )
+
     def scores(self, queries: torch.Tensor) -> torch.Tensor:
         """Inner products ``B x num_items`` (rank by these)."""
         return queries @ self.item_embeddings.t()
+
+    def recommend(
+        self, history: np.ndarray, k: int = 10, *, exclude_seen: bool = True, user_id: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(item indices [k] best first, their scores [k]) for one user from the FAISS index.
+
+        ``history``: the user's item indices, oldest first (vocab/items.parquet maps raw ids); ``user_id``:
+        their index, read only by a model with a user-id table. ``exclude_seen``: the history is never
+        recommended, as the evaluation masks it. Ties go to the lower item index; -1 / -inf pad the tail
+        when fewer than k items are left.
+        """
+        history = np.asarray(history, dtype=np.int64).reshape(-1)
+        ids, scores = self.recommend_batch([history], k, exclude_seen=exclude_seen, user_ids=np.array([user_id]))
+        return ids[0], scores[0]
+
+    def recommend_batch(
+        self, histories: list[np.ndarray], k: int = 10, *, exclude_seen: bool = True, user_ids: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``recommend`` for several users at once: (ids [B, k], scores [B, k])."""
+        from recsys.evaluation.ann import ann_topk  # noqa: PLC0415 (faiss only where recommendations are asked for)
+        from recsys.evaluation.interactions import UserItemCSR  # noqa: PLC0415
+
+        histories = [np.asarray(h, dtype=np.int64).reshape(-1) for h in histories]
+        lengths = np.array([len(h) for h in histories], dtype=np.int64)
+        items = np.concatenate(histories) if histories else np.zeros(0, dtype=np.int64)
+        users = np.zeros(len(histories), dtype=np.int64) if user_ids is None else np.asarray(user_ids, dtype=np.int64)
+        queries = self.encode(users, lengths, items)
+        exclude = None
+        if exclude_seen:
+            exclude = UserItemCSR.from_pairs(
+                np.repeat(np.arange(len(histories)), lengths),
+                items,
+                num_users=len(histories),
+                num_items=self.manifest["num_items"],
+            )
+        scores, ids = ann_topk(self.index, queries, k, exclude=exclude)
+        return ids, scores
+
+
+def _latest(lengths: np.ndarray, items: np.ndarray, history_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each user's last ``history_length`` items (all of them when it is 0 or they are fewer)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    items = np.asarray(items, dtype=np.int64)
+    if history_length <= 0 or not (lengths > history_length).any():
+        return lengths, items
+    ends = np.cumsum(lengths)
+    kept = np.minimum(lengths, history_length)
+    return kept, gather_ranges(ends - kept, ends, items)[1]
 
 
 def _tower_from_weights(state: dict[str, torch.Tensor], path: Path) -> nn.Sequential:
@@ -247,7 +344,13 @@ def load_bundle(path: str | Path) -> ServingBundle:
             f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
             "export the run again (python -m recsys.export run_dir=...)"
         )
-    encoder = _load_encoder(root / "query_encoder.pt", manifest, manifest_path)
+    encoder = _load_encoder(root / "query_encoder.pt", manifest, manifest_path) if manifest["two_tower_dim"] else None
+    graph_query = torch.from_numpy(numpy_load(root / "graph_query.npy")) if manifest["graph_dim"] else None
+    covariances = None
+    if encoder is not None and graph_query is not None:
+        covariances = {
+            p: torch.from_numpy(numpy_load(root / f"covariance_{p}.npy")) for p in ("two_tower", "graph_filter")
+        }
     items = pq.read_table(root / "items.parquet", columns=["item_id", "categories"])
     indptr, category_ids = _list_column(items.column("categories"))
     side_columns = []
@@ -255,6 +358,8 @@ def load_bundle(path: str | Path) -> ServingBundle:
         file = root / SIDE_FILES[f["source"]]
         column = pq.read_table(file, columns=[f["bundle_column"]]).column(0)
         side_columns.append((f["source"], *_list_column(column)))
+    from recsys.evaluation.ann import require_faiss  # noqa: PLC0415 (faiss, only where a bundle is loaded)
+
     return ServingBundle(
         manifest=manifest,
         encoder=encoder,
@@ -262,6 +367,9 @@ def load_bundle(path: str | Path) -> ServingBundle:
         category_indptr=indptr,
         category_ids=category_ids,
         side_columns=tuple(side_columns),
+        graph_query=graph_query,
+        covariances=covariances,
+        index=require_faiss().read_index(str(root / "index.faiss")),
     )
 
 

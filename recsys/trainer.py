@@ -1,12 +1,13 @@
-"""The training loop: epochs over seeded global batches, validation each epoch, early stopping, test.
+"""The training loop: epochs over seeded global batches, the two-tower's validation each epoch, early stopping,
+then the best epoch's weights restored.
 
-``recsys.run.fit`` assembles a run (data, model, sharding) and hands it to :class:`Trainer`;
-tests and scripts call ``fit`` with a typed :class:`~recsys.config.Config`. Outputs (rank 0
-only) in ``run_dir``::
+``recsys.run.fit`` assembles a run (data, model, sharding), hands it to :class:`Trainer`, and then ranks
+valid and test with the configured rankers (``recsys.evaluation.run_stage``); tests and scripts call ``fit``
+with a typed :class:`~recsys.config.Config`. Outputs (rank 0 only) in ``run_dir``::
 
-    results.json    test / valid metrics of the two-tower and the popularity baseline, throughput, dataset
     metrics.jsonl   one JSON object per log step and per epoch
     tb/             TensorBoard curves
+    checkpoints/    step checkpoints and best/ (the best epoch's weights)
 """
 
 from __future__ import annotations
@@ -38,19 +39,18 @@ from recsys.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
-from recsys.config import Config, config_fingerprint, query_layout, uses_graph_filter
+from recsys.config import Config, config_fingerprint, query_layout
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
-from recsys.evaluation.graph_filter import GraphFilterFusion
 from recsys.evaluation.sharded import Evaluator
 from recsys.lr_schedule import LrSchedule
 from recsys.preemption import Preempted, PreemptionHandler
 from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run
-from recsys.run_outputs import MetricsLog, drop_records_after, format_results_table, write_json_atomic
+from recsys.run_outputs import MetricsLog, drop_records_after, format_results_table
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,21 @@ def make_train_step(pipeline: str, sharded: ShardedModel, env: DistEnv, precisio
 
 # trainer.precision (recsys.config.PRECISIONS) -> the autocast dtype of a training step (None: no autocast)
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` runs bf16 GEMMs natively: a CUDA device that supports bf16, or a CPU whose oneDNN
+    has bf16 kernels (AVX512-BF16 / AMX); elsewhere bf16 autocast is emulated, far slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """trainer.precision with "auto" resolved: "bf16" on a device with native bf16 GEMMs, else "fp32"."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
 
 
 def autocast_to(precision: str, device: torch.device) -> torch.autocast:
@@ -177,9 +192,15 @@ def _check_same_batches(saved: TrainerState, path: Path, global_batch_size: int)
         )
 
 
+class TrainOutcome(NamedTuple):
+    results: dict[str, Any]  # train / dataset / checkpoint; a finished run's whole results.json when finished_before
+    finished_before: bool  # the run dir held this run's results already (trainer.resume=auto): nothing was done
+
+
 class Trainer:
     """One run's loop over an assembled (data, sharded model) pair: :meth:`fit` = resume, then
-    :meth:`train_epoch` + :meth:`validate` until the epochs run out or early stopping, then :meth:`test`.
+    :meth:`train_epoch` + :meth:`validate` until the epochs run out or early stopping, then the best
+    epoch's weights restored (:meth:`restore_best`).
 
     What a checkpoint holds besides the weights and optimizer is :meth:`state_dict`.
     """
@@ -286,8 +307,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
 
-    def fit(self) -> dict[str, Any]:
-        """Resume, train and validate each epoch, restore the best epoch, test; returns what results.json holds."""
+    def fit(self) -> TrainOutcome:
+        """Resume, train and validate each epoch, restore the best epoch's weights."""
         tcfg, env, data = self.tcfg, self.env, self.data
         resumed = resume_path(self.cfg, self.ckpt_root, env)
         done = (
@@ -296,7 +317,7 @@ class Trainer:
         if done is not None:  # a finished run is not trained again (the same answer on every rank: same files)
             if env.is_main:
                 print(format_results_table(done, result_ks(done)), flush=True)
-            return done
+            return TrainOutcome(done, True)
         self.resume(resumed)
         self.batches = TrainBatches(
             data,
@@ -320,7 +341,15 @@ class Trainer:
             chunk_size=self.cfg.eval.chunk_size,
             per_rank_users=self.cfg.data.shard_by_user,
         )
-        self.pipeline, self.train_step = make_train_step(tcfg.pipeline, self.sharded, env, tcfg.precision)
+        precision = resolve_precision(tcfg.precision, env.device)
+        if env.is_main and tcfg.precision == "auto":
+            log.info(
+                "trainer.precision=auto: %s (native bf16 GEMMs on %s: %s)",
+                precision,
+                env.device.type,
+                precision == "bf16",
+            )
+        self.pipeline, self.train_step = make_train_step(tcfg.pipeline, self.sharded, env, precision)
         self.steps_per_epoch = min(len(self.batches), tcfg.max_steps_per_epoch or len(self.batches))
         if resumed is not None and env.is_main:
             drop_records_after(
@@ -332,16 +361,12 @@ class Trainer:
             while not self.state.early_stopped and self.state.epoch < tcfg.epochs:
                 self.train_epoch()
                 self.validate()
-            self.preemption.restore()  # the test evaluation is not resumable work: SIGTERM stops it at once again
-            valid, test, best = self.test()
+            self.preemption.restore()  # what follows is not resumable work: SIGTERM stops it at once again
+            best = self.restore_best()
         finally:
             self.preemption.restore()
             self.metrics_log.close()
-        results = self.results(valid, test, best)
-        if env.is_main:
-            write_json_atomic(self.run_dir / "results.json", results)
-            print(format_results_table(results, self.cfg.eval.ks), flush=True)
-        return results
+        return TrainOutcome(self.results(best), False)
 
     def train_epoch(self) -> None:
         """The rest of ``state.epoch`` from ``state.next_batch``: steps, loss logs, step checkpoints, SIGTERM."""
@@ -409,35 +434,10 @@ class Trainer:
         self._window = (time.perf_counter(), [], state.samples)
         return mean_loss
 
-    def _evaluate(
-        self, split: str, with_popularity: bool = False, fusion: GraphFilterFusion | None = None
-    ) -> dict[str, dict[str, float]]:
+    def _evaluate(self, split: str) -> dict[str, dict[str, float]]:
         env = self.env
         return self.evaluator.evaluate(
-            self.two_tower,
-            split,
-            device=env.device,
-            rank=env.rank,
-            world_size=env.world_size,
-            with_popularity=with_popularity,
-            fusion=fusion,
-        )
-
-    def _graph_filter_fusion(self) -> GraphFilterFusion | None:
-        """The final rankings' fusion with the graph filter (``eval.graph_filter``), or None when off."""
-        if not uses_graph_filter(self.cfg):
-            return None
-        gfc, ecfg = self.cfg.eval.graph_filter, self.cfg.eval
-        return GraphFilterFusion(
-            alphas=gfc.alphas,
-            betas=gfc.betas,
-            sharpens=gfc.sharpen,
-            rank=gfc.rank,
-            max_pairs=gfc.max_pairs,
-            memory_gb=gfc.memory_gb,
-            metric=ecfg.valid_metric,
-            ks=ecfg.ks,
-            chunk_size=ecfg.chunk_size,
+            self.two_tower, split, device=env.device, rank=env.rank, world_size=env.world_size
         )
 
     def validate(self) -> None:
@@ -471,21 +471,18 @@ class Trainer:
         if self.preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written
             raise Preempted(state.step, str(self.ckpt_root / f"step_{state.step:08d}"))
 
-    def test(self):
-        """(valid, test, best checkpoint or None): both splits with the popularity baseline, on the best epoch's weights."""
+    def restore_best(self) -> Path | None:
+        """Load the best epoch's weights (``None``: no validation chose one; the last step's weights stay)."""
         best = _best_weights(self.ckpt_root, self.state)
         if best is not None:
             load_checkpoint(self.sharded, best, env=self.env, with_optimizer=False)
-        fusion = self._graph_filter_fusion()
-        valid = {} if self.cfg.data.train_on_valid else self._evaluate("valid", with_popularity=True, fusion=fusion)
-        return valid, self._evaluate("test", with_popularity=True, fusion=fusion), best
+        return best
 
-    def results(self, valid: dict, test: dict, best: Path | None) -> dict[str, Any]:
+    def results(self, best: Path | None) -> dict[str, Any]:
+        """What results.json holds of the training (the evaluation stage adds valid, test and the rankers)."""
         state, data = self.state, self.data
         counts = {s: int(data.meta.get("counts", {}).get(s, len(v))) for s, v in data.splits.items()}
         return {
-            "test": test,
-            "valid": valid,
             "train": {
                 "samples_per_s": state.samples / max(state.train_seconds, 1e-9),
                 "samples": state.samples,
@@ -506,5 +503,4 @@ class Trainer:
                 },
             },
             "checkpoint": str(best) if best is not None else "",  # the weights tested ("": the last step's)
-            **({"graph_filter": self.evaluator.fusion_info} if uses_graph_filter(self.cfg) else {}),
         }

@@ -1,13 +1,15 @@
-"""Serving bundle round trip: a plain process without torchrec reproduces the trained model's scores."""
+"""Serving bundle round trip: a plain process without torchrec reproduces the trained two-tower's scores, and the
+bundle's recommendations are the run's own ranking of the served ranker (two_tower+graph_filter on the tiny run)."""
 
 import json
 
 import numpy as np
 import torch
 
-from recsys.config import query_layout
+from recsys.config import FUSED_RANKER, query_layout
 from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.evaluation.sharded import Evaluator, embed
+from recsys.rankers.served import served_ranking
 from recsys.run import load_trained
 from tests.helpers.launch import launch
 
@@ -16,13 +18,18 @@ import sys, numpy as np
 from recsys.serving import load_bundle
 bundle = load_bundle(sys.argv[1])
 inputs = np.load(sys.argv[2])
-queries = bundle.encode(inputs["users"], inputs["lengths"], inputs["items"])
-np.save(sys.argv[3], bundle.scores(queries).numpy())
+queries = bundle.encode_two_tower(inputs["users"], inputs["lengths"], inputs["items"])
+np.save(sys.argv[3], (queries @ bundle.item_embeddings[:, : bundle.manifest["two_tower_dim"]].t()).numpy())
+histories = np.split(inputs["all_items"], np.cumsum(inputs["all_lengths"])[:-1])
+ids, _ = bundle.recommend_batch(histories, 20, user_ids=inputs["users"])
+np.save(sys.argv[4], ids)
+one, _ = bundle.recommend(histories[0], 20, user_id=int(inputs["users"][0]))
+assert np.array_equal(one, ids[0])
 assert not any(m.startswith("torchrec") or m.startswith("fbgemm") for m in sys.modules), "serving imported torchrec"
 """
 
 
-def test_exported_bundle_reproduces_training_time_scores(tmp_path, trained_run, process_group):
+def test_exported_bundle_serves_the_runs_ranking(tmp_path, trained_run, process_group):
     cfg, run_dir, bundle = (
         trained_run.cfg,
         trained_run.run_dir,
@@ -41,11 +48,24 @@ def test_exported_bundle_reproduces_training_time_scores(tmp_path, trained_run, 
     )
 
     lengths, items = latest_items(timeline, users, data.num_users, cfg.data.history_length)
-    np.savez(tmp_path / "inputs.npz", users=users, lengths=lengths, items=items)
-    launch(["-c", SERVE, str(bundle), str(tmp_path / "inputs.npz"), str(tmp_path / "scores.npy")], timeout=300)
-    served = np.load(tmp_path / "scores.npy")
+    all_lengths, all_items = latest_items(timeline, users, data.num_users, len(timeline))  # every train + valid item
+    np.savez(
+        tmp_path / "inputs.npz", users=users, lengths=lengths, items=items, all_lengths=all_lengths, all_items=all_items
+    )
+    out = [str(tmp_path / "scores.npy"), str(tmp_path / "ids.npy")]
+    launch(["-c", SERVE, str(bundle), str(tmp_path / "inputs.npz"), *out], timeout=300)
+    served = np.load(out[0])
     assert served.shape == (len(users), data.num_items)
     np.testing.assert_allclose(served, expected.numpy(), rtol=1e-5, atol=1e-6)
+
+    # what the bundle recommends is what the run measured: its top 20 of every test user is the run's
+    run_users, run_topk = served_ranking(run_dir)
+    assert np.array_equal(run_users, users)
+    assert np.array_equal(np.load(out[1]), run_topk[:, :20])
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert manifest["num_items"] == 300 and manifest["dim"] == 16
-    assert np.load(bundle / "item_embeddings.npy").shape == (300, 16)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert manifest["ranker"] == results["headline"]["ranker"] == FUSED_RANKER
+    assert manifest["point"] == results["rankers"][FUSED_RANKER]["point"]
+    graph_dim = 300 + 256  # the linear filter's top eigenpairs (capped at the 300 items) and the low-pass's 256
+    assert manifest["num_items"] == 300 and manifest["two_tower_dim"] == 16 and manifest["graph_dim"] == graph_dim
+    assert np.load(bundle / "item_embeddings.npy").shape == (300, 16 + graph_dim)

@@ -25,29 +25,36 @@ def read_run(run_dir):
 
 
 @pytest.mark.parametrize(
-    "job,steps",
+    "job,steps,tolerance",
     [  # table_wise with the plain loop, a full epoch of UNEVEN batches; column_wise and sasrec with the sparse-dist pipeline
         pytest.param(
             "table_wise_uneven",
             16,
+            2e-4,
             marks=pytest.mark.two_rank_runs("table_wise_uneven"),
             id="table_wise-uneven-full-epoch",
         ),
         pytest.param(
             "column_wise_pipeline",
             24,
+            2e-4,
             marks=pytest.mark.two_rank_runs("column_wise_pipeline"),
             id="column_wise-pipeline",
         ),
         pytest.param(  # model.query_encoder=sasrec: the EmbeddingCollection sharded beside the bags, pipelined
             "sasrec_pipeline",
             24,
+            # the transformer blocks amplify the float re-association of two ranks' sums: on an AMD EPYC (Zen 3)
+            # the curves part by 3.5e-4 at step 21 (2e-4 holds on Intel); a wrong gradient scale parts by far more
+            1e-3,
             marks=pytest.mark.two_rank_runs("sasrec_pipeline"),
             id="sasrec-pipeline",
         ),
     ],
 )
-def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, process_group, two_rank_runs, job, steps):
+def test_two_ranks_follow_the_single_process_loss_curve(
+    tmp_path, data_root, process_group, two_rank_runs, job, steps, tolerance
+):
     single_overrides = [o for o in JOBS[job] if not o.startswith("trainer.pipeline=")]  # one process: the plain loop
     fit(tiny_config([*single_overrides, f"data.root={data_root}"]), tmp_path / "one")
     single, single_results = read_run(tmp_path / "one")
@@ -55,7 +62,7 @@ def test_two_ranks_follow_the_single_process_loss_curve(tmp_path, data_root, pro
     assert len(single) == len(double) == steps
     assert single[-1] < single[0]  # it learns
     for step, (a, b) in enumerate(zip(single, double)):
-        assert b == pytest.approx(a, rel=2e-4, abs=2e-4), f"step {step}: 1 rank {a}, 2 ranks {b}"
+        assert b == pytest.approx(a, rel=tolerance, abs=tolerance), f"step {step}: 1 rank {a}, 2 ranks {b}"
     assert double_results["train"]["world_size"] == 2
     for model in ("two_tower", "popularity"):
         assert double_results["test"][model]["recall@20"] == pytest.approx(

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from data_pipelines.prepare import prepare_dataset
+from recsys.config import FUSED_RANKER as FUSED_MODEL
 from recsys.config import check_values
 from recsys.data.neighbors import with_item_neighbors
 from recsys.distributed.rank_data import load_rank_data
 from recsys.evaluate import EvaluateConfig, evaluate_run
-from recsys.evaluation.graph_filter import FUSED_MODEL
 from recsys.run import REFIT_DIR, open_dataset
 from tests.helpers.config import tiny_config
 from tests.test_no_categories import fit_given_split
@@ -42,11 +42,12 @@ def test_refit_trains_on_train_and_valid_for_the_selected_epochs(refit_run):
     assert test["two_tower"]["recall@20"] > 1.5 * test["popularity"]["recall@20"]
 
 
-def test_the_graph_filter_is_chosen_on_valid_and_given_to_the_refit(refit_run):
-    """data.item_neighbors > 0 turns eval.graph_filter on: its alpha and beta are chosen on the selection
-    stage's valid (beta = 0, the two-tower alone, is in the grid) and the refit ranks test with them."""
+def test_the_fusion_is_chosen_on_valid_and_given_to_the_refit(refit_run):
+    """data.item_neighbors > 0 adds the two-tower fused with the graph filter: its alpha, sharpening and beta are
+    chosen on the selection stage's valid (beta = 0, the two-tower alone, is in the grid), the refit ranks test
+    at that point, and results.json says what each row was fit on, what tuned it and whether the bundle serves it."""
     _, _, results = refit_run
-    chosen = results["graph_filter"]
+    chosen = results["rankers"][FUSED_MODEL]
     # beta = 0 once, then alpha x sharpen x beta
     assert chosen["tuned_on"].startswith("valid recall@20") and len(chosen["grid"]) == 1 + 3 * 2 * 3
     fused_valid = results["valid"][FUSED_MODEL]["recall@20"]
@@ -55,10 +56,13 @@ def test_the_graph_filter_is_chosen_on_valid_and_given_to_the_refit(refit_run):
     assert chosen["grid"]["alpha=0,sharpen=0,beta=0"] == pytest.approx(
         results["valid"]["two_tower"]["recall@20"], abs=1e-9
     )
+    assert chosen["fit_on"] == {"valid": "train", "test": "train + valid"} and chosen["servable"]
+    assert results["rankers"]["popularity"]["servable"] is False
+    assert results["headline"]["ranker"] == FUSED_MODEL and results["headline"]["test"] == results["test"][FUSED_MODEL]
     refit = results["refit"]
-    picked = lambda info: (info["alpha"], info["sharpen"], info["beta"])  # noqa: E731
-    assert picked(refit["graph_filter"]) == picked(chosen)
-    assert refit["graph_filter"]["tuned_on"] == "given (eval.graph_filter)"
+    assert refit["rankers"][FUSED_MODEL]["point"] == chosen["point"]
+    assert refit["rankers"][FUSED_MODEL]["tuned_on"] == "given"
+    assert refit["rankers"][FUSED_MODEL]["fit_on"] == {"test": "train + valid"}
     assert {"two_tower", "popularity", FUSED_MODEL} == set(refit["test"]) == set(results["test"])
 
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
+from recsys.config import FUSED_RANKER as FUSED_MODEL
 from recsys.evaluation.ease import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
-from recsys.evaluation.graph_filter import FUSED_MODEL
 from recsys.evaluation.ials import fit_ials, ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
@@ -60,6 +60,7 @@ def _inputs(dataset_dir=None) -> EvalInputs:
         ks=KS,
         dataset_dir=dataset_dir,
         checkpoint="runs/x/checkpoints/epoch_3",
+        graphs={"valid": train, "test": train.union(valid)},
     )
 
 
@@ -126,7 +127,7 @@ def test_json_numbers_equal_compute_metrics(written):
             "popularity",
             "ease",
             "ials",
-            "gf_cf",
+            "graph_filter",
             FUSED_MODEL,
         }
         curve = on_disk["splits"][name]["recall_curve"]["two_tower"]
@@ -276,25 +277,28 @@ def test_factorisation_estimate_scales_with_the_cube_of_the_catalogue(monkeypatc
 
 
 def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
-    """GF-CF alone (alpha) and fused with the two-tower (alpha, beta) are the best points of their valid
-    grids, and the valid rows are those points' figures; beta = 0 is the two-tower itself."""
+    """The graph filter alone (alpha, sharpening) and fused with the two-tower (and beta) are the best points of
+    their valid grids, through the run's evaluation stage; the valid rows are those points' figures; beta = 0
+    is the two-tower itself; each is fit on the interactions its split follows and says it is servable."""
     inputs, report, out = written
     gf = report["graph_filter"]
-    assert gf["tuned_on"] == "valid recall@20, 120 users" and gf["interactions"] == inputs.train.indices.size
-    alone, fused = gf["gf_cf"], gf["fused"]
-    assert alone["grid"][f"alpha={alone['alpha']:g},sharpen={alone['sharpen']:g}"] == max(alone["grid"].values())
-    point = f"alpha={fused['alpha']:g},sharpen={fused['sharpen']:g},beta={fused['beta']:g}"
-    assert fused["grid"][point] == max(fused["grid"].values())
+    assert gf["tuned_on"] == "valid recall@20"
+    alone, fused = gf["rankers"]["graph_filter"], gf["rankers"][FUSED_MODEL]
+    assert alone["fit"]["valid"]["interactions"] == inputs.train.indices.size
+    assert fused["fit"]["test"]["interactions"] == inputs.graphs["test"].nnz
+    assert alone["fit_on"] == fused["fit_on"] == {"valid": "train", "test": "train + valid"}
+    assert alone["grid"][f"alpha={alone['point']['alpha']:g},sharpen={alone['point']['sharpen']:g}"] == max(
+        alone["grid"].values()
+    )
+    assert fused["grid"][",".join(f"{k}={v:g}" for k, v in fused["point"].items())] == max(fused["grid"].values())
     valid = report["splits"]["valid"]["metrics"]
-    assert valid["gf_cf"]["recall@20"] == pytest.approx(max(alone["grid"].values()), abs=1e-12)
+    assert valid["graph_filter"]["recall@20"] == pytest.approx(max(alone["grid"].values()), abs=1e-12)
     assert valid[FUSED_MODEL]["recall@20"] == pytest.approx(max(fused["grid"].values()), abs=1e-12)
     assert fused["grid"]["alpha=0,sharpen=0,beta=0"] == pytest.approx(valid["two_tower"]["recall@20"], abs=1e-12)
-    assert {"gf_cf", FUSED_MODEL} <= set(report["splits"]["test"]["metrics"])
+    assert {"graph_filter", FUSED_MODEL} <= set(report["splits"]["test"]["metrics"])
+    assert alone["servable"] and fused["servable"]
     md = (out / "report.md").read_text()
-    assert (
-        "## Graph filter (GF-CF, sharpened as BSPM)" in md
-        and "the filter alone α = " in md
-        and "two-tower + graph filter" in md
-    )
+    assert "## Graph filter (GF-CF, sharpened as BSPM)" in md and "two-tower + graph filter" in md
+    assert f"- {FUSED_MODEL}: fit on train + valid" in md
     off = compute_report(inputs, ReportOptions(graph_filter=False, ease=False, ials=False, ann_kinds=())).report
-    assert "gf_cf" not in off["splits"]["test"]["metrics"] and "disabled" in off["graph_filter"]["skipped"]
+    assert "graph_filter" not in off["splits"]["test"]["metrics"] and "disabled" in off["graph_filter"]["skipped"]

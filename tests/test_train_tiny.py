@@ -79,7 +79,7 @@ def test_unknown_sharding_table_is_refused(tmp_path, data_root, process_group):
         ("eval.valid_metric=recal@20", "eval.valid_metric='recal@20': choose one of recall@10, recall@20"),
         ("eval.valid_metric=recall@100", "eval.valid_metric='recall@100': choose one of"),
         ("model.tables.item.pooling=max", "model.tables.item.pooling='max': must be 'sum' or 'mean'"),
-        ("trainer.precision=fp16", "trainer.precision='fp16': expected one of fp32, bf16"),
+        ("trainer.precision=fp16", "trainer.precision='fp16': expected one of fp32, bf16, auto"),
     ],
 )
 def test_values_no_run_can_use_are_refused_before_any_work(override, message):
@@ -94,7 +94,9 @@ def test_appended_config_typo_is_refused_too():
         tiny_config(["+trainer.epochz=3"])
 
 
-@pytest.mark.parametrize("experiment", ["tiny", "movielens", "movielens_side", "movielens_liang", "gowalla"])
+@pytest.mark.parametrize(
+    "experiment", ["tiny", "movielens", "movielens_side", "movielens_liang", "gowalla", "yelp2018"]
+)
 def test_every_experiment_composes(experiment):
     from pathlib import Path
 
@@ -110,10 +112,13 @@ def test_every_experiment_composes(experiment):
         "movielens_side",
         "movielens_liang",
         "gowalla",
+        "yelp2018",
     }
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=[f"+experiment={experiment}"]))
     assert cfg.run_name == experiment and cfg.eval.valid_metric.split("@")[0] in ("recall", "recall_liang")
+    if experiment in ("gowalla", "yelp2018"):  # the two leaderboards: one set of settings, the data apart
+        assert cfg.data.interactions.md5 and cfg.trainer.epochs == 12 and cfg.trainer.precision == "auto"
 
 
 def test_a_non_finite_loss_stops_training(tmp_path, data_root, process_group, monkeypatch):

@@ -117,6 +117,7 @@ def evaluate_trained(
         dataset_dir=data.dir,
         checkpoint=str(checkpoint.resolve()),
         extra={"run_dir": str(run_dir.resolve()), "world_size": env.world_size},
+        graphs={split: evaluator.csr(evaluator.protocol(split).timeline) for split in names},
     )
     options = ReportOptions(
         ease=ecfg.ease,
@@ -125,12 +126,7 @@ def evaluate_trained(
         ease_lambdas=tuple(ecfg.ease_lambdas),
         ials=ecfg.ials,
         graph_filter=ecfg.graph_filter,
-        graph_filter_alphas=tuple(cfg.eval.graph_filter.alphas),
-        graph_filter_betas=tuple(cfg.eval.graph_filter.betas),
-        graph_filter_sharpen=tuple(cfg.eval.graph_filter.sharpen),
-        graph_filter_rank=cfg.eval.graph_filter.rank,
-        graph_filter_max_pairs=cfg.eval.graph_filter.max_pairs,
-        graph_filter_memory_gb=cfg.eval.graph_filter.memory_gb,
+        ranker_config=cfg.eval,
         ann_kinds=ecfg.ann_kinds,
         chunk_size=ecfg.chunk_size,
         device=env.device.type,

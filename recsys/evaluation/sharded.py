@@ -26,7 +26,6 @@ from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder, item_batches, query_batches
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.distributed.collectives import all_gather_rows
-from recsys.evaluation.graph_filter import FUSED_MODEL, GraphFilterFusion
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
 from recsys.evaluation.scoring import rank_and_score
@@ -167,9 +166,9 @@ class Evaluator:
         self.data, self.builder = data, builder
         self.ks, self.batch_size, self.chunk_size = list(ks), batch_size, chunk_size
         self.per_rank_users = per_rank_users
-        self.fusion_info: dict = {}  # the graph filter's choice (or why skipped), once a fused split was evaluated
 
-    def _csr(self, split: Interactions) -> UserItemCSR:
+    def csr(self, split: Interactions) -> UserItemCSR:
+        """A split's (user, item) pairs as a CSR over every user of the dataset."""
         return UserItemCSR.from_pairs(
             split.user_ids, split.item_ids, num_users=self.data.num_users, num_items=self.data.num_items
         )
@@ -184,9 +183,30 @@ class Evaluator:
         users = sample_users(np.unique(target.user_ids), max_users, seed)
         before = [self.data.splits[s] for s in PRECEDING_SPLITS[split]]
         timeline = before[0] if len(before) == 1 else Interactions.concat(*before)
-        relevant = self._csr(target).select_rows(users)
-        exclude = self._csr(timeline).select_rows(users)
+        relevant = self.csr(target).select_rows(users)
+        exclude = self.csr(timeline).select_rows(users)
         return SplitProtocol(users, relevant, exclude, timeline)
+
+    def embeddings(
+        self, two_tower: nn.Module, split: str, *, device: torch.device, rank: int = 0, world_size: int = 1
+    ) -> tuple[SplitProtocol, torch.Tensor, torch.Tensor]:
+        """Collective: (the split's protocol, its users' query embeddings [U, D], every item's embedding [I, D]);
+        with ``per_rank_users`` the users (and their embeddings) are this rank's own."""
+        protocol = self.protocol(split)
+        common = dict(batch_size=self.batch_size, device=device, rank=rank, world_size=world_size)
+        was_training = two_tower.training
+        two_tower.eval()
+        try:
+            user_emb = embed(
+                two_tower, self.builder, side="query", ids=protocol.users, timeline=protocol.timeline,
+                local=self.per_rank_users, **common,
+            )  # fmt: skip
+            item_emb = embed(
+                two_tower, self.builder, side="candidate", ids=np.arange(self.data.num_items), timeline=None, **common
+            )
+        finally:
+            two_tower.train(was_training)
+        return protocol, user_emb, item_emb
 
     def evaluate(
         self,
@@ -196,32 +216,14 @@ class Evaluator:
         device: torch.device,
         rank: int = 0,
         world_size: int = 1,
-        with_popularity: bool = False,
-        fusion: GraphFilterFusion | None = None,
     ) -> dict[str, dict[str, float]]:
-        """``{"two_tower": metrics[, "popularity": metrics][, FUSED_MODEL: metrics]}`` of ``split``, the same on every rank.
-
-        ``fusion``: the two-tower's scores fused with the graph filter too (ranked on rank 0; its choice,
-        ``fusion.describe()``, is broadcast to ``self.fusion_info``); not with ``per_rank_users``.
-        """
-        users, relevant, exclude, timeline = self.protocol(split)
-        common = dict(batch_size=self.batch_size, device=device, rank=rank, world_size=world_size)
-        was_training = two_tower.training
-        two_tower.eval()
-        try:
-            user_emb = embed(
-                two_tower, self.builder, side="query", ids=users, timeline=timeline, local=self.per_rank_users, **common
-            )
-            item_emb = embed(
-                two_tower, self.builder, side="candidate", ids=np.arange(self.data.num_items), timeline=None, **common
-            )
-        finally:
-            two_tower.train(was_training)
-        counts = torch.from_numpy(self.data.item_counts()).float() if with_popularity else None
-        score = dict(exclude=exclude, relevant=relevant, ks=self.ks, chunk_size=self.chunk_size, item_counts=counts)
+        """``{"two_tower": metrics}`` of ``split`` (the per-epoch validation), the same on every rank; the
+        rankers after training are ``recsys.evaluation.run_stage``'s."""
+        protocol, user_emb, item_emb = self.embeddings(
+            two_tower, split, device=device, rank=rank, world_size=world_size
+        )
+        score = dict(exclude=protocol.exclude, relevant=protocol.relevant, ks=self.ks, chunk_size=self.chunk_size)
         if self.per_rank_users:  # every rank ranks its own users; the metrics are combined across ranks
-            if fusion is not None:
-                self.fusion_info = {"skipped": "data.shard_by_user: no rank holds every user's items for the filter"}
             return rank_and_score(
                 user_emb,
                 item_emb,
@@ -229,21 +231,12 @@ class Evaluator:
                 **score,
                 score=partial(metrics_over_ranks, device=device, world_size=world_size),
             )[1]
-        results: list[Any] = [None, None]
+        results: list[Any] = [None]
         if rank == 0:
             results[0] = rank_and_score(user_emb, item_emb, max(self.ks), **score)[1]
-            if fusion is not None:
-                fused = fusion.evaluate(
-                    split, user_emb, item_emb, graph=self._csr(timeline), history=exclude, relevant=relevant
-                )
-                if fused is not None:
-                    results[0][FUSED_MODEL] = fused
-                results[1] = fusion.describe()
         if world_size > 1:
             dist.broadcast_object_list(results, src=0)
         assert results[0] is not None
-        if fusion is not None:
-            self.fusion_info = results[1]
         return results[0]
 
 

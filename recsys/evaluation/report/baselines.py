@@ -1,5 +1,5 @@
 """The report's baselines beside popularity: EASE (a memory plan, λ tuned on valid), iALS (a grid on valid)
-and GF-CF's graph filter, alone and fused with the two-tower (grids on valid)."""
+and the graph filter, alone and fused with the two-tower (the run's rankers and evaluation stage)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from recsys.evaluation.ease import (
@@ -21,17 +22,12 @@ from recsys.evaluation.ease import (
     plan_ease,
     tune_ease,
 )  # fmt: skip
-from recsys.evaluation.graph_filter import (
-    FusionChoice,
-    GraphFilter,
-    timed_fit,
-    too_many_pairs,
-    tune_fusion,
-    tune_graph_filter,
-)
 from recsys.evaluation.ials import tune_ials
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.report.types import EvalInputs, ReportOptions
+from recsys.evaluation.stage import evaluate_rankers
+from recsys.rankers.base import EvalSplit
+from recsys.rankers.registry import RankerContext, build_rankers
 
 log = logging.getLogger("recsys.evaluation.report")
 
@@ -167,49 +163,40 @@ def _ease_skip_reason(inputs: EvalInputs, options: ReportOptions, num_items: int
     return None
 
 
-def fit_graph_filter(
-    inputs: EvalInputs, options: ReportOptions
-) -> tuple[GraphFilter | None, tuple[float, float], FusionChoice | None, dict]:
-    """The graph filter built from train, its (alpha, sharpen) alone and the fusion's (alpha, sharpen, beta),
-    both chosen on valid, and the report's block."""
+def rank_graph_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+    """The graph filter alone and fused with the two-tower, through the run's evaluation stage (the same rankers,
+    grids and fits as the run's, so a row means one thing everywhere): ({split: {ranker: top-k ids}}, the
+    report's block: each ranker's fit, tuning and chosen point, or why skipped)."""
     if not options.graph_filter:
-        return None, (0.0, 0.0), None, {"skipped": "graph filter disabled (ReportOptions.graph_filter=False)"}
+        return {}, {"skipped": "graph filter disabled (ReportOptions.graph_filter=False)"}
     if "valid" not in inputs.splits:
-        return None, (0.0, 0.0), None, {"skipped": "no 'valid' split given to tune alpha and beta on"}
-    skipped = too_many_pairs(inputs.train, options.graph_filter_max_pairs)
-    if skipped:
-        return None, (0.0, 0.0), None, {"skipped": skipped}
+        return {}, {"skipped": "no 'valid' split given to tune the graph filter and the fusion on"}
+    graphs = inputs.graphs or {"valid": inputs.train}
+    if any(name not in graphs for name in inputs.splits):
+        return {}, {
+            "skipped": f"no interaction graph given for {', '.join(n for n in inputs.splits if n not in graphs)}"
+        }
     start = time.perf_counter()
-    gf = timed_fit(inputs.train, options.graph_filter_rank, "train")
-    valid, k = inputs.splits["valid"], options.ease_tune_k
-    metric = f"recall@{k}"
-    alone = tune_graph_filter(
-        gf, valid.exclude, valid.relevant, alphas=options.graph_filter_alphas, sharpens=options.graph_filter_sharpen,
-        metric=metric, exclude=valid.exclude, chunk_size=options.chunk_size, memory_gb=options.graph_filter_memory_gb,
-    )  # fmt: skip
-    best = max(alone, key=lambda point: alone[point])
-    queries = torch.as_tensor(valid.user_emb).float()
-    choice, _ = tune_fusion(
-        queries, torch.as_tensor(inputs.item_emb).float(), gf, valid.exclude, valid.relevant,
-        alphas=options.graph_filter_alphas, betas=options.graph_filter_betas, rank=options.graph_filter_rank,
-        metric=metric, sharpens=options.graph_filter_sharpen, exclude=valid.exclude, chunk_size=options.chunk_size,
-        memory_gb=options.graph_filter_memory_gb,
-    )  # fmt: skip
-    return (
-        gf,
-        best,
-        choice,
-        {
-            "gf_cf": {
-                "alpha": best[0],
-                "sharpen": best[1],
-                "grid": {f"alpha={a:g},sharpen={t:g}": v for (a, t), v in alone.items()},
-            },
-            "fused": choice.describe(),
-            "tuned_on": f"valid {metric}, {valid.relevant.num_users} users",
-            "fit_on": "train interactions (binary); input row = the user's masked items",
-            "rank": int(gf.low_in.shape[1]),
-            "interactions": gf.num_interactions,
-            "seconds": round(time.perf_counter() - start, 1),
-        },
+    items = torch.as_tensor(inputs.item_emb).float()
+    context = RankerContext(
+        eval=options.ranker_config,
+        train_counts=np.bincount(inputs.train.indices, minlength=inputs.train.num_items),
+        embeddings={n: (torch.as_tensor(s.user_emb).float(), items) for n, s in inputs.splits.items()},
+        seed=options.seed,
     )
+    rankers, parts = build_rankers(list(options.graph_rankers), context)
+    splits = {
+        n: EvalSplit(n, s.users, s.exclude, graphs[n], s.relevant, tuple(s.masked_splits))
+        for n, s in inputs.splits.items()
+    }
+    metric = options.ranker_config.valid_metric
+    out = evaluate_rankers(
+        rankers, valid=splits["valid"], test=splits.get("test", splits["valid"]), ks=inputs.ks, metric=metric,
+        chunk_size=options.chunk_size, parts=parts, keep_ids=True,
+    )  # fmt: skip
+    ids = {n: {r: out["ids"]["valid" if n == "valid" else "test"][r] for r in options.graph_rankers} for n in splits}
+    return ids, {
+        "rankers": out["rankers"],
+        "tuned_on": f"valid {metric}",
+        "seconds": round(time.perf_counter() - start, 1),
+    }

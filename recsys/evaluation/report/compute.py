@@ -19,11 +19,10 @@ from recsys.data.dataset import read_dataset_meta, read_vocabularies
 from recsys.evaluation.ann import compare_ann
 from recsys.evaluation.breakdowns import breakdowns
 from recsys.evaluation.ease import ease_topk
-from recsys.evaluation.graph_filter import FUSED_MODEL, fused_topk, graph_filter_topk
 from recsys.evaluation.ials import ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics, hit_matrix
-from recsys.evaluation.report.baselines import fit_ease, fit_graph_filter, fit_ials
+from recsys.evaluation.report.baselines import fit_ease, fit_ials, rank_graph_rankers
 from recsys.evaluation.report.types import MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
 from recsys.evaluation.retrieval import exact_topk
 from recsys.evaluation.scoring import rank_and_score
@@ -120,7 +119,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
 
     ease_b, ease_info = fit_ease(inputs, options, num_items)
     ials_model, ials_info = fit_ials(inputs, options)
-    gf, (gf_alpha, gf_sharpen), fusion, gf_info = fit_graph_filter(inputs, options)
+    graph_ids, gf_info = rank_graph_rankers(inputs, options)
 
     splits_out: dict[str, Any] = {}
     curves: dict[str, dict[str, np.ndarray]] = {}
@@ -142,22 +141,8 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
             others["ials"] = lambda split=split: ials_topk(
                 ials_model, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size, device=device
             )
-        if gf is not None and fusion is not None:
-            others["gf_cf"] = lambda split=split: graph_filter_topk(
-                gf,
-                split.exclude,
-                kmax,
-                alpha=gf_alpha,
-                sharpen=gf_sharpen,
-                exclude=split.exclude,
-                chunk_size=options.chunk_size,
-                memory_gb=options.graph_filter_memory_gb,
-            )
-            others[FUSED_MODEL] = lambda split=split: fused_topk(
-                _tensor(split.user_emb, "cpu"), items.cpu(), gf, split.exclude, kmax, alpha=fusion.alpha,
-                beta=fusion.beta, sharpen=fusion.sharpen, exclude=split.exclude, chunk_size=options.chunk_size,
-                memory_gb=options.graph_filter_memory_gb,
-            )  # fmt: skip
+        for ranker, ids in graph_ids.get(name, {}).items():  # ranked by the evaluation stage already
+            others[ranker] = lambda ids=ids: (torch.zeros(ids.shape), torch.from_numpy(ids))
         ranked, metrics = rank_and_score(
             _tensor(split.user_emb, device),
             items,
@@ -175,7 +160,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         splits_out[name] = _split_section(split, ids, metrics, ks, user_train_items, item_counts, options)
         curves[name] = {m: recall_curve(i, split.relevant) for m, i in ids.items()}
         splits_out[name]["recall_curve"] = {m: c.tolist() for m, c in curves[name].items()}
-    ease_b = ials_model = gf = None  # free B (I x I), the iALS factors and the filter before ANN
+    ease_b = ials_model = graph_ids = None  # free B (I x I), the iALS factors and the rankings before ANN
 
     ann = _ann_section(inputs, options, kmax, ks, num_items)
     names = _load_names(inputs.dataset_dir, inputs.train.num_users, num_items)

@@ -155,22 +155,21 @@ def _ials(report: dict) -> list[str]:
 
 
 def _graph_filter(report: dict) -> list[str]:
-    """The graph filter alone and fused with the two-tower: the choices and their valid grids, or why skipped."""
+    """The graph filter alone and fused with the two-tower: what each was fit on, its chosen point and valid grid."""
     gf = report.get("graph_filter", {"skipped": "n/a"})
     out = ["## Graph filter (GF-CF, sharpened as BSPM), alone and fused with the two-tower", ""]
     if "skipped" in gf:
         return out + [f"Graph filter skipped: {gf['skipped']}.", ""]
-    fused = gf["fused"]
-    out += [
-        f"Built from the {gf['fit_on']} ({gf['interactions']:,} interactions, low-pass rank {gf['rank']}); "
-        f"chosen by {gf['tuned_on']} in {gf['seconds']:.0f} s: the filter alone α = {gf['gf_cf']['alpha']:g}, "
-        f"sharpening {gf['gf_cf']['sharpen']:g}; fused α = {fused['alpha']:g}, sharpening {fused['sharpen']:g}, "
-        f"β = {fused['beta']:g} (score {fused['score']}).",
-        "",
-    ]
-    rows = [[f"filter alone, {point}", value] for point, value in gf["gf_cf"]["grid"].items()]
-    rows += [[f"fused, {point}", value] for point, value in fused["grid"].items()]
-    return out + _table(["grid point", "valid recall"], rows) + [""]
+    rows = []
+    for name, row in gf["rankers"].items():
+        fit = row["fit"].get("test", row["fit"].get("valid", {}))
+        out.append(
+            f"- {name}: fit on {row['fit_on'].get('test', row['fit_on'].get('valid'))} ({fit.get('interactions', 0):,} "
+            f"interactions, top {fit.get('rank', '?')} eigenpairs), chosen by {row.get('tuned_on', 'n/a')}: "
+            f"{_fmt(row['point'])}; servable by the bundle: {'yes' if row['servable'] else 'no'}."
+        )
+        rows += [[f"{name}, {point}", value] for point, value in row.get("grid", {}).items()]
+    return out + [""] + _table(["grid point", "valid " + gf["tuned_on"].split()[-1]], rows) + [""]
 
 
 def _ann(report: dict) -> list[str]:

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from recsys.config import FUSED_RANKER, EvalConfig
 from recsys.evaluation.ann import ANN_KINDS, AnnParams
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES
 from recsys.evaluation.ease import DEFAULT_LAMBDAS, MAX_EASE_ITEMS
-from recsys.evaluation.graph_filter import MEMORY_GB
 from recsys.evaluation.ials import DEFAULT_ALPHAS, DEFAULT_FACTORS, DEFAULT_ITERATIONS, DEFAULT_REGULARIZATIONS
 from recsys.evaluation.interactions import UserItemCSR
 
@@ -21,7 +21,7 @@ MODEL_LABELS = {
     "popularity": "popularity",
     "ease": "EASE",
     "ials": "iALS",
-    "gf_cf": "graph filter (GF-CF / BSPM)",
+    "graph_filter": "graph filter (GF-CF / BSPM, top of the spectrum)",
     "two_tower+graph_filter": "two-tower + graph filter",
 }
 EVAL_DIR = "eval"
@@ -65,6 +65,8 @@ class EvalInputs:
         checkpoint: path of the checkpoint that was evaluated, recorded verbatim.
         model_name: the label of the evaluated model in tables and plots.
         extra: anything else to record under ``report.json["run"]`` (config, world size, ...).
+        graphs: split name -> [num_users rows, I] CSR of every user's items of the splits it follows (what
+            the graph filter is fit on: valid's is train, test's train + valid); None: valid's is ``train``.
     """
 
     item_emb: np.ndarray | torch.Tensor
@@ -76,6 +78,7 @@ class EvalInputs:
     checkpoint: str = ""
     model_name: str = "two_tower"
     extra: dict = field(default_factory=dict)
+    graphs: dict[str, UserItemCSR] | None = None
 
 
 @dataclass
@@ -98,14 +101,11 @@ class ReportOptions:
         ials_regularizations, ials_alphas: iALS's grid (their product); best validation
             recall@``ease_tune_k`` wins.
         ials_factors, ials_iterations: fixed D and ALS sweeps.
-        graph_filter: the graph filter alone (GF-CF, sharpened as BSPM; alpha and the sharpening time tuned
-            on valid) and the two-tower fused with it (alpha, sharpening, beta tuned on valid;
-            recsys/evaluation/graph_filter.py), both built from train; needs a "valid" split and
-            sum_u d_u^2 <= ``graph_filter_max_pairs``.
-        graph_filter_alphas, graph_filter_betas, graph_filter_sharpen, graph_filter_rank: their grids and the
-            low-pass rank.
-        graph_filter_memory_gb: bound on a filter block's dense arrays (fewer users per block than
-            ``chunk_size`` where the catalogue needs it).
+        graph_filter: rank ``graph_rankers`` (the graph filter alone and fused with the two-tower) through the
+            run's evaluation stage (recsys.evaluation.stage), each fit on the interactions its split follows
+            (``EvalInputs.graphs``) and tuned on valid; needs a "valid" split.
+        graph_rankers: their names (recsys.rankers.registry).
+        ranker_config: their settings and the tuning metric: the run's ``eval`` section.
         ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
         ann_params: their settings.
         ann_split: split whose users are searched ("test", else the last split given).
@@ -134,12 +134,8 @@ class ReportOptions:
     ials_factors: int = DEFAULT_FACTORS
     ials_iterations: int = DEFAULT_ITERATIONS
     graph_filter: bool = True
-    graph_filter_alphas: Sequence[float] = (0.0, 0.1, 0.3)
-    graph_filter_betas: Sequence[float] = (0.0, 0.1, 0.2, 0.4)
-    graph_filter_sharpen: Sequence[float] = (0.0, 2.5)
-    graph_filter_rank: int = 256
-    graph_filter_max_pairs: int = 2_000_000_000
-    graph_filter_memory_gb: float = MEMORY_GB
+    graph_rankers: Sequence[str] = ("graph_filter", FUSED_RANKER)
+    ranker_config: EvalConfig = field(default_factory=EvalConfig)
     ann_kinds: Sequence[str] = ANN_KINDS
     ann_params: AnnParams = field(default_factory=AnnParams)
     ann_split: str = "test"

@@ -1,0 +1,104 @@
+"""The run's evaluation stage after training: embed the valid and test users (every rank, collectively), then rank
+both splits with the configured rankers (``recsys.evaluation.stage``) on rank 0, and keep what the bundle serves.
+
+    results = rank_after_training(cfg, env, data, two_tower, run_dir)       # the same dict on every rank
+
+With ``data.shard_by_user`` every rank ranks its own users and the metrics are combined across ranks; rankers
+fit on every user's rows (the graph filter and its fusions) are left out there, and the log says so.
+The served ranker's test-stage state goes to ``<run dir>/served/`` (rank 0), for ``recsys.export``.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from recsys.config import Config, query_layout, resolved_rankers, served_ranker
+from recsys.data.batches import FeatureBuilder
+from recsys.data.dataset import RetrievalData
+from recsys.distributed.env import DistEnv
+from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
+from recsys.evaluation.stage import evaluate_rankers
+from recsys.rankers.base import EvalSplit, Point
+from recsys.rankers.registry import RankerContext, build_rankers
+from recsys.rankers.served import save_served
+
+log = logging.getLogger(__name__)
+
+GRAPH_RANKERS = ("graph_filter",)  # fit on every user's rows: not with data.shard_by_user
+
+
+def run_rankers(cfg: Config, per_rank_users: bool) -> list[str]:
+    """The resolved rankers this run ranks with (the graph-based ones left out when ranks hold their users only)."""
+    names = resolved_rankers(cfg)
+    if not per_rank_users:
+        return names
+    kept = [n for n in names if not any(p in GRAPH_RANKERS for p in n.split("+"))]
+    if kept != names:
+        log.info(
+            "data.shard_by_user: %s left out (fit on every user's rows)", ", ".join(n for n in names if n not in kept)
+        )
+    return kept
+
+
+def rank_after_training(
+    cfg: Config,
+    env: DistEnv,
+    data: RetrievalData,
+    two_tower: nn.Module,
+    run_dir: Path,
+    *,
+    chosen: dict[str, Point] | None = None,
+    per_rank_users: bool = False,
+) -> dict[str, Any]:
+    """Collective: ``{"valid", "test", "rankers", "headline"}`` of the trained ``two_tower`` and the configured rankers."""
+    ecfg = cfg.eval
+    evaluator = Evaluator(
+        data,
+        FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg)),
+        ks=ecfg.ks,
+        batch_size=ecfg.batch_size,
+        chunk_size=ecfg.chunk_size,
+        per_rank_users=per_rank_users,
+    )
+    splits = [s for s in ("valid", "test") if not (s == "valid" and cfg.data.train_on_valid)]
+    embedded = {
+        s: evaluator.embeddings(two_tower, s, device=env.device, rank=env.rank, world_size=env.world_size)
+        for s in splits
+    }
+    names = run_rankers(cfg, per_rank_users)
+    serve = served_ranker(cfg)
+    results: list[Any] = [None]
+    if per_rank_users or env.is_main:
+        eval_splits = {
+            s: EvalSplit(s, p.users, p.exclude, evaluator.csr(p.timeline), p.relevant, PRECEDING_SPLITS[s])
+            for s, (p, _, _) in embedded.items()
+        }
+        context = RankerContext(
+            eval=ecfg,
+            train_counts=data.item_counts(),
+            trained_on="train + valid" if cfg.data.train_on_valid else "train",
+            embeddings={s: (users, items) for s, (_, users, items) in embedded.items()},
+            seed=cfg.trainer.seed,
+        )
+        rankers, parts = build_rankers(names, context)
+        score = partial(metrics_over_ranks, device=env.device, world_size=env.world_size) if per_rank_users else None
+        out = evaluate_rankers(
+            rankers, valid=eval_splits.get("valid"), test=eval_splits["test"], ks=ecfg.ks, metric=ecfg.valid_metric,
+            chunk_size=ecfg.chunk_size, chosen=chosen or {}, parts=parts, keep=[serve] if serve in names else [],
+            **({"score": score} if score else {}),
+        )  # fmt: skip
+        kept = out.pop("kept")
+        if serve in kept and env.is_main:
+            fit, ids = kept[serve]
+            save_served(run_dir, serve, out["rankers"][serve]["point"], fit, eval_splits["test"], ids)
+        out["headline"] = {"ranker": serve if serve in names else "two_tower", "servable": True}
+        results[0] = out
+    if env.world_size > 1 and not per_rank_users:
+        dist.broadcast_object_list(results, src=0)
+    return results[0]

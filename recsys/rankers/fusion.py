@@ -1,0 +1,126 @@
+"""A fusion of two dot-product rankers, itself a dot product: what the bundle serves when valid prefers it.
+
+The fused score of user u and item i adds the parts' scores, each divided by its spread over the user's
+scores of all items, so that ``beta`` weighs like against like (beta = 0: the first part alone):
+
+    s(u, i) = a(u, i) / std_i a(u, .)  +  beta * b(u, i) / std_i b(u, .)
+
+A part's score is <q(u), c(i)>, so its spread is sqrt(q' C q), C the covariance of its item vectors
+[D, D] (centred, over all I items, ddof 1), and the fused score is one inner product again:
+
+    query(u) = [ q_a / sqrt(q_a' C_a q_a) , beta * q_b / sqrt(q_b' C_b q_b) ]      item(i) = [ c_a(i) , c_b(i) ]
+
+which is what the serving bundle's encoder computes (recsys.serving) and an ANN index searches. A grid of
+points is ranked from score blocks, each row's spread taken from the block (the same quantity).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+
+from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker, blockwise_topk
+
+SPREAD_FLOOR = 1e-12  # a user whose scores are all equal (no history) gets a zero part, not a division by 0
+
+
+def item_covariance(items: torch.Tensor) -> torch.Tensor:
+    """float64 [D, D]: the covariance of the item vectors [I, D] (centred, ddof 1)."""
+    x = items.double()
+    centred = x - x.mean(dim=0, keepdim=True)
+    return centred.t() @ centred / max(x.shape[0] - 1, 1)
+
+
+def spread(queries: torch.Tensor, covariance: torch.Tensor) -> torch.Tensor:
+    """float32 [U]: the standard deviation over all items of each query's scores, sqrt(q' C q)."""
+    q = queries.double()
+    return ((q @ covariance) * q).sum(dim=1).clamp_min(0).sqrt().clamp_min(SPREAD_FLOOR).float()
+
+
+def spread_normalised_rows(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` [C, I] divided in place by each row's standard deviation (ddof 1)."""
+    centred_norm = torch.linalg.vector_norm(scores - scores.mean(dim=1, keepdim=True), dim=1, keepdim=True)
+    return scores.div_((centred_norm / math.sqrt(max(scores.shape[1] - 1, 1))).clamp_min_(SPREAD_FLOOR))
+
+
+class FusionFit(DotProductFit):
+    def __init__(self, first: DotProductFit, second: DotProductFit, first_keys: Sequence[str]) -> None:
+        self.first, self.second, self.first_keys = first, second, set(first_keys)
+
+    def _split_point(self, point: Point) -> tuple[dict, dict, float]:
+        first = {k: v for k, v in point.items() if k in self.first_keys}
+        second = {k: v for k, v in point.items() if k not in self.first_keys and k != "beta"}
+        return first, second, float(point["beta"])
+
+    def vectors(self, split: EvalSplit, point: Point) -> tuple[torch.Tensor, torch.Tensor]:
+        first, second, beta = self._split_point(point)
+        qa, ca = self.first.vectors(split, first)
+        qb, cb = self.second.vectors(split, second)
+        queries = torch.cat(
+            [qa / spread(qa, item_covariance(ca))[:, None], beta * qb / spread(qb, item_covariance(cb))[:, None]], dim=1
+        )
+        return queries, torch.cat([ca, cb], dim=1)
+
+    def score_blocks(
+        self, split: EvalSplit, start: int, stop: int, points: Sequence[Point]
+    ) -> Iterator[tuple[Point, torch.Tensor]]:
+        parsed = [self._split_point(p) for p in points]
+        firsts = {_key(a): a for a, _, _ in parsed}
+        seconds = {_key(b): b for _, b, _ in parsed}
+        first_blocks = {  # usually one (the two-tower has nothing to tune)
+            _key(p): spread_normalised_rows(s)
+            for p, s in self.first.score_blocks(split, start, stop, list(firsts.values()))
+        }
+        for b_point, b_scores in self.second.score_blocks(split, start, stop, list(seconds.values())):
+            b_scores = spread_normalised_rows(b_scores)
+            for point, (a, b, beta) in zip(points, parsed):
+                if _key(b) == _key(b_point):
+                    yield point, torch.add(first_blocks[_key(a)], b_scores, alpha=beta)
+
+    def topk(self, split: EvalSplit, k: int, points: Sequence[Point], chunk_size: int) -> dict[str, torch.Tensor]:
+        if len(points) == 1:
+            return super().topk(split, k, points, chunk_size)
+        return blockwise_topk(split, k, points, chunk_size, lambda a, b: self.score_blocks(split, a, b, points))
+
+    def info(self) -> dict:
+        """The parts' (the second's sizes: the graph filter's interactions and rank), fit on the split's graph."""
+        return {k: v for part in (self.first, self.second) for k, v in part.info().items() if k != "fit_on"}
+
+
+def _key(point: Mapping[str, float]) -> tuple:
+    return tuple(sorted(point.items()))
+
+
+class FusionRanker(Ranker):
+    """``first+second``: two dot-product rankers fused (module docstring); beta, and each part's own settings,
+    are chosen together on valid."""
+
+    servable = True
+
+    def __init__(self, first: Ranker, second: Ranker, betas: Sequence[float]) -> None:
+        if not (first.servable and second.servable):
+            raise ValueError(f"{first.name}+{second.name}: a fusion needs two dot-product rankers")
+        self.first, self.second, self.betas = first, second, [float(b) for b in betas]
+        self.name = f"{first.name}+{second.name}"
+
+    def parts(self) -> tuple[str, ...]:
+        return (self.first.name, self.second.name)
+
+    def grid(self) -> list[Point]:
+        a_grid, b_grid = self.first.grid(), self.second.grid()
+        # beta = 0 ranks as the first part alone whatever the second's settings: one point for it
+        zero = [{**a_grid[0], **b_grid[0], "beta": 0.0}] if 0.0 in self.betas else []
+        return zero + [{**a, **b, "beta": beta} for b in b_grid for a in a_grid for beta in self.betas if beta]
+
+    def settings(self) -> dict:
+        return {
+            "betas": self.betas,
+            "score": "a / std(a) + beta * b / std(b), each std over the user's scores of all items",
+        }
+
+    def fit(self, split: EvalSplit, fits: Mapping[str, Fit]) -> Fit:
+        first, second = fits[self.first.name], fits[self.second.name]
+        assert isinstance(first, DotProductFit) and isinstance(second, DotProductFit)
+        return FusionFit(first, second, first_keys=[k for p in self.first.grid() for k in p])

@@ -1,0 +1,39 @@
+"""The trained two-tower as a ranker: its query and item embeddings, computed by the run (collectively, on every
+rank) before the evaluation stage, ranked by inner product."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker
+
+
+class TwoTowerFit(DotProductFit):
+    def __init__(self, queries: torch.Tensor, items: torch.Tensor, trained_on: str) -> None:
+        self.queries, self.items, self.trained_on = queries.float(), items.float(), trained_on
+
+    def vectors(self, split: EvalSplit, point: Point) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.queries.shape[0] != split.history.num_users:
+            raise ValueError(
+                f"two_tower: {self.queries.shape[0]} query embeddings for {split.history.num_users} users of {split.name}"
+            )
+        return self.queries, self.items
+
+    def info(self) -> dict:
+        return {"fit_on": f"{self.trained_on} (the trained weights; queries read the preceding splits)"}
+
+
+class TwoTowerRanker(Ranker):
+    name = "two_tower"
+    servable = True
+
+    def __init__(self, embeddings: Mapping[str, tuple[torch.Tensor, torch.Tensor]], trained_on: str) -> None:
+        """``embeddings``: split name -> (its users' query embeddings [U, D], the item embeddings [I, D])."""
+        self.embeddings, self.trained_on = embeddings, trained_on
+
+    def fit(self, split: EvalSplit, fits: Mapping[str, Fit]) -> Fit:
+        if split.name not in self.embeddings:
+            raise KeyError(f"two_tower: no embeddings of the {split.name} split's users")
+        return TwoTowerFit(*self.embeddings[split.name], self.trained_on)
