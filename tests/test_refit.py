@@ -49,11 +49,11 @@ def test_the_fusion_is_chosen_on_valid_and_given_to_the_refit(refit_run):
     _, _, results = refit_run
     chosen = results["rankers"][FUSED_MODEL]
     # beta = 0 once, then alpha x sharpen x beta
-    assert chosen["tuned_on"].startswith("valid recall@20") and len(chosen["grid"]) == 1 + 3 * 2 * 3
+    assert chosen["tuned_on"].startswith("valid recall@20") and len(chosen["grid"]) == 1 + 2 * 1 * 3
     fused_valid = results["valid"][FUSED_MODEL]["recall@20"]
     assert fused_valid == pytest.approx(max(chosen["grid"].values()))
-    assert fused_valid >= chosen["grid"]["alpha=0,sharpen=0,beta=0"] - 1e-9
-    assert chosen["grid"]["alpha=0,sharpen=0,beta=0"] == pytest.approx(
+    assert fused_valid >= chosen["grid"]["alpha=0.1,sharpen=2.5,beta=0"] - 1e-9
+    assert chosen["grid"]["alpha=0.1,sharpen=2.5,beta=0"] == pytest.approx(
         results["valid"]["two_tower"]["recall@20"], abs=1e-9
     )
     assert chosen["fit_on"] == {"valid": "train", "test": "train + valid"} and chosen["servable"]

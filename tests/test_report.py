@@ -294,7 +294,7 @@ def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
     valid = report["splits"]["valid"]["metrics"]
     assert valid["graph_filter"]["recall@20"] == pytest.approx(max(alone["grid"].values()), abs=1e-12)
     assert valid[FUSED_MODEL]["recall@20"] == pytest.approx(max(fused["grid"].values()), abs=1e-12)
-    assert fused["grid"]["alpha=0,sharpen=0,beta=0"] == pytest.approx(valid["two_tower"]["recall@20"], abs=1e-12)
+    assert fused["grid"]["alpha=0.1,sharpen=2.5,beta=0"] == pytest.approx(valid["two_tower"]["recall@20"], abs=1e-12)
     assert {"graph_filter", FUSED_MODEL} <= set(report["splits"]["test"]["metrics"])
     assert alone["servable"] and fused["servable"]
     md = (out / "report.md").read_text()
