@@ -50,6 +50,7 @@ __all__ = [
     "USERS_VOCAB",
     "VOCAB_DIR",
     "InteractionsFileWriter",
+    "dropped_rows_report",
     "is_complete",
     "read_meta",
     "split_file",
@@ -284,6 +285,26 @@ def read_meta(dataset_dir: str | os.PathLike) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{path} is corrupt (missing key(s) {missing})")
     return meta
+
+
+def dropped_rows_report(meta: Mapping[str, Any]) -> list[str]:
+    """One line per split of a given split (``data.protocol=given``) that lost rows at prepare
+    (meta.json ``given_split.dropped``), for the console and train.log; [] when none did."""
+    lines = []
+    for split, d in meta.get("given_split", {}).get("dropped", {}).items():
+        reasons = {
+            "a user with no train rows": d.get("user_not_in_train", 0),
+            "an item never in train": d.get("item_not_in_train", 0),
+            "a (user, item) pair already in train": d.get("pair_in_train", 0),
+            "a duplicate (the latest kept) or a rating below data.min_rating": d.get("duplicates_or_rating", 0),
+        }
+        if sum(reasons.values()):
+            said = ", ".join(f"{n} {why}" for why, n in reasons.items() if n)
+            lines.append(
+                f"given split: {sum(reasons.values())} of {d.get('rows')} {split} rows dropped ({said}); "
+                "meta.json given_split.dropped"
+            )
+    return lines
 
 
 def is_complete(dataset_dir: str | os.PathLike) -> bool:
