@@ -5,7 +5,8 @@ Layout (every id a contiguous 0-based int64 index)::
     <dir>/meta.json       name, protocol, seed, counts {train, valid, test}, num_users,
                           num_items, num_categories, sources [{file, sha256}], code_version,
                           cache_key (+ "spec" for synthetic data)
-    <dir>/train.parquet   user_id int64, item_id int64, timestamp int64 (s), rating float32
+    <dir>/train.parquet   user_id int64, item_id int64, timestamp int64 (epoch, meta.json's
+                          ``timestamps`` unit, or file order), rating float32
     <dir>/valid.parquet     sorted by (user_id, timestamp, item_id)
     <dir>/test.parquet
     <dir>/items.parquet   item_id int64 (0..num_items-1, sorted), categories list<int64>

@@ -6,8 +6,8 @@
           data.interactions.timestamp_column=ts
     $ python -m data_pipelines.prepare data=gowalla        # LightGCN's given split, valid carved from train
 
-Pipeline: read (``readers``: CSV / TSV / parquet / adjacency lists) -> raw ids (strings or integers
-of any range) mapped to contiguous indices in ascending raw-id order -> ``filter_interactions``
+Pipeline: read (``readers``: CSV / TSV / parquet / adjacency lists) -> raw ids (``log_columns.ids``:
+int64 or strings by the identity rule) mapped to contiguous indices in ascending raw-id order -> ``filter_interactions``
 (min rating, one row per (user, item): the latest, k-core) -> the protocol -> ids compacted again
 if the protocol dropped any -> side files -> ``write_dataset_dir`` (atomic), cached in
 ``<root>/<name>-<protocol>-<key>`` by the sources' sha256 and every option.
@@ -21,6 +21,11 @@ another protocol, or by user before preparing it.
 
 Rules a user can rely on:
 
+- **Ids are identities** (``log_columns``): stripped of surrounding whitespace, in the log and the
+  side files alike; a text id is a number only when every id of the column, in every file, is a
+  canonical integer (or ``id_type=int``): "007" and "7" are two ids.
+- **Timestamps keep one unit** (``log_columns.TimeUnits``), told by size or ``timestamp_unit``, the
+  same in every file; a mix is refused naming a row of each; meta.json ``timestamps`` names it.
 - **No timestamps**: ``timestamp`` holds the row's position in the file, so "a user's latest
   items" means the last ones in the file (meta.json: ``"timestamps": "file_order"``).
 - **No categories** (no items file, or no ``categories_column``): ``num_categories`` is 0 and the
