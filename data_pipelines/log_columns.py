@@ -194,6 +194,13 @@ class TimeUnits:
         return unit
 
 
+def _in_unit(values: np.ndarray, unit: str, target: str) -> np.ndarray:
+    """Epoch integers in ``unit`` as ``target`` units (floored when ``target`` is coarser)."""
+    if _NS_PER[unit] >= _NS_PER[target]:
+        return values * (_NS_PER[unit] // _NS_PER[target])
+    return np.floor_divide(values, _NS_PER[target] // _NS_PER[unit])
+
+
 def _show(value) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -218,7 +225,7 @@ def _timestamps(column: Column | None, n: int, label: str, field: str, first_row
         return np.floor(values).astype(np.int64)
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
         ns = pc.cast(pc.cast(column, pa.timestamp("ns")), pa.int64()).to_numpy()
-        return np.floor_divide(np.asarray(ns), _NS_PER[units.typed(label, field, first_row)])
+        return _in_unit(np.asarray(ns), "ns", units.typed(label, field, first_row))
     if _is_text(kind):
         text = column.to_pandas()
         parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
@@ -228,8 +235,9 @@ def _timestamps(column: Column | None, n: int, label: str, field: str, first_row
                 f"{label}: row {first_row + row + 1}: field {field!r} = {text.iloc[row]!r} is neither epoch "
                 "seconds nor an ISO-8601 time"
             )
-        ns = parsed.astype("int64").to_numpy(np.int64)
-        return np.floor_divide(ns, _NS_PER[units.typed(label, field, first_row)])
+        wall = parsed.dt.tz_localize(None)  # UTC; pandas picks the resolution (3.x: microseconds), not always ns
+        resolution = np.datetime_data(wall.dtype)[0]
+        return _in_unit(wall.to_numpy().astype(np.int64), resolution, units.typed(label, field, first_row))
     raise DatasetError(f"{label}: field {field!r} has type {kind}, not a time")
 
 

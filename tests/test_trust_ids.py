@@ -280,6 +280,22 @@ def test_a_full_disk_during_prepare_is_one_line_naming_the_path(tmp_path, prepar
     assert unchanged(prepared)
 
 
+# --- extra: ISO-8601 times minutes apart (found on the way: pandas 3 parses to microseconds, and the
+# seconds were taken as ns // 1e9, i.e. kiloseconds: times within ~17 minutes were one time) ------------
+
+
+def test_iso_times_minutes_apart_stay_apart_and_are_epoch_seconds(tmp_path):
+    rows = [(u, f"i{k}", f"2024-01-01T09:{10 * k:02d}:00Z") for u in range(3) for k in range(1, 5)]
+    rows += [(u, "i0", "2024-01-01T10:10:00Z") for u in range(3)]  # each user's newest: the smallest item id
+    rows += [(u, "i9", "2024-01-01T10:00:00Z") for u in range(3)]  # ten minutes before it
+    path = tmp_path / "log.csv"
+    pd.DataFrame(rows, columns=["u", "i", "ts"]).to_csv(path, index=False)
+    out = _prepare(_cfg(path, timestamp_column="ts"), tmp_path / "data", protocol="loo")
+    test = pq.read_table(out / "test.parquet").to_pandas()
+    assert [_vocab(out, "items")[i] for i in test["item_id"]] == ["i0"] * 3
+    assert test["timestamp"].tolist() == [int(pd.Timestamp("2024-01-01T10:10:00Z").timestamp())] * 3
+
+
 # --- extra: ten more bad inputs on the id and time paths -------------------------------------------
 
 
