@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from data_pipelines.dataset_dir import InteractionsFileWriter
 from data_pipelines.errors import DatasetError
@@ -122,11 +123,13 @@ def _read(batches: Iterable[pa.RecordBatch], store: BatchStore, min_rating: floa
     """Pass 1: rows with rating >= min_rating into ``store``; the vocabularies; the raw row count."""
     users, items = VocabBuilder(), VocabBuilder()
     num_raw = 0
+    text: set[str] = set()  # id columns the store holds as strings
     for j, batch in enumerate(batches):
         num_raw += batch.num_rows
         if min_rating > 0:
             batch = batch.filter(np.asarray(batch["rating"].to_numpy()) >= min_rating)
         if batch.num_rows:
+            batch = _one_id_type(batch, store, text)
             users.add(batch["user"])
             items.add(batch["item"])
             store.append(batch)
@@ -134,6 +137,25 @@ def _read(batches: Iterable[pa.RecordBatch], store: BatchStore, min_rating: floa
             pa.default_memory_pool().release_unused()  # freed batches' pages back to the OS: numpy reuses them
     pa.default_memory_pool().release_unused()
     return users.finish(), items.finish()[0], num_raw
+
+
+def _as_text(batch: pa.RecordBatch, column: str) -> pa.RecordBatch:
+    i = batch.schema.get_field_index(column)
+    return batch.set_column(i, column, pc.cast(batch.column(i), pa.string()))
+
+
+def _one_id_type(batch: pa.RecordBatch, store: BatchStore, text: set[str]) -> pa.RecordBatch:
+    """``batch`` with the id types of the batches in ``store``: a column is int64 until a batch brings
+    text ids, then strings, the integers held so far turned into their decimal text (``log_columns.ids``:
+    the same ids)."""
+    for column in ("user", "item"):
+        if pa.types.is_integer(batch.schema.field(column).type):
+            if column in text:
+                batch = _as_text(batch, column)
+        elif column not in text:
+            text.add(column)
+            store.map(lambda b, c=column: _as_text(b, c))
+    return batch
 
 
 def _partition(store: BatchStore, buckets: _Buckets, users: IdMapper, items: IdMapper, user_bucket: np.ndarray):

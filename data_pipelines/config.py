@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from data_pipelines.errors import ConfigError
+
 T = TypeVar("T")
 
 
@@ -47,6 +49,24 @@ class QueryHistory(Choice):
 
     recent = "recent"
     profile = "profile"
+
+
+class IdType(Choice):
+    """How text ids are read (``data.interactions.id_type``; data_pipelines/log_columns.py)."""
+
+    auto = "auto"
+    string = "string"
+    int = "int"
+
+
+class TimeUnit(Choice):
+    """The unit of numeric timestamps (``data.interactions.timestamp_unit``)."""
+
+    auto = "auto"
+    s = "s"
+    ms = "ms"
+    us = "us"
+    ns = "ns"
 
 
 @dataclass
@@ -103,9 +123,18 @@ class InteractionsDataConfig:
     header: bool = True  # false: the *_column settings are 0-based field positions ("0", "1", ...)
     user_column: str = "user_id"
     item_column: str = "item_id"
+    # how text ids are read (log, given split and side files alike; surrounding whitespace is always
+    # stripped): "auto" = integers only when every id of the column, in every file, is written as one
+    # ("7", "-3": no leading zero, no "+"), else each id is its text ("007" and "7" are two ids);
+    # "string" = always the text; "int" = every id must be an integer ("007" is 7)
+    id_type: IdType = IdType.auto
     timestamp_column: str = (
-        ""  # epoch seconds or ISO-8601 strings; "" = none: a user's items are ordered as in the file
+        ""  # epoch numbers or ISO-8601 strings; "" = none: a user's items are ordered as in the file
     )
+    # unit of numeric timestamps: "auto" = told by their size (seconds < 1e11 <= ms < 1e14 <= us < 1e17
+    # <= ns), one unit per dataset (a column mixing them is refused, naming a row of each); or "s" |
+    # "ms" | "us" | "ns": every number is taken as that unit. Kept in their unit (meta.json says which)
+    timestamp_unit: TimeUnit = TimeUnit.auto
     rating_column: str = ""  # "" = none (every row a positive; data.min_rating must then be 0)
     memory_budget_mb: int = (
         2048  # MiB of rows held at once; a larger log is split in user buckets on disk (same dataset)
@@ -196,7 +225,7 @@ def reject_unknown_keys(cfg: DictConfig, path: str = "") -> None:
         known = {f.name for f in dataclasses.fields(schema)}
         for key in cfg.keys():
             if key not in known:
-                raise ValueError(f"Key '{key}' not in '{schema.__name__}'\n    full_key: {path}{key}")
+                raise ConfigError(f"Key '{key}' not in '{schema.__name__}'\n    full_key: {path}{key}")
     for key in cfg.keys():
         child = cfg._get_node(key)
         if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
@@ -212,7 +241,7 @@ def to_typed(cfg: DictConfig, schema: type[T]) -> T:
     reject_unknown_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        raise ValueError(f"config values required but not set: {', '.join(missing)}")
+        raise ConfigError(f"config values required but not set: {', '.join(missing)}")
     obj: Any = OmegaConf.to_object(cfg)
     if not isinstance(obj, schema):
         raise TypeError(f"expected a config built on the {schema.__name__} schema, got {type(obj).__name__}")

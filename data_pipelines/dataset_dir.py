@@ -5,7 +5,8 @@ Layout (every id a contiguous 0-based int64 index)::
     <dir>/meta.json       name, protocol, seed, counts {train, valid, test}, num_users,
                           num_items, num_categories, sources [{file, sha256}], code_version,
                           cache_key (+ "spec" for synthetic data)
-    <dir>/train.parquet   user_id int64, item_id int64, timestamp int64 (s), rating float32
+    <dir>/train.parquet   user_id int64, item_id int64, timestamp int64 (epoch, meta.json's
+                          ``timestamps`` unit, or file order), rating float32
     <dir>/valid.parquet     sorted by (user_id, timestamp, item_id)
     <dir>/test.parquet
     <dir>/items.parquet   item_id int64 (0..num_items-1, sorted), categories list<int64>
@@ -50,6 +51,7 @@ __all__ = [
     "USERS_VOCAB",
     "VOCAB_DIR",
     "InteractionsFileWriter",
+    "dropped_rows_report",
     "is_complete",
     "read_meta",
     "split_file",
@@ -284,6 +286,26 @@ def read_meta(dataset_dir: str | os.PathLike) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{path} is corrupt (missing key(s) {missing})")
     return meta
+
+
+def dropped_rows_report(meta: Mapping[str, Any]) -> list[str]:
+    """One line per split of a given split (``data.protocol=given``) that lost rows at prepare
+    (meta.json ``given_split.dropped``), for the console and train.log; [] when none did."""
+    lines = []
+    for split, d in meta.get("given_split", {}).get("dropped", {}).items():
+        reasons = {
+            "a user with no train rows": d.get("user_not_in_train", 0),
+            "an item never in train": d.get("item_not_in_train", 0),
+            "a (user, item) pair already in train": d.get("pair_in_train", 0),
+            "a duplicate (the latest kept) or a rating below data.min_rating": d.get("duplicates_or_rating", 0),
+        }
+        if sum(reasons.values()):
+            said = ", ".join(f"{n} {why}" for why, n in reasons.items() if n)
+            lines.append(
+                f"given split: {sum(reasons.values())} of {d.get('rows')} {split} rows dropped ({said}); "
+                "meta.json given_split.dropped"
+            )
+    return lines
 
 
 def is_complete(dataset_dir: str | os.PathLike) -> bool:

@@ -6,8 +6,8 @@
           data.interactions.timestamp_column=ts
     $ python -m data_pipelines.prepare data=gowalla        # LightGCN's given split, valid carved from train
 
-Pipeline: read (``readers``: CSV / TSV / parquet / adjacency lists) -> raw ids (strings or integers
-of any range) mapped to contiguous indices in ascending raw-id order -> ``filter_interactions``
+Pipeline: read (``readers``: CSV / TSV / parquet / adjacency lists) -> raw ids (``log_columns.ids``:
+int64 or strings by the identity rule) mapped to contiguous indices in ascending raw-id order -> ``filter_interactions``
 (min rating, one row per (user, item): the latest, k-core) -> the protocol -> ids compacted again
 if the protocol dropped any -> side files -> ``write_dataset_dir`` (atomic), cached in
 ``<root>/<name>-<protocol>-<key>`` by the sources' sha256 and every option.
@@ -21,6 +21,11 @@ another protocol, or by user before preparing it.
 
 Rules a user can rely on:
 
+- **Ids are identities** (``log_columns``): stripped of surrounding whitespace, in the log and the
+  side files alike; a text id is a number only when every id of the column, in every file, is a
+  canonical integer (or ``id_type=int``): "007" and "7" are two ids.
+- **Timestamps keep one unit** (``log_columns.TimeUnits``), told by size or ``timestamp_unit``, the
+  same in every file; a mix is refused naming a row of each; meta.json ``timestamps`` names it.
 - **No timestamps**: ``timestamp`` holds the row's position in the file, so "a user's latest
   items" means the last ones in the file (meta.json: ``"timestamps": "file_order"``).
 - **No categories** (no items file, or no ``categories_column``): ``num_categories`` is 0 and the
@@ -66,10 +71,11 @@ from data_pipelines.dataset_dir import (
 )
 from data_pipelines.download import file_digests
 from data_pipelines.errors import DatasetError
-from data_pipelines.log_columns import convert_log
+from data_pipelines.log_columns import TimeUnits, convert_log
 from data_pipelines.log_columns import ids as raw_ids_of
 from data_pipelines.readers import (
     ChunkRefused,
+    delimited_header,
     detect_format,
     iter_columns,
     iter_csv_chunks,
@@ -79,9 +85,11 @@ from data_pipelines.readers import (
 from data_pipelines.side_columns import encode_side_columns
 from data_pipelines.splits import PROTOCOLS, carve_valid, filter_interactions
 
-__all__ = ["PIPELINE_VERSION", "prepare_interactions"]
+__all__ = ["PIPELINE_VERSION", "log_format", "prepare_interactions"]
 
-PIPELINE_VERSION = "interactions/1"  # bump when this module's output for the same input changes
+# bump when this module's output for the same input changes (2: ids by the identity rule of log_columns,
+# time units told and named in meta.json, raw_ids in meta.json)
+PIPELINE_VERSION = "interactions/2"
 NO_CATEGORY = "(none)"  # the category of an item the items file lists without one
 _CHUNKED_MIN_BYTES = 1 << 26  # an uncompressed CSV this big is parsed in chunks (readers.iter_csv_chunks)
 SIDE_COLUMNS_VERSION = 1  # bump when side_columns.py's output for the same side file changes
@@ -101,36 +109,74 @@ def _fields(cfg: InteractionsDataConfig) -> dict[str, str]:
     return fields
 
 
+def _id_columns(cfg: InteractionsDataConfig) -> list[str]:
+    """The log's id columns: read as text, never parsed by the CSV reader (``log_columns.ids`` reads them)."""
+    return list(dict.fromkeys((cfg.user_column, cfg.item_column)))
+
+
+def log_format(cfg: InteractionsDataConfig, path: Path) -> str:
+    """``data.interactions.format``, or with "auto" the one the name tells; a ``.txt`` file whose
+    first line is a header naming the user and item columns (split at commas or tabs) is a CSV / TSV."""
+    if cfg.format != "auto":
+        return cfg.format
+    fmt = detect_format(path)
+    if fmt == "adjacency" and cfg.header:
+        return delimited_header(path, _id_columns(cfg)) or fmt
+    return fmt
+
+
 def _adjacency_log(cfg: InteractionsDataConfig, p: Path, time_offset: int) -> pa.Table:
     if cfg.timestamp_column or cfg.rating_column:
+        told = "data.interactions.format=adjacency" if cfg.format == "adjacency" else "a .txt name"
         raise DatasetError(
-            f"{p}: adjacency lists hold neither timestamps nor ratings; "
-            "unset data.interactions.timestamp_column / rating_column"
+            f"{p}: read as adjacency lists (`user item item ...`; {told}), which hold neither timestamps nor "
+            "ratings: for a CSV / TSV log set data.interactions.format=csv or tsv (with header=true its first line "
+            "names the columns); for adjacency lists unset data.interactions.timestamp_column / rating_column"
         )
     t = read_adjacency(p)
     return pa.table(
         {
-            "user": t["user"],
-            "item": t["item"],
+            "user": raw_ids_of(t["user"], str(p), "user id", id_type=cfg.id_type),
+            "item": raw_ids_of(t["item"], str(p), "item id", id_type=cfg.id_type),
             "timestamp": pc.add(t["position"], time_offset),
             "rating": pa.array(np.ones(t.num_rows, dtype=np.float32)),
         }
     )
 
 
-def read_log(cfg: InteractionsDataConfig, path: str, *, time_offset: int = 0) -> pa.Table:
+def read_log(
+    cfg: InteractionsDataConfig, path: str, *, time_offset: int = 0, units: TimeUnits | None = None
+) -> pa.Table:
     """One log as columns user, item (raw ids), timestamp (int64), rating (float32), in memory.
 
     ``time_offset`` is added to file positions when there is no timestamp column, so rows of
-    several files (a given split) keep one order.
+    several files (a given split) keep one order; ``units`` keeps one time unit over them. The files
+    of a parquet folder are read one by one, each as it types its columns.
     """
     p = Path(path)
-    fmt = detect_format(p) if cfg.format == "auto" else cfg.format
+    fmt = log_format(cfg, p)
     if fmt == "adjacency":
         return _adjacency_log(cfg, p, time_offset)
     fields = _fields(cfg)
-    table = read_columns(p, list(dict.fromkeys(fields.values())), fmt=fmt, delimiter=cfg.delimiter, header=cfg.header)
-    return convert_log(table, fields, str(p), time_offset=time_offset)
+    columns = list(dict.fromkeys(fields.values()))
+    units = units if units is not None else TimeUnits(cfg.timestamp_unit)
+    convert = dict(id_type=cfg.id_type, units=units)
+    if fmt != "parquet":
+        table = read_columns(
+            p, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header, text_columns=_id_columns(cfg)
+        )
+        return convert_log(table, fields, str(p), time_offset=time_offset, **convert)
+    readers._columnar_log(p, fmt)  # a missing path: named
+    tables, first_row = [], 0
+    for file, table in readers.iter_parquet_tables(p, columns):
+        offset = time_offset + first_row  # positions run on across the files
+        tables.append(convert_log(table, fields, str(file), time_offset=offset, **convert))
+        first_row += table.num_rows
+    if first_row == 0:
+        raise DatasetError(f"{p}: no rows (a header alone, or an empty file)")
+    users, items = _same_type(*(t["user"] for t in tables)), _same_type(*(t["item"] for t in tables))
+    tables = [t.set_column(0, "user", u).set_column(1, "item", i) for t, u, i in zip(tables, users, items)]
+    return pa.concat_tables(tables)
 
 
 def _csv_fits(path: Path, budget_bytes: int) -> bool:
@@ -147,7 +193,9 @@ def _csv_chunkable(path: Path) -> bool:
     return not compressed and path.stat().st_size >= _CHUNKED_MIN_BYTES
 
 
-def stream_log(cfg: InteractionsDataConfig, path: Path, *, chunked: bool = True) -> Iterator[pa.RecordBatch]:
+def stream_log(
+    cfg: InteractionsDataConfig, path: Path, *, chunked: bool = True, units: TimeUnits | None = None
+) -> Iterator[pa.RecordBatch]:
     """``read_log`` in record batches: what ``bucketed.split_log`` reads.
 
     An uncompressed CSV of ``_CHUNKED_MIN_BYTES`` or more is cut into chunks parsed on every core
@@ -156,14 +204,17 @@ def stream_log(cfg: InteractionsDataConfig, path: Path, *, chunked: bool = True)
     then a CSV that fits the memory budget is parsed whole by Arrow's multi-threaded reader; a
     larger (compressed) one by its streaming reader, one block (16 MiB) at a time on one core
     (bounded memory, slower per row). Parquet is scanned in batches (decoded on every core)
-    whatever its size.
+    whatever its size, file by file. Batches may differ in their ids' type (int64 or strings:
+    ``log_columns.ids``); ``units`` holds the time unit the batches agree on.
     """
-    fmt = detect_format(path) if cfg.format == "auto" else cfg.format
+    fmt = log_format(cfg, path)
+    units = units if units is not None else TimeUnits(cfg.timestamp_unit)
     if fmt == "adjacency":
-        yield from read_log(cfg, str(path)).to_batches()
+        yield from read_log(cfg, str(path), units=units).to_batches()
         return
     fields = _fields(cfg)
     columns = list(dict.fromkeys(fields.values()))
+    text = _id_columns(cfg)
     chunked = chunked and fmt in ("csv", "tsv") and _csv_chunkable(path)
     if chunked:
         delimiter = cfg.delimiter or ("\t" if fmt == "tsv" else ",")
@@ -171,17 +222,24 @@ def stream_log(cfg: InteractionsDataConfig, path: Path, *, chunked: bool = True)
         # thread, and two at least (with a 256 MiB budget the 25M-row bench peaks at 0.68 GiB, 0.84 before)
         per_thread = int(cfg.memory_budget_mb) * 2**20 // (16 * readers.CSV_CHUNK_BYTES)
         threads = min(os.cpu_count() or 1, max(per_thread, 2))
-        batches = iter_csv_chunks(path, columns, delimiter=delimiter, header=cfg.header, threads=threads)
+        chunks = iter_csv_chunks(
+            path, columns, delimiter=delimiter, header=cfg.header, threads=threads, text_columns=text
+        )
+        batches = ((path, b) for b in chunks)
     elif fmt in ("csv", "tsv") and _csv_fits(path, int(cfg.memory_budget_mb) << 20):
-        batches = read_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header).to_batches()
+        table = read_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header, text_columns=text)
+        batches = [(path, b) for b in table.to_batches()]
+        del table
     else:
-        batches = iter_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header)
-    first_row = 0
-    for j, batch in enumerate(batches):
+        batches = iter_columns(path, columns, fmt=fmt, delimiter=cfg.delimiter, header=cfg.header, text_columns=text)
+    first_row, source = 0, None
+    for j, (file, batch) in enumerate(batches):
         if isinstance(batches, list):
             batches[j] = None  # converted once: the parsed batch can go
+        if file != source:  # a parquet folder's next file: its own rows
+            first_row, source = 0, file
         try:
-            converted = convert_log(batch, fields, str(path), first_row=first_row)
+            converted = convert_log(batch, fields, str(file), first_row=first_row, id_type=cfg.id_type, units=units)
         except DatasetError as e:
             if chunked:  # the whole-file reader may fail first elsewhere: its error is the one to give
                 raise ChunkRefused(str(e)) from None
@@ -198,6 +256,11 @@ def _same_type(*columns: pa.ChunkedArray) -> list[pa.ChunkedArray]:
     if all(pa.types.is_integer(c.type) for c in columns):
         return list(columns)
     return [pc.cast(c, pa.string()) for c in columns]
+
+
+def _id_kind(vocab: pa.Array) -> str:
+    """meta.json ``raw_ids``: "integer" or "string" (log_columns.ids: which the rule gave)."""
+    return "integer" if pa.types.is_integer(vocab.type) else "string"
 
 
 def _vocabulary(column: pa.ChunkedArray) -> pa.Array:
@@ -305,7 +368,7 @@ def _side_file(path: str, cfg: InteractionsDataConfig, id_column: str, raw_ids: 
     """The side file's rows for ``raw_ids`` (in that order; absent ids give null rows), id column dropped."""
     p = Path(path)
     fmt = "auto" if cfg.format == "adjacency" else cfg.format  # the log's format says nothing of a side file's
-    table = read_columns(p, None, fmt=fmt, delimiter=cfg.delimiter, header=True)
+    table = read_columns(p, None, fmt=fmt, delimiter=cfg.delimiter, header=True, text_columns=[id_column])
     if id_column not in table.column_names:
         raise DatasetError(
             f"{p}: no column {id_column!r} (data.interactions.{what}_id_column); columns are {table.column_names}"
@@ -315,7 +378,7 @@ def _side_file(path: str, cfg: InteractionsDataConfig, id_column: str, raw_ids: 
             f"{p}: column {id_column!r} is the {what} id column (data.interactions.{what}_id_column); "
             f"drop it from data.interactions.{what}_columns"
         )
-    ids = raw_ids_of(table[id_column], str(p), id_column)
+    ids = raw_ids_of(table[id_column], str(p), id_column, id_type=cfg.id_type)  # the log's rule, stripped too
     ids, keys = _same_type(ids, pa.chunked_array([raw_ids]))
     duplicated = pd.Series(ids.to_numpy(zero_copy_only=False)).duplicated()
     if duplicated.any():
@@ -447,9 +510,12 @@ def _split_log(
     """The log through ``bucketed.split_log``: in memory when it fits ``memory_budget_mb``, else on
     disk; ``_Prepared`` as soon as ``prepared(wait)`` finds the dataset dir there already."""
 
+    units: list[TimeUnits] = []  # the attempt's: a chunked one refused starts again from the first row
+
     def run(chunked: bool, folder: Path):
+        units[:] = [TimeUnits(cfg.timestamp_unit)]
         return split_log(
-            _unless_prepared(stream_log(cfg, path, chunked=chunked), prepared),
+            _unless_prepared(stream_log(cfg, path, chunked=chunked, units=units[0]), prepared),
             work=folder,
             label=str(path),
             protocol=protocol,
@@ -474,6 +540,7 @@ def _split_log(
         "protocol_options": result.options,
         "num_raw_interactions": result.num_raw_interactions,
         "num_buckets": result.num_buckets,
+        "timestamps": units[0].name if cfg.timestamp_column else "file_order",
     }
     extra_tables: dict[str, pd.DataFrame] = {}
     if result.heldout is not None:
@@ -497,9 +564,10 @@ def _split_log(
 def _given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int, filters: dict[str, Any]):
     logs: dict[str, pa.Table] = {}
     offset = 0
+    units = TimeUnits(cfg.timestamp_unit)  # one unit for the three files
     for name in ("train", "valid", "test"):
         if name in paths:
-            logs[name] = read_log(cfg, str(paths[name]), time_offset=offset)
+            logs[name] = read_log(cfg, str(paths[name]), time_offset=offset, units=units)
             offset += logs[name].num_rows
     names = list(logs)
     user_cols = _same_type(*(logs[s]["user"] for s in names))
@@ -560,6 +628,7 @@ def _given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int,
             "dropped": dropped,
         },
         "num_raw_interactions": int(sum(t.num_rows for t in logs.values())),
+        "timestamps": units.name if cfg.timestamp_column else "file_order",
     }
     return ordered, users, items, meta, {}
 
@@ -663,7 +732,7 @@ def prepare_interactions(
                 "num_users": len(users),
                 "num_items": len(items),
                 "num_categories": len(item_vocabs.get(CATEGORIES_VOCAB, ())),
-                "timestamps": "seconds" if cfg.timestamp_column else "file_order",
+                "raw_ids": {"users": _id_kind(users), "items": _id_kind(items)},
                 "sources": sources,
                 "code_version": CODE_VERSION,
                 "pipeline_version": PIPELINE_VERSION,

@@ -14,6 +14,7 @@ dataset dir (conf/prepare.yaml: no Hydra run dir, so never into runs/<run_name>/
 
 from __future__ import annotations
 
+import errno
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +24,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from data_pipelines.config import DataConfig, PrepareConfig, Source, to_typed
-from data_pipelines.errors import DatasetError
+from data_pipelines.dataset_dir import dropped_rows_report, read_meta
+from data_pipelines.errors import ConfigError, DatasetError, one_line
 
 
 def _split_options(cfg: DataConfig) -> dict:
@@ -40,8 +42,44 @@ def _split_options(cfg: DataConfig) -> dict:
     )
 
 
+def _check_root(root: str) -> None:
+    """``data.root`` must be a folder, or a path whose nearest existing part is one."""
+    path = Path(root)
+    for part in (path, *path.parents):
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                what = "is" if part == path else f"is inside {part}, which is"
+                raise DatasetError(
+                    f"data.root={root}: {what} a file, not a folder; data.root is the folder prepared dataset "
+                    "dirs are written in (RECSYS_DATA_ROOT, default data/): give a folder"
+                )
+            return
+
+
+def _no_space(e: OSError) -> bool:
+    return e.errno == errno.ENOSPC or "No space left on device" in str(e)
+
+
 def prepare_dataset(cfg: DataConfig) -> Path:
-    """Return the absolute path of the prepared dataset dir for ``cfg``, preparing it if needed."""
+    """Return the absolute path of the prepared dataset dir for ``cfg``, preparing it if needed.
+
+    Bad input is a ``DatasetError``; so is a full disk (naming where it was writing): every
+    pipeline writes beside its target and renames, so nothing is left half written.
+    """
+    _check_root(cfg.root)
+    try:
+        return _prepare(cfg)
+    except OSError as e:
+        if not _no_space(e):
+            raise
+        where = e.filename or Path(cfg.root).absolute()
+        raise DatasetError(
+            f"{where}: no space left on device while preparing the dataset (data.root={cfg.root}); nothing was "
+            "left half written: free space there, or set data.root to a folder on a larger disk, and run again"
+        ) from None
+
+
+def _prepare(cfg: DataConfig) -> Path:
     if cfg.source == Source.synthetic:
         from data_pipelines.synthetic import SyntheticSpec, prepare_synthetic
 
@@ -51,7 +89,7 @@ def prepare_dataset(cfg: DataConfig) -> Path:
             if getattr(cfg, k)
         }
         if unsupported:
-            raise ValueError(f"data.source=synthetic: {unsupported} apply to MovieLens only; set them to 0")
+            raise ConfigError(f"data.source=synthetic: {unsupported} apply to MovieLens only; set them to 0")
 
         spec = SyntheticSpec(**asdict(cfg.synthetic))
         return Path(
@@ -80,9 +118,11 @@ def register_configs() -> None:
 def main(cfg: DictConfig) -> None:
     try:
         path = prepare_dataset(to_typed(cfg, PrepareConfig).data)
-    except DatasetError as e:  # bad or missing input: one message, no traceback
-        print(f"error: {e}", file=sys.stderr)
+    except (DatasetError, ConfigError) as e:  # bad or missing input: one message, no traceback
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(1)
+    for line in dropped_rows_report(read_meta(path)):  # stderr: the last line of stdout is the path
+        print(line, file=sys.stderr)
     print(path)
 
 

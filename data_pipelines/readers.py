@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.dataset as pads
 
@@ -29,9 +30,13 @@ __all__ = [
     "CSV_CHUNK_BYTES",
     "FORMATS",
     "ChunkRefused",
+    "delimited_header",
     "detect_format",
     "iter_columns",
     "iter_csv_chunks",
+    "iter_parquet_tables",
+    "parquet_batches",
+    "parquet_files",
     "read_adjacency",
     "read_columns",
 ]
@@ -107,15 +112,23 @@ def _read_csv_header(path: Path, columns: list[str] | None, delimiter: str) -> l
     return names
 
 
-def _read_csv(path: Path, columns: list[str] | None, delimiter: str, header: bool) -> pa.Table:
+def _source_names(columns, header: bool) -> list[str]:
+    """The names Arrow gives ``columns``: their own with a header, else ``f<position>``."""
+    return list(columns) if header else [f"f{int(c)}" for c in columns]
+
+
+def _read_csv(
+    path: Path, columns: list[str] | None, delimiter: str, header: bool, text_columns: list[str] = ()
+) -> pa.Table:
     read = pacsv.ReadOptions(autogenerate_column_names=not header, block_size=_CSV_BLOCK_BYTES)
     parse = pacsv.ParseOptions(delimiter=delimiter)
     if header:  # read the header row alone first, so a missing column is named before any parsing
         _read_csv_header(path, columns, delimiter)
+    text = {name: pa.string() for name in _source_names(text_columns, header)}  # ids: never parsed here
     if columns is None:
-        convert = pacsv.ConvertOptions()
+        convert = pacsv.ConvertOptions(column_types=text)
     else:
-        convert = pacsv.ConvertOptions(include_columns=columns if header else [f"f{int(c)}" for c in columns])
+        convert = pacsv.ConvertOptions(include_columns=_source_names(columns, header), column_types=text)
     try:
         table = pacsv.read_csv(
             pa.input_stream(str(path), compression="detect"),
@@ -138,22 +151,62 @@ def _read_csv(path: Path, columns: list[str] | None, delimiter: str, header: boo
     return table
 
 
-def _read_parquet(path: Path, columns: list[str] | None) -> pa.Table:
+def parquet_files(path: Path) -> list[Path]:
+    """The parquet files of ``path`` (itself, or a folder's files as Arrow's dataset discovery finds
+    them: names starting with "." or "_" skipped)."""
+    if not path.is_dir():
+        return [path]
     try:
-        dataset = pads.dataset(str(path), format="parquet")
-        names = dataset.schema.names
+        return [Path(f) for f in pads.dataset(str(path), format="parquet").files]
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: not readable as parquet ({e})") from None
+
+
+def _parquet_file(path: Path, file: Path, columns: list[str] | None) -> pads.Dataset:
+    """One file of the log at ``path``, its columns checked: errors name the file and the column."""
+    try:
+        dataset = pads.dataset(str(file), format="parquet")
+        names = dataset.schema.names
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{file}: not readable as parquet ({e})") from None
     missing = [c for c in columns or () if c not in names]
+    if missing and file != path:  # one file of a folder: the others have it
+        raise DatasetError(f"{path}: column {missing[0]!r} is missing in {file}; its columns are {names}")
     if missing:
         raise DatasetError(f"{path}: no column(s) {missing}; columns are {names}")
+    return dataset
+
+
+def iter_parquet_tables(path: Path, columns: list[str] | None) -> Iterator[tuple[Path, pa.Table]]:
+    """(file, its ``columns``) for each file of the parquet log at ``path``, as each file types them."""
+    for file in parquet_files(path):
+        dataset = _parquet_file(path, file, columns)
+        try:
+            yield file, dataset.to_table(columns=columns)
+        except (OSError, pa.ArrowException) as e:
+            raise DatasetError(f"{file}: not readable as parquet, the file is damaged ({e})") from None
+
+
+def _read_parquet(path: Path, columns: list[str] | None) -> pa.Table:
+    """Every file's ``columns`` as one table; files that type a column differently are named."""
+    tables = list(iter_parquet_tables(path, columns))
     try:
-        return dataset.to_table(columns=columns)
-    except (OSError, pa.ArrowException) as e:
-        raise DatasetError(f"{path}: a parquet file there is damaged ({e})") from None
+        return pa.concat_tables([t for _, t in tables], promote_options="permissive")
+    except (pa.ArrowException, TypeError):
+        first_file, first = tables[0]
+        for file, table in tables[1:]:
+            for name in first.column_names:
+                if name in table.column_names and table.schema.field(name).type != first.schema.field(name).type:
+                    raise DatasetError(
+                        f"{path}: column {name!r} is {table.schema.field(name).type} in {file} but "
+                        f"{first.schema.field(name).type} in {first_file}; give every file the same types"
+                    ) from None
+        raise
 
 
-def _csv_batches(path: Path, columns: list[str], delimiter: str, header: bool) -> Iterator[pa.RecordBatch]:
+def _csv_batches(
+    path: Path, columns: list[str], delimiter: str, header: bool, text_columns: list[str] = ()
+) -> Iterator[pa.RecordBatch]:
     """``columns`` of a CSV in record batches of one parse block each (~16 MiB of text): bounded memory.
 
     Column types are inferred from the first block (Arrow's streaming reader); a later value that
@@ -161,8 +214,9 @@ def _csv_batches(path: Path, columns: list[str], delimiter: str, header: bool) -
     """
     read = pacsv.ReadOptions(autogenerate_column_names=not header, block_size=_CSV_BLOCK_BYTES)
     parse = pacsv.ParseOptions(delimiter=delimiter)
-    names = columns if header else [f"f{int(c)}" for c in columns]
-    convert = pacsv.ConvertOptions(include_columns=names)
+    names = _source_names(columns, header)
+    text = {name: pa.string() for name in _source_names(text_columns, header)}
+    convert = pacsv.ConvertOptions(include_columns=names, column_types=text)
     reader = None
     try:
         reader = pacsv.open_csv(
@@ -228,6 +282,7 @@ def iter_csv_chunks(
     header: bool,
     threads: int,
     chunk_bytes: int = 0,
+    text_columns: list[str] = (),
 ) -> Iterator[pa.RecordBatch]:
     """``iter_columns`` of an uncompressed CSV / TSV, parsed ``threads`` chunks at a time while the
     caller works on the batches before them: file order, bounded memory (``threads + 1`` chunks of
@@ -245,7 +300,8 @@ def iter_csv_chunks(
     starts = _chunk_starts(path, chunk_bytes or CSV_CHUNK_BYTES)
     ends = [*starts[1:], path.stat().st_size]
     parse = pacsv.ParseOptions(delimiter=delimiter)
-    selected = columns if header else [f"f{int(c)}" for c in columns]
+    selected = _source_names(columns, header)
+    text = {name: pa.string() for name in _source_names(text_columns, header)}
     buffers: queue.SimpleQueue = queue.SimpleQueue()  # chunk text buffers, reused: fresh pages cost here
     for _ in range(threads):
         buffers.put(np.empty(max(e - s for s, e in zip(starts, ends)), dtype=np.uint8))
@@ -267,7 +323,7 @@ def iter_csv_chunks(
                 autogenerate_column_names=not header,
                 column_names=names if header and not first else None,
             )
-            convert = pacsv.ConvertOptions(include_columns=selected, column_types=types)
+            convert = pacsv.ConvertOptions(include_columns=selected, column_types=types or text)
             return pacsv.read_csv(
                 pa.BufferReader(pa.py_buffer(buf[:n])),
                 read_options=read_options,
@@ -308,19 +364,13 @@ def _renamed(table: pa.Table, columns: list[str], header: bool) -> pa.Table:
     return table if header else table.rename_columns(columns)
 
 
-def _parquet_batches(path: Path, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
-    try:
-        dataset = pads.dataset(str(path), format="parquet")
-        names = dataset.schema.names
-    except (OSError, pa.ArrowException) as e:
-        raise DatasetError(f"{path}: not readable as parquet ({e})") from None
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise DatasetError(f"{path}: no column(s) {missing}; columns are {names}")
-    try:  # one file and a few batches read ahead at a time: memory bounded by the row groups
+def parquet_batches(path: Path, file: Path, columns: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """``columns`` of one file of the parquet log at ``path`` in record batches (decoded on every core)."""
+    dataset = _parquet_file(path, file, columns)
+    try:  # a few batches read ahead at a time: memory bounded by the row groups
         yield from dataset.to_batches(columns=columns, batch_size=batch_rows, batch_readahead=2, fragment_readahead=1)
     except (OSError, pa.ArrowException) as e:
-        raise DatasetError(f"{path}: a parquet file there is damaged ({e})") from None
+        raise DatasetError(f"{file}: not readable as parquet, the file is damaged ({e})") from None
 
 
 _DEFAULT_DELIMITERS = {"csv": ",", "tsv": "\t"}
@@ -345,77 +395,118 @@ def iter_columns(
     delimiter: str = "",
     header: bool = True,
     batch_rows: int = 1 << 20,
-) -> Iterator[pa.RecordBatch]:
-    """``read_columns`` in record batches, for logs larger than memory: the same errors, found as the
-    batches are read (a header without rows: ``no rows`` once the file ends)."""
+    text_columns: list[str] = (),
+) -> Iterator[tuple[Path, pa.RecordBatch]]:
+    """``read_columns`` in record batches, for logs larger than memory, each with the file it comes
+    from (a folder of parquet files: file by file, each typed as the file has it): the same errors,
+    found as the batches are read (a header without rows: ``no rows`` once the file ends)."""
     path, fmt = _columnar_log(path, fmt)
-    if fmt == "parquet":
-        batches = _parquet_batches(path, columns, batch_rows)
-    else:
-        batches = _csv_batches(path, columns, delimiter or _DEFAULT_DELIMITERS[fmt], header)
     num_rows = 0
-    for batch in batches:
-        num_rows += batch.num_rows
-        if batch.num_rows:
-            yield batch
+    if fmt == "parquet":
+        for file in parquet_files(path):
+            for batch in parquet_batches(path, file, columns, batch_rows):
+                num_rows += batch.num_rows
+                if batch.num_rows:
+                    yield file, batch
+    else:
+        for batch in _csv_batches(path, columns, delimiter or _DEFAULT_DELIMITERS[fmt], header, text_columns):
+            num_rows += batch.num_rows
+            if batch.num_rows:
+                yield path, batch
     if num_rows == 0:
         raise DatasetError(f"{path}: no rows (a header alone, or an empty file)")
 
 
 def read_columns(
-    path: str | os.PathLike, columns: list[str] | None, *, fmt: str = "auto", delimiter: str = "", header: bool = True
+    path: str | os.PathLike,
+    columns: list[str] | None,
+    *,
+    fmt: str = "auto",
+    delimiter: str = "",
+    header: bool = True,
+    text_columns: list[str] = (),
 ) -> pa.Table:
     """``columns`` of the log at ``path`` (names, or 0-based positions as strings when ``header`` is
-    false; None: every column)."""
+    false; None: every column); ``text_columns`` of a CSV are read as strings, never parsed (ids).
+    A folder of parquet files whose files type a column differently: ``iter_parquet_tables``."""
     path, fmt = _columnar_log(path, fmt)
     if fmt == "parquet":
         table = _read_parquet(path, columns)
     else:
-        table = _read_csv(path, columns, delimiter or _DEFAULT_DELIMITERS[fmt], header)
+        table = _read_csv(path, columns, delimiter or _DEFAULT_DELIMITERS[fmt], header, text_columns)
     if table.num_rows == 0:
         raise DatasetError(f"{path}: no rows (a header alone, or an empty file)")
     return table
 
 
+def delimited_header(path: Path, columns: list[str]) -> str | None:
+    """ "csv" or "tsv" when the first line of ``path`` is a header naming every one of ``columns``
+    (split at commas or tabs), else None: what tells a ``.txt`` CSV from an adjacency list."""
+    try:
+        with _open_text(path) as f:
+            first = f.readline().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for fmt, delimiter in (("tsv", "\t"), ("csv", ",")):
+        names = [n.strip().strip('"') for n in first.split(delimiter)]
+        if len(names) > 1 and all(c in names for c in columns):
+            return fmt
+    return None
+
+
+_ADJACENCY_HINT = (
+    "adjacency lists are `user item item ...` per line, integers apart by spaces; for a CSV / TSV log "
+    "set data.interactions.format=csv or tsv"
+)
+_INTEGER_TOKEN = r"^[+-]?[0-9]+$"
+
+
 def read_adjacency(path: str | os.PathLike) -> pa.Table:
     """A LightGCN-style file: one line per user, ``user item item ...``, space-separated integers.
 
-    Returns columns ``user``, ``item`` and ``position`` (the pair's running index in the file,
-    which orders a user's items when the data has no timestamps). A line with a user and no items
-    adds nothing; blank lines are skipped.
+    Returns columns ``user``, ``item`` (the tokens as text: ``log_columns.ids`` reads them by the
+    id rule, so "007" and "7" stay two ids unless ``id_type=int``) and ``position`` (the pair's
+    running index in the file, which orders a user's items when the data has no timestamps). A
+    line with a user and no items adds nothing; blank lines are skipped.
     """
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path}: no such file")
-    users: list[np.ndarray] = []
-    items: list[np.ndarray] = []
+    users: list[str] = []
+    items: list[str] = []
+    lines: list[int] = []  # the line of each user's run of items: first pair index -> line
+    starts: list[int] = []
     try:
         with _open_text(path) as f:
             for line_no, line in enumerate(f, start=1):
                 tokens = line.split()
                 if len(tokens) < 2:
+                    if len(tokens) == 1 and not _is_integer(tokens[0]):
+                        raise DatasetError(
+                            f"{path}: line {line_no}: user id {tokens[0]!r} is not an integer; {_ADJACENCY_HINT}"
+                        )
                     continue
-                try:
-                    ids = np.array(tokens, dtype=np.int64)
-                except ValueError:
-                    bad = next(t for t in tokens if not _is_int(t))
-                    field = "user id" if bad == tokens[0] else "item id"
-                    raise DatasetError(f"{path}: line {line_no}: {field} {bad!r} is not an integer") from None
-                users.append(np.full(len(ids) - 1, ids[0], dtype=np.int64))
-                items.append(ids[1:])
+                lines.append(line_no)
+                starts.append(len(items))
+                users.extend([tokens[0]] * (len(tokens) - 1))
+                items.extend(tokens[1:])
     except UnicodeDecodeError as e:
         raise DatasetError(f"{path}: not UTF-8 text ({e})") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot read ({e})") from None
     if not users:
         raise DatasetError(f"{path}: no interactions (every line is empty or a user without items)")
-    user, item = np.concatenate(users), np.concatenate(items)
-    return pa.table({"user": user, "item": item, "position": np.arange(len(user), dtype=np.int64)})
+    user, item = pa.array(users, pa.string()), pa.array(items, pa.string())
+    for field, column in (("user id", user), ("item id", item)):
+        bad = pc.invert(pc.match_substring_regex(column, _INTEGER_TOKEN))
+        if pc.any(bad).as_py():
+            pair = int(pc.index(bad, True).as_py())
+            line_no = lines[int(np.searchsorted(starts, pair, side="right")) - 1]
+            raise DatasetError(
+                f"{path}: line {line_no}: {field} {column[pair].as_py()!r} is not an integer; {_ADJACENCY_HINT}"
+            )
+    return pa.table({"user": user, "item": item, "position": np.arange(len(users), dtype=np.int64)})
 
 
-def _is_int(token: str) -> bool:
-    try:
-        int(token)
-        return True
-    except ValueError:
-        return False
+def _is_integer(token: str) -> bool:
+    return token.lstrip("+-").isdigit()

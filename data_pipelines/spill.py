@@ -1,13 +1,13 @@
 """Record batches kept in memory up to a byte budget, then on disk: the out-of-core store of ``bucketed``.
 
-A store appends batches of one schema; past its budget it writes what it holds, and every later
+A store appends batches of one schema (``map`` changes it for every batch held); past its budget it writes what it holds, and every later
 batch, to an Arrow IPC stream file (uncompressed: written and read back at disk speed). Reading
 uses ordinary reads, not a memory map, so the pages read do not count as the process's memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -60,6 +60,22 @@ class BatchStore:
             self._writer = None
         with pa.OSFile(str(self.path)) as f:
             yield from ipc.open_stream(f)
+
+    def map(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch]) -> None:
+        """Replace every batch held by ``fn(batch)`` (a column's type widened: ``bucketed._read``'s ids)."""
+        if not self._on_disk:
+            self._held = [fn(b) for b in self._held]
+            self._held_bytes = sum(b.nbytes for b in self._held)
+            return
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        old = self.path.with_name(self.path.name + ".old")
+        self.path.rename(old)
+        with pa.OSFile(str(old)) as f:
+            for batch in ipc.open_stream(f):
+                self._write(fn(batch))
+        old.unlink()
 
     def table(self) -> pa.Table | None:
         """Every batch as one table (None when empty)."""

@@ -3,6 +3,10 @@ order, index i being the id's contiguous index, and the mapping raw id -> index 
 
 Memory is O(distinct ids), never O(rows): each batch contributes its distinct ids (and, for users,
 their row counts, which size the per-user buckets of ``bucketed``).
+
+Batches of one column may come as int64 and as strings (``log_columns.ids``: a batch of canonical
+integers, then one holding "007"): from the first string batch on, the vocabulary is of strings,
+the integers so far turned into their decimal text (the same ids: "7" is 7), ascending by code point.
 """
 
 from __future__ import annotations
@@ -35,9 +39,15 @@ class VocabBuilder:
         self._dense: np.ndarray | None = None  # counts of ids _lo, _lo + 1, ...
         self._lo = 0
         self._hashing = False
+        self._strings = False  # the ids seen include text: every value is held as a string
 
     def add(self, column: pa.Array | pa.ChunkedArray) -> None:
         self._rows += len(column)
+        text = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+        if text and not self._strings:
+            self._to_strings()
+        elif self._strings and not text:
+            column = pc.cast(column, pa.string())
         if not self._hashing and pa.types.is_integer(column.type) and len(column):
             values = np.asarray(column.to_numpy())
             lo, hi = int(values.min()), int(values.max())
@@ -75,6 +85,12 @@ class VocabBuilder:
             self._pending += len(present)
             self._dense = None
 
+    def _to_strings(self) -> None:
+        """Hold every id as text from now on: the integers counted so far become their decimal text."""
+        self._to_hashing()
+        self._values = [pc.cast(v, pa.string()) for v in self._values]
+        self._strings = True
+
     def _merge(self) -> None:
         values, counts = self._values, self._counts
         if len(values) > 1:
@@ -91,7 +107,7 @@ class VocabBuilder:
             return pa.array(present + self._lo), self._dense[present]
         self._merge()
         if not self._values:
-            return pa.array([], pa.int64()), np.zeros(0, np.int64)
+            return pa.array([], pa.string() if self._strings else pa.int64()), np.zeros(0, np.int64)
         values, counts = self._values[0], self._counts[0]
         order = pc.array_sort_indices(values)
         return values.take(order), counts[order.to_numpy()]
@@ -120,6 +136,8 @@ class IdMapper:
                 self._index = pd.Index(values)
 
     def __call__(self, column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        if pa.types.is_integer(column.type) and not pa.types.is_integer(self.vocab.type):
+            column = pc.cast(column, self.vocab.type)  # an integer id is its decimal text (log_columns.ids)
         if self._table is not None:
             values = np.asarray(column.to_numpy()) - self._lo
             inside = (values >= 0) & (values < len(self._table))

@@ -25,6 +25,7 @@ from recsys.config import Config, query_uses_neighbors
 from recsys.data.dataset import RetrievalData
 from recsys.evaluation.ann import build_index, require_faiss
 from recsys.rankers.served import ServedState
+from recsys.refusals import PathTaken, RunRefused
 from recsys.serving import BUNDLE_FORMAT, QueryEncoder, dynamic_shapes, example_inputs
 
 BUNDLE_FILES = {
@@ -43,8 +44,25 @@ BUNDLE_FILES = {
 }
 
 
+def _check_writable(out: Path) -> None:
+    """``out``'s folder (or the nearest one that exists) takes new files: probed with an empty folder,
+    so a read-only place is refused before any work (the bundle is built beside ``out``)."""
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.probe-"))
+    except OSError as e:
+        raise RunRefused(
+            f"out_dir={out}: cannot write in {parent} ({e.strerror or e}); recsys.export builds the bundle there "
+            "and renames it into place. Choose an out_dir on a writable file system"
+        ) from None
+
+
 def check_replaceable(out: Path) -> None:
-    """Export replaces only a bundle it wrote: anything else at ``out`` is someone's data, never deleted."""
+    """Export replaces only a bundle it wrote: anything else at ``out`` is someone's data, never deleted;
+    and it must be able to write there (both before any work)."""
+    _check_writable(out)
     if not out.exists() and not out.is_symlink():
         return
     why = ""
@@ -61,7 +79,7 @@ def check_replaceable(out: Path) -> None:
         elif others:
             why = f"it holds files a bundle does not ({', '.join(others[:5])})"
     if why:
-        raise FileExistsError(
+        raise PathTaken(
             f"out_dir={out}: exists and {why}; recsys.export replaces only a bundle it wrote. "
             "Choose another out_dir (or move that one away yourself)"
         )
@@ -131,6 +149,8 @@ def _manifest(served: ServedState, index: str, data: RetrievalData, cfg: Config,
             else ""
         ),
         "checkpoint": str(checkpoint.resolve()),
+        # trainer.refit: the selection stage trained on train only, the refit (<run>/refit) on train + valid
+        "trained_on": "train + valid" if cfg.data.train_on_valid else "train",
         "dataset_dir": str(data.dir),
     }
 

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from recsys.atomic import replace_dir
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
+from recsys.refusals import MissingPath, RunRefused
 from recsys.safe_load import SafeFileSystemReader, UnsafeFileError, torch_load_weights
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -68,7 +69,7 @@ CONFIG_FILE = "config.yaml"  # the run's resolved config, as the weights were tr
 
 def read_trainer_state(path: Path) -> TrainerState:
     if not is_complete_checkpoint(path):
-        raise FileNotFoundError(f"{path}: not a complete checkpoint (no {STATE_FILE})")
+        raise MissingPath(f"{path}: not a complete checkpoint (no {STATE_FILE})")
     return TrainerState(**json.loads((path / STATE_FILE).read_text()))
 
 
@@ -80,16 +81,16 @@ def check_checkpoint_files(path: Path) -> None:
     except UnsafeFileError:
         raise
     except Exception as e:  # missing or unreadable .metadata
-        raise FileNotFoundError(f"{path}: incomplete checkpoint, its DCP .metadata cannot be read ({e})") from None
+        raise MissingPath(f"{path}: incomplete checkpoint, its DCP .metadata cannot be read ({e})") from None
     needed: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     for name, size in sorted(needed.items()):
         file = path / name
         if not file.is_file():
-            raise FileNotFoundError(f"{path}: incomplete checkpoint, {name} is missing")
+            raise MissingPath(f"{path}: incomplete checkpoint, {name} is missing")
         if file.stat().st_size < size:
-            raise ValueError(
+            raise RunRefused(
                 f"{path}: incomplete checkpoint, {name} has {file.stat().st_size} bytes, its metadata needs {size}"
             )
 
@@ -191,11 +192,12 @@ def _write_error(tmp: Path, e: BaseException) -> OSError:
     ]  # DCP: (exception, traceback)
     errno = next((c.errno for c in causes if isinstance(c, OSError)), None)
     reason = "; ".join(f"{type(c).__name__}: {c}" for c in causes)
-    return OSError(
-        errno,
-        f"{tmp}: writing the checkpoint failed ({reason}); the previous checkpoint is intact "
-        f"(free space on {tmp.parent}'s file system and run again to resume)",
-    )
+    earlier = complete_checkpoints(tmp.parent)
+    if earlier:
+        kept = f"the previous checkpoint ({earlier[-1].name}) is intact (free space on {tmp.parent}'s file system and run again to resume from it)"
+    else:
+        kept = f"no earlier checkpoint exists, so a rerun starts from step 0 (free space on {tmp.parent}'s file system first)"
+    return OSError(errno, f"{tmp}: writing the checkpoint failed ({reason}); {kept}")
 
 
 def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_optimizer: bool = True) -> TrainerState:

@@ -32,6 +32,7 @@ from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema
     reject_unknown_keys,
     to_typed,
 )
+from data_pipelines.errors import ConfigError
 from recsys.evaluation.ann import ANN_KINDS
 from recsys.evaluation.ease import DEFAULT_LAMBDAS
 from recsys.lr_schedule import SCHEDULES
@@ -346,6 +347,9 @@ def config_fingerprint(cfg: Config) -> str:
     data.pop("root")
     data.pop("shard_by_user")  # how the rows are read, not which
     data["interactions"].pop("memory_budget_mb")  # how the log is prepared, not what is written
+    for key in ("id_type", "timestamp_unit"):  # "auto": the fingerprint from before the fields existed (issue 28)
+        if data["interactions"][key] == "auto":
+            del data["interactions"][key]
     for side in ("items_columns", "users_columns"):  # undeclared: the fingerprint from before the fields existed
         if not data["interactions"][side]:
             del data["interactions"][side]
@@ -537,7 +541,7 @@ def check_values(cfg: Config) -> None:
         "must be >= 1",
     )
     if problems:
-        raise ValueError("bad config values: " + "; ".join(problems))
+        raise ConfigError("bad config values: " + "; ".join(problems))
 
 
 def to_config(cfg: DictConfig) -> Config:

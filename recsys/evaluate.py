@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import EvaluateConfig, register_configs, to_typed
 from recsys.logs import setup_logging
+from recsys.refusals import refusals
 from recsys.run import evaluate_run
 
 __all__ = ["EvaluateConfig", "evaluate_run", "main"]
@@ -40,7 +41,8 @@ __all__ = ["EvaluateConfig", "evaluate_run", "main"]
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
-    evaluate_run(to_typed(cfg, EvaluateConfig))
+    with refusals():  # a refusal: one line on stderr, exit 1 (recsys/refusals.py)
+        evaluate_run(to_typed(cfg, EvaluateConfig))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import ExportConfig, register_configs, to_typed
 from recsys.logs import setup_logging
+from recsys.refusals import refusals
 from recsys.run import export_run
 
 __all__ = ["ExportConfig", "export_run", "main"]
@@ -35,7 +36,8 @@ __all__ = ["ExportConfig", "export_run", "main"]
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
-    print(export_run(to_typed(cfg, ExportConfig)))
+    with refusals():  # a refusal: one line on stderr, exit 1 (recsys/refusals.py)
+        print(export_run(to_typed(cfg, ExportConfig)))
 
 
 if __name__ == "__main__":

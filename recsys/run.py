@@ -57,6 +57,8 @@ from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names
 from recsys.rankers.served import SERVED_DIR, load_served, two_tower_state
+from recsys.refusals import MissingPath, RunRefused
+from recsys.run_checks import note_dropped_rows, note_export_stage, warn_ks_beyond_catalogue
 from recsys.run_dir import RESULTS_FILE
 from recsys.run_lock import lock_run_dir
 from recsys.run_outputs import format_results_table
@@ -91,6 +93,8 @@ def open_dataset(cfg: Config, root: str | Path, user_range: tuple[int, int] | No
 def load_data(cfg: Config, env: DistEnv) -> RunData:
     """Collective: the run's dataset, prepared on rank 0; each rank's own users only with data.shard_by_user."""
     dataset_dir = prepare_dataset_on_rank0(cfg.data, env)
+    if env.is_main:
+        note_dropped_rows(dataset_dir)  # a given split's dropped rows: console and train.log
     if cfg.data.shard_by_user:
         data, example_counts = load_rank_data(dataset_dir, env, cfg.data.train_on_valid)
         data = with_side_features(data, cfg.model.features)
@@ -188,6 +192,8 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
         run_dir.mkdir(parents=True, exist_ok=True)
         data, example_counts = load_data(cfg, env)
         sharded = shard_for_training(cfg, data, env)
+        if env.is_main:
+            warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")
         trainer = Trainer(cfg, run_dir, env, data, sharded, example_counts)
         trained = trainer.fit()
         if trained.finished_before:
@@ -224,7 +230,7 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
     if not path.is_file():
         path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
+        raise MissingPath(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
     saved_cfg = OmegaConf.load(path)
     if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
         # written before model.query_neighbors existed: those models' queries did not read the neighbour table
@@ -236,7 +242,7 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
     if (ckpt / STATE_FILE).is_file():
         saved, now = read_trainer_state(ckpt).fingerprint, config_fingerprint(cfg)
         if saved and saved != now:
-            raise ValueError(
+            raise RunRefused(
                 f"{path}: another data/model config (fingerprint {now}) than the weights in {ckpt} were "
                 f"trained with ({saved}, its {STATE_FILE}); was it edited, or rewritten by a later "
                 "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to"
@@ -297,6 +303,8 @@ def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
         check_splits(ecfg.splits)
         # rank 0 builds the report from the whole dataset; the others only embed their own users
         trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=env.is_main)
+        if env.is_main:
+            warn_ks_beyond_catalogue(ecfg.ks, trained.data.num_items, "ks")
         return evaluate_trained(ecfg, cfg, run_dir, env, trained.data, trained.sharded, trained.checkpoint)
     finally:
         del trained
@@ -312,9 +320,10 @@ def export_run(ecfg: ExportConfig) -> Path:
     run_dir = Path(ecfg.run_dir)
     out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
     check_replaceable(out)  # before any work, on every rank
+    note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
     cfg = load_run_config(run_dir, ecfg.checkpoint)
     if uses_sequence_encoder(cfg):
-        raise ValueError(
+        raise RunRefused(
             f"{run_dir}: model.query_encoder=sasrec runs cannot be exported yet: the serving bundle's query encoder "
             "(recsys/serving.py) pools a history bag and has no sequence encoder; evaluate the run with "
             "python -m recsys.evaluate instead"

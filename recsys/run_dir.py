@@ -5,7 +5,9 @@ A training run writes into ``runs/<run_name>/``::
     checkpoints/   metrics.jsonl   tb/   results.json   (+ train.log and .hydra/, rewritten by every start)
 
 ``trainer.resume=none`` moves the first four into ``checkpoints.replaced.<n>/`` together (never
-deleted), so the new run's metrics and TensorBoard curves do not mix with the old ones.
+deleted), so the new run's metrics and TensorBoard curves do not mix with the old ones; a run that
+finds logs but no checkpoint to resume (an attempt that crashed before its first) moves the logs
+to ``logs.replaced.<n>/``.
 ``trainer.resume=auto`` on a run whose newest checkpoint is past its last epoch (or early-stopped)
 does not train again: it says so and returns the results it wrote then.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from recsys.checkpoint import TrainerState, read_trainer_state
+from recsys.run_outputs import drop_records_after
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,31 @@ def set_aside_earlier_run(run_dir: Path) -> Path | None:
         replaced,
     )
     return replaced
+
+
+def tidy_earlier_logs(run_dir: Path, resumed_step: int | None) -> None:
+    """Rank 0, before logging: what an earlier, crashed attempt left in metrics.jsonl / tb/ must not mix
+    with this run's records. Resuming from step N: its records after N go (logged again). With no
+    checkpoint to resume (it crashed before the first): its metrics.jsonl, tb/ and results.json move
+    to ``logs.replaced.<n>/`` (never deleted), so step 1 is logged once."""
+    if resumed_step is not None:
+        drop_records_after(run_dir / "metrics.jsonl", resumed_step)
+        return
+    logs = [run_dir / name for name in LOGS if (run_dir / name).exists()]
+    if not logs:
+        return
+    n = 1
+    while (run_dir / f"logs.replaced.{n}").exists():
+        n += 1
+    replaced = run_dir / f"logs.replaced.{n}"
+    replaced.mkdir()
+    for path in logs:
+        path.rename(replaced / path.name)
+    log.warning(
+        "no checkpoint to resume from: the earlier attempt's %s moved to %s (training starts at step 0)",
+        ", ".join(p.name for p in logs),
+        replaced,
+    )
 
 
 def is_finished(state: TrainerState, epochs: int) -> bool:

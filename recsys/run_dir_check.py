@@ -1,28 +1,93 @@
-"""Hydra callback: ``recsys.evaluate`` / ``recsys.export`` refuse a ``run_dir`` that does not exist before
-Hydra creates its output dir (``<run_dir>/eval``, ``<run_dir>``) in it: a typo must not leave an empty run behind.
+"""Hydra callbacks that refuse a run dir before Hydra creates or writes anything in it (Hydra calls
+``on_run_start`` / ``on_multirun_start`` before it makes the job's output dir and its ``.hydra/``):
 
-Configured in conf/evaluate.yaml and conf/export.yaml (``hydra.callbacks``); Hydra calls ``on_run_start``
-before it makes the job's output dir.
+- ``RunDirMustExist`` (conf/evaluate.yaml, conf/export.yaml): ``recsys.evaluate`` / ``recsys.export``
+  refuse a ``run_dir`` that does not exist, before Hydra creates their output dir (``<run_dir>/eval``,
+  ``<run_dir>``) in it: a typo must not leave an empty run behind.
+- ``RunNameStaysInRuns`` (conf/config.yaml): ``recsys.train``'s ``run_name`` names a folder of
+  ``runs/`` of its own: absolute, with ``..``, or through a symbolic link (to another run, or out of
+  ``runs/``) it is refused, so no checkpoint, lock or ``.hydra/`` lands outside ``runs/`` or in
+  another run's folder; a run dir another training holds (its ``.lock``) is refused before Hydra
+  rewrites its ``.hydra/``.
+
+Both print one line (``error: ...``) and exit 1: Hydra turns a callback's exception into a warning
+and goes on.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from recsys.run_lock import held_elsewhere
+
+
+def _refuse(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 class RunDirMustExist(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = config.get("run_dir")
         if isinstance(run_dir, str) and run_dir and run_dir != "???" and not Path(run_dir).is_dir():
-            # Hydra turns a callback's exception into a warning and goes on: exit instead
-            print(
-                f"error: run_dir={run_dir}: no such run dir (nothing was created there); give the folder "
-                "`python -m recsys.train` wrote, e.g. runs/<run_name>",
-                file=sys.stderr,
+            _refuse(
+                f"run_dir={run_dir}: no such run dir (nothing was created there); give the folder "
+                "`python -m recsys.train` wrote, e.g. runs/<run_name>"
             )
-            sys.exit(1)
+
+
+def run_name_problem(run_name: str, run_dir: str) -> str | None:
+    """Why ``run_name`` cannot name the run dir ``run_dir`` (Hydra's ``hydra.run.dir``, ``runs/${run_name}``
+    unless set by hand); None: it can. A ``run_dir`` set by hand is the user's: only run_name's form is checked."""
+    name = PurePath(run_name)
+    if (
+        not run_name
+        or name.is_absolute()
+        or any(part in ("..", ".") for part in name.parts)
+        or run_name != run_name.strip()
+    ):
+        return (
+            f"run_name={run_name!r}: must be a plain name (or a/b) inside runs/, without '..', '.', a leading '/' "
+            "or surrounding spaces: a run writes its checkpoints, lock and results only under runs/"
+        )
+    path = Path(run_dir)
+    if path.parts[-len(name.parts) :] != name.parts:  # hydra.run.dir set by hand: not derived from run_name
+        return None
+    root = Path(*path.parts[: -len(name.parts)]) if len(path.parts) > len(name.parts) else Path(".")
+    part = root
+    for component in name.parts:
+        part = part / component
+        if part.is_symlink():
+            return (
+                f"run_name={run_name}: {part} is a symbolic link (to {os.readlink(part)}); a run writes in a folder "
+                "of its own, never through a link into another run or out of runs/: choose another run_name, "
+                "or remove the link"
+            )
+    return None
+
+
+class RunNameStaysInRuns(Callback):
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, str(config.hydra.run.dir))
+        writes_hydra = config.hydra.output_subdir is not None  # data_pipelines.prepare writes no .hydra/, takes no lock
+        if writes_hydra and int(os.environ.get("RANK", "0")) == 0:  # rank 0 locks; another may find its own lock
+            held = held_elsewhere(Path(str(config.hydra.run.dir)))
+            if held:  # refused before Hydra rewrites that run's .hydra/ (the lock itself is taken in fit)
+                _refuse(held)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check(config, str(config.hydra.sweep.dir))
+
+    @staticmethod
+    def _check(config: DictConfig, run_dir: str) -> None:
+        run_name = config.get("run_name")
+        if isinstance(run_name, str):
+            problem = run_name_problem(run_name, run_dir)
+            if problem:
+                _refuse(problem)

@@ -20,13 +20,15 @@ import socket
 import time
 from pathlib import Path
 
+from recsys.refusals import RunRefused
+
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 
 
-class RunDirLockedError(RuntimeError):
-    pass
+class RunDirLockedError(RunRefused, RuntimeError):
+    """Another training holds the run dir (a refusal: one line, recsys/refusals.py)."""
 
 
 class RunLock:
@@ -70,6 +72,28 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def held_elsewhere(run_dir: Path) -> str | None:
+    """The refusal a training in ``run_dir`` would meet at its lock (another training holds it), None if free;
+    probed without keeping the lock or creating anything (the Hydra callback asks before ``.hydra/`` is rewritten)."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None  # the training's own attempt names what is wrong
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return (
+            f"{path.parent}: another training holds this run dir ({_describe(path)}); "
+            "wait for it to finish, or use another run_name"
+        )
+    finally:
+        os.close(fd)  # drops the probe's flock, if it got it
+    return None
 
 
 def _read(path: Path) -> dict:

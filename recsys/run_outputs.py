@@ -32,6 +32,16 @@ def drop_records_after(path: Path, step: int) -> None:
     write_text_atomic(path, "".join(kept))
 
 
+def _purge_step(run_dir: Path) -> int | None:
+    """The first step TensorBoard must forget from earlier event files: the one after the last record
+    metrics.jsonl kept (``drop_records_after``: a resumed run logs the rest again); None: no earlier events."""
+    path = run_dir / "metrics.jsonl"
+    if not (run_dir / "tb").is_dir() or not path.is_file():
+        return None
+    steps = [s for s in (_step(line) for line in path.read_text().splitlines() if line.strip()) if s != float("inf")]
+    return int(max(steps)) + 1 if steps else None
+
+
 class MetricsLog:
     """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard."""
 
@@ -42,7 +52,8 @@ class MetricsLog:
         from torch.utils.tensorboard import SummaryWriter  # imported lazily: slow, and rank 0 only
 
         self._file = open(run_dir / "metrics.jsonl", "a")
-        self._tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+        # resumed after a crash: TensorBoard hides the crashed attempt's events past the records kept
+        self._tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=_purge_step(run_dir))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:

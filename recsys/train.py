@@ -25,10 +25,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from data_pipelines.errors import DatasetError
 from recsys.config import register_configs, to_config
 from recsys.logs import setup_logging
 from recsys.preemption import PREEMPTED_EXIT_CODE, Preempted
+from recsys.refusals import refusals
 from recsys.run import fit
 
 
@@ -39,14 +39,12 @@ def main(cfg: DictConfig) -> None:
     log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
     if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
         logging.getLogger().setLevel(logging.WARNING)
-    try:
-        fit(to_config(cfg), HydraConfig.get().runtime.output_dir)
-    except DatasetError as e:  # missing or bad input files: one message, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except Preempted as e:  # SIGTERM: checkpointed; a status schedulers can tell from a failure
-        print(str(e), file=sys.stderr)
-        sys.exit(PREEMPTED_EXIT_CODE)
+    with refusals():  # bad input files, config values, a held run dir...: one line on stderr, exit 1
+        try:
+            fit(to_config(cfg), HydraConfig.get().runtime.output_dir)
+        except Preempted as e:  # SIGTERM: checkpointed; a status schedulers can tell from a failure
+            print(str(e), file=sys.stderr)
+            sys.exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

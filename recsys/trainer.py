@@ -49,8 +49,9 @@ from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.sharded import Evaluator
 from recsys.lr_schedule import LrSchedule
 from recsys.preemption import Preempted, PreemptionHandler
-from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run
-from recsys.run_outputs import MetricsLog, drop_records_after, format_results_table
+from recsys.refusals import MissingPath, RunRefused
+from recsys.run_dir import completed_results, result_ks, set_aside_earlier_run, tidy_earlier_logs
+from recsys.run_outputs import MetricsLog, format_results_table
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +151,9 @@ def resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Path | None:
         return latest_checkpoint(ckpt_root)
     path = Path(resume)
     if not path.is_dir():
-        raise FileNotFoundError(f"trainer.resume={resume!r}: no such checkpoint dir")
+        raise MissingPath(f"trainer.resume={resume!r}: no such checkpoint dir")
     if is_complete_checkpoint(path) and not has_optimizer_state(path):  # best/: saved with_optimizer=False
-        raise ValueError(
+        raise RunRefused(
             f"trainer.resume={resume!r}: {path} holds weights only (the best epoch's; no optimizer state or position "
             f"in the data), so a run cannot continue from it. Continue the run from a step checkpoint (trainer.resume="
             f"auto picks the newest), or start a new run from these weights: trainer.init_from={path} trainer.resume=none"
@@ -173,7 +174,7 @@ def _best_weights(ckpt_root: Path, state: TrainerState) -> Path | None:
         if saved.epoch == state.best_epoch + 1 and saved.next_batch == 0:
             log.warning("%s is missing or damaged: testing the best epoch's weights from %s", best, path)
             return path
-    raise FileNotFoundError(
+    raise MissingPath(
         f"{best}: missing or damaged, and no step checkpoint from the end of the best epoch ({state.best_epoch}) is "
         f"left: the weights to test are gone. Restore {best}, or retrain with trainer.resume=none "
         "(the old checkpoints are set aside, not deleted)"
@@ -184,7 +185,7 @@ def _check_same_batches(saved: TrainerState, path: Path, global_batch_size: int)
     """Mid-epoch, the checkpoint's next batch counts batches of its own size: another size would resume at
     another example, training part of the epoch twice or skipping it. At an epoch end any size may follow."""
     if saved.next_batch > 0 and saved.global_batch_size and saved.global_batch_size != global_batch_size:
-        raise ValueError(
+        raise RunRefused(
             f"trainer.global_batch_size={global_batch_size}: {path} was saved mid-epoch (epoch {saved.epoch}, batch "
             f"{saved.next_batch}) with trainer.global_batch_size={saved.global_batch_size}; with another size the rest "
             f"of the epoch would not be exactly its unseen examples. Resume with trainer.global_batch_size="
@@ -269,7 +270,7 @@ class Trainer:
             return None
         saved_state = read_trainer_state(resume_from)
         if saved_state.fingerprint != self.fingerprint:  # before loading: other shapes would fail inside DCP
-            raise ValueError(
+            raise RunRefused(
                 f"{resume_from}: saved for another data/model config (fingerprint {saved_state.fingerprint}, "
                 f"now {self.fingerprint}); use trainer.resume=none or another run_name"
             )
@@ -295,7 +296,7 @@ class Trainer:
         """trainer.init_from: another checkpoint's weights, nothing else (optimizer, step, data position, RNG stay new)."""
         saved = read_trainer_state(path).fingerprint
         if saved != self.fingerprint:
-            raise ValueError(
+            raise RunRefused(
                 f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint {saved}, "
                 f"now {self.fingerprint})"
             )
@@ -351,10 +352,8 @@ class Trainer:
             )
         self.pipeline, self.train_step = make_train_step(tcfg.pipeline, self.sharded, env, precision)
         self.steps_per_epoch = min(len(self.batches), tcfg.max_steps_per_epoch or len(self.batches))
-        if resumed is not None and env.is_main:
-            drop_records_after(
-                self.run_dir / "metrics.jsonl", self.state.step
-            )  # logged after the checkpoint, before a crash
+        if env.is_main:  # a crashed attempt's records: after the checkpoint, or all of them with none to resume
+            tidy_earlier_logs(self.run_dir, self.state.step if resumed is not None else None)
         self.metrics_log = MetricsLog(self.run_dir, enabled=env.is_main)
         try:
             self.preemption.install()  # SIGTERM now sets a flag; checked after every step
@@ -492,6 +491,7 @@ class Trainer:
                 "world_size": self.env.world_size,
             },
             "dataset": {
+                **({"given_split": data.meta["given_split"]} if "given_split" in data.meta else {}),  # dropped rows
                 "dir": str(data.dir),
                 "name": data.meta.get("name"),
                 "protocol": data.meta.get("protocol"),

@@ -120,11 +120,11 @@ def test_out_of_core_writes_the_in_memory_dataset(tmp_path, monkeypatch, protoco
 def test_errors_name_the_row_across_batches_and_leave_no_work_files(tmp_path):
     folder = tmp_path / "log"
     folder.mkdir()
-    for k in range(3):  # one batch per file: row 250 is in the third
+    for k in range(3):  # one batch per file: row 250 of the log is row 50 of the third file, which is named
         users = pa.array([None if k * 100 + j == 249 else j for j in range(100)], pa.int64())
         pq.write_table(pa.table({"u": users, "i": pa.array(np.arange(100))}), folder / f"part-{k}.parquet")
     cfg = InteractionsDataConfig(path=str(folder), user_column="u", item_column="i", memory_budget_mb=1)
-    with pytest.raises(DatasetError, match=r"log: row 250: field 'u' is empty"):
+    with pytest.raises(DatasetError, match=r"log/part-2\.parquet: row 50: field 'u' is empty"):
         prepare_interactions(cfg, root=tmp_path / "data", name="log", protocol="recbole")
     assert list((tmp_path / "data").iterdir()) == []  # the work folder (spill files) is gone too
     with pytest.raises(DatasetError, match=r"memory_budget_mb=0: must be positive"):

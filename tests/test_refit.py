@@ -106,3 +106,26 @@ def test_valid_rows_join_train_for_every_reader(refit_run, process_group):
 def test_refit_refuses_what_it_cannot_do(overrides, message):
     with pytest.raises(ValueError, match=message):
         check_values(tiny_config(overrides))
+
+
+def test_export_of_a_refit_run_says_which_stage_and_how_to_export_the_other(refit_run, tmp_path, caplog):
+    """Issue 28, case 16: the run dir exports the selection stage (train only), saying so and naming the
+    refit's run dir; that one exports the refit (train + valid); each bundle's manifest says which."""
+    import logging
+
+    from recsys.export import ExportConfig, export_run
+
+    _, run_dir, _ = refit_run
+    with caplog.at_level(logging.INFO, logger="recsys.run_checks"):
+        selection = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "selection")))
+        refit = export_run(ExportConfig(run_dir=str(run_dir / REFIT_DIR), out_dir=str(tmp_path / "refit")))
+    said = [r.getMessage() for r in caplog.records if r.name == "recsys.run_checks"]
+    assert said == [
+        f"{run_dir}: exporting the selection stage (trained on train only; checkpoints/best). This run also has a "
+        f'refit, trained on train + valid (results.json\'s "refit" figures): run_dir={run_dir / REFIT_DIR} '
+        "exports that one",
+        f"{run_dir / REFIT_DIR}: exporting the refit (trained on train + valid); run_dir={run_dir} exports the "
+        "selection stage (train only)",
+    ]
+    assert json.loads((selection / "manifest.json").read_text())["trained_on"] == "train"
+    assert json.loads((refit / "manifest.json").read_text())["trained_on"] == "train + valid"

@@ -29,7 +29,7 @@ class Interactions:
 
     user_ids: np.ndarray  # int64
     item_ids: np.ndarray  # int64
-    timestamps: np.ndarray  # int64, seconds
+    timestamps: np.ndarray  # int64, epoch time in meta.json's unit (or file order): only their order is read
 
     def __len__(self) -> int:
         return int(self.user_ids.shape[0])

@@ -1,0 +1,62 @@
+"""What a run says about its inputs before it reports, so that no figure or file surprises:
+
+- a given split's rows that prepare dropped (``data.protocol=given``: unknown users / items, pairs
+  already in train, duplicates), on the console and in train.log (results.json has them too);
+- a cut-off ``k`` at or beyond the catalogue, where every item is in the top k (Recall@k is 1 by
+  construction);
+- which stage of a ``trainer.refit`` run ``recsys.export`` exports, and how to export the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from data_pipelines.dataset_dir import dropped_rows_report, read_meta
+
+__all__ = ["note_dropped_rows", "note_export_stage", "warn_ks_beyond_catalogue"]
+
+log = logging.getLogger(__name__)
+
+
+def note_dropped_rows(dataset_dir: Path) -> None:
+    """Log the given split's dropped rows (meta.json ``given_split.dropped``); nothing for other protocols."""
+    for line in dropped_rows_report(read_meta(dataset_dir)):
+        log.info("%s", line)
+
+
+def warn_ks_beyond_catalogue(ks: Sequence[int], num_items: int, setting: str) -> None:
+    """Warn of each cut-off ``k >= num_items``: the top k holds every item, so its recall says nothing."""
+    beyond = [k for k in ks if k >= num_items]
+    if beyond:
+        log.warning(
+            "%s=%s: k=%s is not below the catalogue's %d items: the top k holds every item, so Recall@k is 1 "
+            "(and NDCG@k near it) by construction, whatever the model; choose cut-offs below %d",
+            setting,
+            list(ks),
+            ", ".join(map(str, beyond)),
+            num_items,
+            num_items,
+        )
+
+
+def note_export_stage(run_dir: Path, checkpoint: str, refit_dir: str) -> None:
+    """Say which stage of a ``trainer.refit`` run is exported (the refit's is ``<run dir>/<refit_dir>``) and
+    how to choose the other."""
+    if checkpoint or int(os.environ.get("RANK", "0")) != 0:
+        return  # the user named the weights; one rank says it
+    if (run_dir / refit_dir / "checkpoints").is_dir():
+        log.warning(
+            "%s: exporting the selection stage (trained on train only; checkpoints/best). This run also has a "
+            'refit, trained on train + valid (results.json\'s "refit" figures): run_dir=%s exports that one',
+            run_dir,
+            run_dir / refit_dir,
+        )
+    elif run_dir.name == refit_dir and (run_dir.parent / "checkpoints").is_dir():
+        log.info(
+            "%s: exporting the refit (trained on train + valid); run_dir=%s exports the selection stage (train only)",
+            run_dir,
+            run_dir.parent,
+        )
