@@ -74,7 +74,8 @@ def evaluate_rankers(
     ``keep``: rankers whose test fit and test top-k ids come back in ``out["kept"][name]`` (what the bundle
     serves); ``keep_ids``: every ranker's top-k ids per split in ``out["ids"][split][name]`` (int64 numpy).
     """
-    ks = sorted({int(k) for k in ks})
+    # the tuning metric's cut-off is computed too, whether or not the caller reports it
+    ks = sorted({int(k) for k in ks} | {int(metric.partition("@")[2])})
     kmax = max(ks)
     known = {r.name: r for r in [*parts, *rankers]}
     order = fit_order(rankers, known)

@@ -194,7 +194,11 @@ def rank_graph_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict
         rankers, valid=splits["valid"], test=splits.get("test", splits["valid"]), ks=inputs.ks, metric=metric,
         chunk_size=options.chunk_size, parts=parts, keep_ids=True,
     )  # fmt: skip
-    ids = {n: {r: out["ids"]["valid" if n == "valid" else "test"][r] for r in options.graph_rankers} for n in splits}
+    kmax = max(inputs.ks)  # the stage ranks at least the tuning metric's cut-off: the report's own depth here
+    ids = {
+        n: {r: out["ids"]["valid" if n == "valid" else "test"][r][:, :kmax] for r in options.graph_rankers}
+        for n in splits
+    }
     return ids, {
         "rankers": out["rankers"],
         "tuned_on": f"valid {metric}",
