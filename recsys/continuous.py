@@ -17,10 +17,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from recsys.checkpoint import CONFIG_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint
-from recsys.config import Config, IdMapping, to_config
+from recsys.config import Config, IdMapping
 from recsys.data.dataset import RetrievalData
 from recsys.data.slices import slice_range
 from recsys.refusals import MissingPath, RunRefused
@@ -45,11 +43,9 @@ def checkpoint_config(path: Path) -> Config | None:
     file = path / CONFIG_FILE
     if not file.is_file():
         return None
-    from recsys.run import drop_retired_keys  # noqa: PLC0415 (run imports the trainer, which imports this module)
+    from recsys.run import read_config_file  # noqa: PLC0415 (run imports the trainer, which imports this module)
 
-    saved = OmegaConf.load(file)
-    drop_retired_keys(saved)
-    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved))
+    return read_config_file(file)
 
 
 def check_managed(key: str, path: Path, saved: Config, cfg: Config, saved_world_size: int, world_size: int) -> None:

@@ -240,12 +240,7 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
         path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise MissingPath(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
-    saved_cfg = OmegaConf.load(path)
-    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
-        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
-        saved_cfg.model.query_neighbors = False
-    drop_retired_keys(saved_cfg)
-    cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
+    cfg = read_config_file(path)
     # the weights' own record of their data / model config: a config that differs would build another
     # model or split (and report numbers for a protocol the weights never saw)
     if (ckpt / STATE_FILE).is_file():
@@ -257,6 +252,16 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
                 "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to"
             )
     return cfg
+
+
+def read_config_file(path: Path) -> Config:
+    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
+    saved_cfg = OmegaConf.load(path)
+    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
+        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
+        saved_cfg.model.query_neighbors = False
+    drop_retired_keys(saved_cfg)
+    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
 
 
 # eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'

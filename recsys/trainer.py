@@ -238,9 +238,8 @@ class Trainer:
             self.tcfg.preemption_grace_s, rank=env.rank, world_size=env.world_size, device=env.device
         )
         self.metrics_log: MetricsLog | None = None
-        self.managed: dict[
-            str, dict[str, int]
-        ] = {}  # model.id_mapping=managed: the managed tables' counts (_log_managed)
+        # model.id_mapping=managed: the managed tables' counts (_log_managed)
+        self.managed: dict[str, dict[str, int]] = {}
         # before resume(): the base rates are the configured ones, not a checkpoint's decayed ones
         self.lr_schedule = LrSchedule(
             sharded.optimizer, cfg.optim.schedule, cfg.optim.schedule_epochs or self.tcfg.epochs
@@ -275,9 +274,7 @@ class Trainer:
             return None
         saved_state = read_trainer_state(resume_from)
         saved_cfg = checkpoint_config(resume_from)
-        if (
-            saved_cfg is not None
-        ):  # another zch_size / policy / world size, named before the fingerprint says it differs
+        if saved_cfg is not None:  # another zch_size / policy / world size, named before the fingerprint differs
             check_managed(
                 "trainer.resume", resume_from, saved_cfg, self.cfg, saved_world_size(saved_state), self.env.world_size
             )
@@ -312,12 +309,14 @@ class Trainer:
         state, saved_cfg = read_trainer_state(path), checkpoint_config(path)
         if saved_cfg is not None:
             check_managed("trainer.init_from", path, saved_cfg, self.cfg, saved_world_size(state), self.env.world_size)
-            saved, now = weights_fingerprint(saved_cfg), weights_fingerprint(self.cfg)
-        else:  # saved without its config (older runs): the run fingerprint, as before
-            saved, now = state.fingerprint, self.fingerprint
-        if saved != now:
+        # the run's fingerprint, or (data.slices) the same model on another slice of the same log
+        same = state.fingerprint == self.fingerprint or (
+            saved_cfg is not None and weights_fingerprint(saved_cfg) == weights_fingerprint(self.cfg)
+        )
+        if not same:
             raise RunRefused(
-                f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint {saved}, now {now})"
+                f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint "
+                f"{state.fingerprint}, now {self.fingerprint})"
             )
         if saved_cfg is not None:
             check_slice_order(path, saved_cfg, self.cfg, self.data)
