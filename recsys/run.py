@@ -347,7 +347,7 @@ def export_run(ecfg: ExportConfig) -> Path:
     try:
         # the bundle needs the items and the vocabularies, no interactions: each rank reads only its users'
         trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
-        data, two_tower = trained.data, trained.sharded.module.module.model
+        data, two_tower = trained.data, trained.sharded.two_tower
         two_tower.eval()
         if served is None:
             builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))

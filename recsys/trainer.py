@@ -223,8 +223,8 @@ class Trainer:
             data,
             sharded,
         )
-        sharded.module.module.gather_candidates = candidate_gather(env.rank, env.world_size)
-        self.two_tower = sharded.module.module.model
+        sharded.task.gather_candidates = candidate_gather(env.rank, env.world_size)
+        self.two_tower = sharded.two_tower
         self.ckpt_root = run_dir / "checkpoints"
         self.fingerprint = config_fingerprint(cfg)
         self.state = TrainerState(

@@ -202,7 +202,7 @@ def test_trains_evaluates_and_exports_with_side_features(ml_root, tmp_path, proc
     bundle = load_bundle(run_dir / "export")
     manifest = bundle.manifest
     assert [f["name"] for f in manifest["side_features"]] == ["gender", "age", "occupation", "history_year"]
-    two_tower = sharded.module.module.model.eval()
+    two_tower = sharded.two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
     expected = embed(
