@@ -12,9 +12,7 @@ Required values are ``???`` (``MISSING``), never ``None``.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -337,37 +335,6 @@ def query_layout(cfg: Config) -> dict[str, bool]:
         "sequence": uses_sequence_encoder(cfg),
         "query_neighbors": query_uses_neighbors(cfg),
     }
-
-
-def config_fingerprint(cfg: Config) -> str:
-    """What the weights depend on (data and model), not where or how they are trained."""
-    data = asdict(cfg.data)
-    data.pop("root")
-    data.pop("shard_by_user")  # how the rows are read, not which
-    data["interactions"].pop("memory_budget_mb")  # how the log is prepared, not what is written
-    for key in ("id_type", "timestamp_unit"):  # "auto": the fingerprint from before the fields existed (issue 28)
-        if data["interactions"][key] == "auto":
-            del data["interactions"][key]
-    for side in ("items_columns", "users_columns"):  # undeclared: the fingerprint from before the fields existed
-        if not data["interactions"][side]:
-            del data["interactions"][side]
-    if not data["synthetic"]["num_user_groups"]:  # fingerprints from before the field existed stay valid
-        del data["synthetic"]["num_user_groups"]
-    model = asdict(cfg.model)
-    if not model["features"]:  # a run without side features keeps the fingerprint it had before they existed
-        del model["features"]
-    if not data["train_on_valid"]:  # a field newer than most runs: absent when off, as before it existed
-        del data["train_on_valid"]
-    if not data["item_neighbors"]:  # likewise without neighbours: the unused table config changes no weight
-        del data["item_neighbors"]
-        model["tables"].pop("neighbor", None)
-    model["query_neighbors"] = query_uses_neighbors(cfg)  # resolved: null and true build the same model
-    if not model["query_neighbors"]:  # off: the fingerprint from before the option existed
-        del model["query_neighbors"]
-    if model["query_encoder"] == QueryEncoderKind.bag:  # the default: fingerprints from before the option stay valid
-        del model["query_encoder"], model["sasrec"]
-    blob = json.dumps({"data": data, "model": model}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 # Two names checked by check_values rather than typed as enums: their refusals say which values are allowed

@@ -32,7 +32,6 @@ from recsys.config import (
     EvaluateConfig,
     ExportConfig,
     SparseOptimConfig,
-    config_fingerprint,
     query_layout,
     query_uses_neighbors,
     resolved_rankers,
@@ -53,6 +52,7 @@ from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
 from recsys.evaluation.sharded import embed
+from recsys.fingerprint import config_fingerprint
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names

@@ -39,7 +39,7 @@ from recsys.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
-from recsys.config import Config, config_fingerprint, query_layout
+from recsys.config import Config, query_layout
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData
@@ -47,6 +47,7 @@ from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv
 from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.sharded import Evaluator
+from recsys.fingerprint import config_fingerprint
 from recsys.lr_schedule import LrSchedule
 from recsys.preemption import Preempted, PreemptionHandler
 from recsys.refusals import MissingPath, RunRefused

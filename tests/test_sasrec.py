@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
-from recsys.config import ExportConfig, config_fingerprint
+from recsys.config import ExportConfig
+from recsys.fingerprint import config_fingerprint
 from recsys.model.sequence import SequenceEncoder, padded_history
 from tests.helpers.config import tiny_config
 

@@ -15,10 +15,11 @@ import torch
 
 from data_pipelines.prepare import prepare_dataset
 from data_pipelines.synthetic import TINY_SPEC, cache_key, generate
-from recsys.config import config_fingerprint, query_layout
+from recsys.config import query_layout
 from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.data.dataset import load_dataset
 from recsys.data.side_features import side_rows, with_side_features
+from recsys.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config
 from tests.helpers.launch import launch
 from tests.helpers.movielens import OCCUPATIONS_100K, random_ratings, release_files, write_folder
