@@ -311,6 +311,18 @@ def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
         destroy_distributed(env)
 
 
+def query_encoder(cfg: Config, data: RetrievalData, tables: dict, two_tower) -> QueryEncoder:
+    """The two-tower's query side as the bundle serves it: unsharded tables (``full_tables``) and the tower."""
+    return QueryEncoder(
+        tables,
+        {t: c.pooling for t, c in cfg.model.tables.items()},
+        two_tower.query_tower.cpu(),
+        with_history=cfg.data.history_length > 0,
+        with_neighbors=query_uses_neighbors(cfg),
+        side_tables=tuple(f.table for f in query_side_features(data)),
+    ).eval()
+
+
 def export_run(ecfg: ExportConfig) -> Path:
     """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path.
 
@@ -358,16 +370,7 @@ def export_run(ecfg: ExportConfig) -> Path:
             served = two_tower_state(item_emb)
         tables = full_tables(trained.sharded.module, env.rank, env.device)
         if env.is_main:
-            encoder = None
-            if served.two_tower_dim:
-                encoder = QueryEncoder(
-                    tables,
-                    {t: c.pooling for t, c in cfg.model.tables.items()},
-                    two_tower.query_tower.cpu(),
-                    with_history=cfg.data.history_length > 0,
-                    with_neighbors=query_uses_neighbors(cfg),
-                    side_tables=tuple(f.table for f in query_side_features(data)),
-                ).eval()
+            encoder = query_encoder(cfg, data, tables, two_tower) if served.two_tower_dim else None
             write_bundle(out, encoder, served, data, cfg, trained.checkpoint, index=ecfg.index)
             log.info("serving bundle: %s", out)
         return out
