@@ -34,14 +34,6 @@ from recsys.rankers.spectral import Reduce, Spectrum, fit_spectrum
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class FilterPoint:
-    """One setting of the filter: the low-pass weight and BSPM's sharpening time (0: GF-CF as is)."""
-
-    alpha: float
-    sharpen: float
-
-
 def sharpening_coefficients(sharpen: float) -> list[float]:
     """c_n with p(-T P~) = sum_n c_n P~^n: one RK4 step of dU/dt = -U P~ over [0, T] is exp(-T P~)'s Taylor
     polynomial of order 4 (BSPM's Gowalla setting: T = 2.5, one step); T = 0 leaves the filter as it is."""
