@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema is part of Config)
     Choice,
@@ -31,8 +31,7 @@ from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema
     to_typed,
 )
 from data_pipelines.errors import ConfigError
-from recsys.evaluation.ann import ANN_KINDS
-from recsys.evaluation.ease import DEFAULT_LAMBDAS
+from recsys.choices import ANN_KINDS, EASE_LAMBDAS
 from recsys.lr_schedule import SCHEDULES
 
 
@@ -509,6 +508,19 @@ def check_values(cfg: Config) -> None:
         raise ConfigError("bad config values: " + "; ".join(problems))
 
 
+# eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
+RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
+
+
+def drop_retired_keys(saved_cfg) -> None:
+    """Remove keys an older run's config holds that this code no longer has (none changes what was trained)."""
+    for section, keys in RETIRED_KEYS.items():
+        node = OmegaConf.select(saved_cfg, section)
+        if node is not None:
+            for key in keys:
+                node.pop(key, None)
+
+
 def to_config(cfg: DictConfig) -> Config:
     """The training config: ``to_typed`` on the ``Config`` schema, then the values checked."""
     obj = to_typed(cfg, Config)
@@ -528,7 +540,7 @@ class EvaluateConfig:
     ease_max_items: int = 50_000  # EASE needs an items x items inverse
     # λ grid tuned on valid; each value is one O(items³) factorisation (~1 min at 8k items, tens of
     # minutes at Gowalla's 41k on 2 CPU cores), so large catalogs may want one or two values
-    ease_lambdas: list[float] = field(default_factory=lambda: list(DEFAULT_LAMBDAS))
+    ease_lambdas: list[float] = field(default_factory=lambda: list(EASE_LAMBDAS))
     # EASE is skipped, saying so with the estimate, when its λ sweep would take longer than this (each
     # λ timed on a probe factorisation and scaled by I³); 0 = no limit
     ease_max_minutes: float = 60.0

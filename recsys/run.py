@@ -32,6 +32,7 @@ from recsys.config import (
     EvaluateConfig,
     ExportConfig,
     SparseOptimConfig,
+    drop_retired_keys,
     query_layout,
     query_uses_neighbors,
     resolved_rankers,
@@ -235,7 +236,7 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
     if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
         # written before model.query_neighbors existed: those models' queries did not read the neighbour table
         saved_cfg.model.query_neighbors = False
-    drop_retired_keys(saved_cfg)
+    drop_retired_keys(saved_cfg)  # recsys.config: keys this code no longer has
     cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
     # the weights' own record of their data / model config: a config that differs would build another
     # model or split (and report numbers for a protocol the weights never saw)
@@ -248,19 +249,6 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
                 "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to"
             )
     return cfg
-
-
-# eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
-RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
-
-
-def drop_retired_keys(saved_cfg) -> None:
-    """Remove keys an older run's config holds that this code no longer has (none changes what was trained)."""
-    for section, keys in RETIRED_KEYS.items():
-        node = OmegaConf.select(saved_cfg, section)
-        if node is not None:
-            for key in keys:
-                node.pop(key, None)
 
 
 class TrainedRun(NamedTuple):
