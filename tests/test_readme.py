@@ -153,7 +153,7 @@ def run_command(argv: list[str], cwd: Path) -> None:
     command = parse_command(argv)
     args = list(command.overrides)
     if command.module == "recsys.train":
-        args += ["+experiment=tiny", "trainer.epochs=2"]  # the tiny model and epochs; the command's data and run
+        args += ["+experiment=tiny", "trainer.epochs=1"]  # the tiny model, one epoch; the command's data and run
     launch(["-m", command.module, *args], nproc=command.nproc or 1, cwd=cwd, env=command.env, timeout=300)
 
 
