@@ -137,7 +137,7 @@ class ModelConfig:
     query_user_id: bool | None = None
     # the query also pools its history bag through the neighbour table (the table of the candidates'
     # co-occurrence neighbours), so a history item meets a candidate's neighbours in one space: an
-    # item-kNN-like term at the cost of one more bag lookup per query (Gowalla: docs/quality.md, section 11).
+    # item-kNN-like term at the cost of one more bag lookup per query (chosen on Gowalla: docs/quality.md).
     # null = whenever that table exists (data.item_neighbors > 0) and the query pools a history bag
     query_neighbors: bool | None = None
     # how the query reads its history: bag (the mean-pooled item bag) | sasrec (the recent items in order through
@@ -163,18 +163,19 @@ class SparseOptimConfig:
 @dataclass
 class DenseOptimConfig:
     name: DenseOptimizer = DenseOptimizer.adam  # tower optimizer
-    lr: float = 3e-4  # tower learning rate (docs/quality.md, section 9)
+    lr: float = 3e-4  # tower learning rate (chosen on Gowalla: docs/quality.md)
     weight_decay: float = 0.0  # 0 disables
 
 
 @dataclass
 class OptimConfig:
-    sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
+    sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)  # fused into backward for every sharded table
+    # the towers' optimizer (and that of any data_parallel table, which has no fused kernel)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
     # both optimizers' learning rates over training (recsys/lr_schedule.py): "constant" | "linear" (down to 0
     # at the horizon); the horizon is optim.schedule_epochs, 0 = trainer.epochs (a refit keeps its selection's)
     schedule: str = "constant"
-    schedule_epochs: int = 0
+    schedule_epochs: int = 0  # the schedule's horizon in epochs; 0 = trainer.epochs
 
 
 @dataclass
@@ -189,7 +190,7 @@ class TableShardingConfig:
 @dataclass
 class ShardingConfig:
     tables: dict[str, TableShardingConfig] = field(default_factory=dict)  # per-table planner constraints
-    device: Device = Device.auto
+    device: Device = Device.auto  # where tables and towers live; auto = cuda if available
     backend: Backend = Backend.auto  # process-group backend
     hbm_cap_gb: float = (
         0.0  # GPU memory per device the planner may use, GB (2**30 bytes); 0 = the device's total memory
@@ -223,7 +224,7 @@ class TrainerConfig:
     refit: bool = False
     # "fp32" | "bf16" | "auto": the training step's towers and softmax matmuls in bfloat16 under autocast (fp32
     # accumulation, the softmax and every weight and optimizer state in fp32; evaluation in fp32). bf16 pays only
-    # with native bf16 GEMMs (AVX512-BF16 / AMX CPUs, Ampere+ GPUs): a CPU without them emulates it ~10x slower
+    # with native bf16 GEMMs (AVX512-BF16 / AMX CPUs, Ampere+ GPUs): a CPU without them emulates it, far slower
     # than fp32. "auto": bf16 where the device has them, else fp32 (the log says which)
     precision: str = "fp32"
 
@@ -264,18 +265,19 @@ class EvalConfig:
     # the ranker results.json's headline and recsys.export's bundle are (servable, among the rankers); "": the
     # last servable one of ``rankers``
     serve: str = ""
+    # the graph_filter ranker's settings, alone or as a part of a fusion
     graph_filter: GraphFilterConfig = field(default_factory=GraphFilterConfig)
-    fusion: FusionConfig = field(default_factory=FusionConfig)
+    fusion: FusionConfig = field(default_factory=FusionConfig)  # every fusion ranker "a+b"
 
 
 @dataclass
 class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    sharding: ShardingConfig = field(default_factory=ShardingConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the dataset and its split: groups data, data/protocol
+    model: ModelConfig = field(default_factory=ModelConfig)  # tables, features, towers, loss: group model
+    optim: OptimConfig = field(default_factory=OptimConfig)  # the tables' and the towers' optimizers: optim/*
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # where tables go: group sharding
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the training loop: group trainer
+    eval: EvalConfig = field(default_factory=EvalConfig)  # validation and the evaluation stage: group eval
     run_name: str = "default"  # names the run dir: runs/<run_name>
 
 
@@ -538,8 +540,8 @@ class EvaluateConfig:
     splits: list[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
     ease: bool = True  # EASE baseline (float64, else float32 by the memory free, else skipped with the reason; and up to ease_max_items)
     ease_max_items: int = 50_000  # EASE needs an items x items inverse
-    # λ grid tuned on valid; each value is one O(items³) factorisation (~1 min at 8k items, tens of
-    # minutes at Gowalla's 41k on 2 CPU cores), so large catalogs may want one or two values
+    # λ grid tuned on valid; each value is one O(items³) factorisation (its time: docs/evaluation.md), so
+    # large catalogs may want one or two values
     ease_lambdas: list[float] = field(default_factory=lambda: list(EASE_LAMBDAS))
     # EASE is skipped, saying so with the estimate, when its λ sweep would take longer than this (each
     # λ timed on a probe factorisation and scaled by I³); 0 = no limit
@@ -557,7 +559,7 @@ class EvaluateConfig:
     seed: int = 0  # seed of the user sample (max_users)
     batch_size: int = 4096  # users / items embedded per forward pass
     chunk_size: int = 4096  # query rows per chunked score matmul
-    device: Device = Device.auto
+    device: Device = Device.auto  # where the model is loaded and embeds; auto = cuda if available
 
 
 @dataclass
