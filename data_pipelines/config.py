@@ -167,20 +167,23 @@ class DataConfig:
         Protocol.recbole
     )  # split protocol: recbole (random 8:1:1 per user) | loo | strong_generalization | given (interactions only)
     split_seed: int = 0  # seed of the split protocol
-    history_length: int = (
-        20  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
+    # The query's features below are the model's, not the split's: null takes what the protocol implies
+    # (recsys.config.PROTOCOL_QUERY, resolved in one place and logged at the start of a run); a dataset or the
+    # command line may set them.
+    history_length: int | None = (
+        None  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
     )
-    # which items a training query sees (the protocol's config sets it; docs/your-own-data.md, "Protocols"):
+    # which items a training query sees (docs/your-own-data.md, "Protocols"):
     # "recent": the history_length items just before the target in time (sequential protocols, loo);
     # "profile": up to history_length of the user's OTHER training items, resampled every epoch, the
     # target never among them (random splits: recbole, given, strong_generalization)
-    query_history: QueryHistory = QueryHistory.recent
-    history_dropout: float = (
-        0.0  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
+    query_history: QueryHistory | None = None
+    history_dropout: float | None = (
+        None  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
     )
     # the candidate tower's co-occurrence neighbours (recsys/data/neighbors.py): each item's this many
     # best co-occurring training items, mean-pooled from table `neighbor`; 0 turns the feature off
-    item_neighbors: int = 0
+    item_neighbors: int | None = None
     # true: the valid split's rows are trained on too, there is no validation, trainer.epochs is the
     # number of epochs and the last epoch's weights are tested (the refit after model selection:
     # trainer.refit sets it for its second stage; docs/evaluation.md, "Refit on train + valid")

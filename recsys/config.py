@@ -12,7 +12,8 @@ Required values are ``???`` (``MISSING``), never ``None``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -33,6 +34,8 @@ from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema
 from data_pipelines.errors import ConfigError
 from recsys.choices import ANN_KINDS, EASE_LAMBDAS
 from recsys.lr_schedule import SCHEDULES
+
+log = logging.getLogger(__name__)
 
 
 class RetrievalLoss(Choice):
@@ -351,6 +354,7 @@ VALID_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr", "coverage"
 
 def check_values(cfg: Config) -> None:
     """Refuse values no run can use, naming the key, before any work (types are Hydra's job)."""
+    cfg = resolve_protocol(cfg)[0]  # the values a run would use
     problems = []
 
     def need(ok: bool, key: str, value: Any, rule: str) -> None:
@@ -523,9 +527,58 @@ def drop_retired_keys(saved_cfg) -> None:
                 node.pop(key, None)
 
 
+# What each split protocol implies for the query's features when the data config leaves them null: the one
+# place a protocol reaches the model (the split protocols' own files hold split settings only).
+_PROFILE_BAG = {
+    "query_history": QueryHistory.profile,
+    "history_length": 200,
+    "history_dropout": 0.25,
+    "item_neighbors": 20,
+}
+PROTOCOL_QUERY: dict[Protocol, dict[str, Any]] = {
+    # random held-out items: a bag of the user's other training items (a cap of 200 holds most users' whole
+    # profile), a quarter of it left out per example, and each candidate's 20 co-occurrence neighbours
+    Protocol.recbole: _PROFILE_BAG,
+    Protocol.given: _PROFILE_BAG,
+    Protocol.strong_generalization: _PROFILE_BAG,
+    # the next item follows the history in time: the 20 items just before the target, no neighbours (not
+    # measured on a temporal split; the sequence is this protocol's signal)
+    Protocol.loo: {
+        "query_history": QueryHistory.recent,
+        "history_length": 20,
+        "history_dropout": 0.0,
+        "item_neighbors": 0,
+    },
+}
+
+
+def resolve_protocol(cfg: Config) -> tuple[Config, dict[str, Any]]:
+    """``cfg`` with the data fields left null taken from ``PROTOCOL_QUERY[data.protocol]``, and those values."""
+    implied = PROTOCOL_QUERY[cfg.data.protocol]
+    filled = {key: value for key, value in implied.items() if getattr(cfg.data, key) is None}
+    return (replace(cfg, data=replace(cfg.data, **filled)) if filled else cfg), filled
+
+
+def describe_query(cfg: Config, filled: dict[str, Any] | None = None) -> str:
+    """One line: the query and candidate features a resolved config trains, and which came from the protocol."""
+    d = cfg.data
+    if d.history_length == 0:
+        query = "no history"
+    elif d.query_history == QueryHistory.profile:
+        query = f"a profile bag of up to {d.history_length} of the user's other training items (dropout {d.history_dropout:g})"
+    else:
+        query = f"the {d.history_length} items just before the target"
+    candidate = f"the item and its {d.item_neighbors} co-occurrence neighbours" if d.item_neighbors else "the item"
+    source = f"; from the protocol: {', '.join(f'data.{k}' for k in filled)}" if filled else ""
+    return f"query: {query}; candidate: {candidate} (protocol {str(d.protocol)}{source})"
+
+
 def to_config(cfg: DictConfig) -> Config:
-    """The training config: ``to_typed`` on the ``Config`` schema, then the values checked."""
-    obj = to_typed(cfg, Config)
+    """The training config: ``to_typed`` on the ``Config`` schema, the protocol's query features resolved (and
+    logged), then the values checked."""
+    obj, filled = resolve_protocol(to_typed(cfg, Config))
+    if filled:
+        log.info("%s", describe_query(obj, filled))
     check_values(obj)
     return obj
 
