@@ -2,6 +2,7 @@
 #   make run    create .venv, install the pinned stack, train on the embedded default dataset
 #   make test   the same set-up, then the whole test suite
 #   make lint   ruff: lint rules and formatting (pyproject.toml [tool.ruff]); .ci/run runs it before the tests
+#   make docs   the documentation site (MkDocs + Material, mkdocs.yml) in site/, strict: a warning fails it
 #
 # torch, fbgemm and torchrec are pinned together: each fbgemm release is built against one torch
 # minor version, and nothing in their metadata stops pip from mixing them.
@@ -32,7 +33,7 @@ PYTEST_ARGS ?=
 # exist (seen on the CI-like boxes) otherwise prints a "Location ... is ignored" WARNING per package.
 PIP_QUIET := --quiet --quiet
 
-.PHONY: run test lint setup clean
+.PHONY: run test lint docs setup clean
 
 setup: $(STAMP)
 
@@ -51,7 +52,7 @@ $(STAMP): pyproject.toml Makefile
 # under another name. Skip that check here; pip check then shows any other conflict.
 # PYTHONWARNINGS: setuptools' 10-line "Editable installation ... be careful with folders named like
 # your package" notice (recsys/ is that folder, on purpose: the install points at it).
-	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install $(PIP_QUIET) --no-warn-conflicts -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install $(PIP_QUIET) --no-warn-conflicts -e '.[test,docs]'
 	$(PY) -m pip check | grep -v -e '$(PIP_CHECK_EXPECTED)' -e '^No broken requirements found' || true
 	$(PY) -c "import torch, fbgemm_gpu, torchrec; print('torch', torch.__version__, '| torchrec', torchrec.__version__, '| fbgemm: $(FBGEMM)')"
 	rm -f $(VENV)/.installed-*
@@ -68,5 +69,11 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
+# strict: a broken link or anchor, or a page missing from nav, fails the build. docs/configuration.md is
+# regenerated from the config dataclasses first (scripts/mkdocs_hooks.py). NO_MKDOCS_2_WARNING: Material's
+# start-up banner about its own end of life, printed on every build whatever the site holds.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs outputs
+	rm -rf $(VENV) runs outputs site

@@ -45,7 +45,7 @@ class Protocol(Choice):
 
 
 class QueryHistory(Choice):
-    """Which items a training query sees (README "Query features")."""
+    """Which items a training query sees (docs/your-own-data.md, "Protocols")."""
 
     recent = "recent"
     profile = "profile"
@@ -117,16 +117,16 @@ class InteractionsDataConfig:
     # one log to split by data.protocol (recbole / loo / strong_generalization) ...
     path: str = ""  # a CSV / TSV / parquet file (.gz / .zst read as such) or a folder of parquet files
     # ... or, with data.protocol=given, the user's own split (valid optional: carved from train when "")
-    train_path: str = ""
-    valid_path: str = ""
-    test_path: str = ""
+    train_path: str = ""  # the training file
+    valid_path: str = ""  # the validation file (optional)
+    test_path: str = ""  # the test file, never used for a choice
     format: str = (
         "auto"  # "auto" (by extension; a folder is parquet, .txt adjacency) | "csv" | "tsv" | "parquet" | "adjacency"
     )
     delimiter: str = ""  # CSV field separator; "" = "," for csv, tab for tsv
     header: bool = True  # false: the *_column settings are 0-based field positions ("0", "1", ...)
-    user_column: str = "user_id"
-    item_column: str = "item_id"
+    user_column: str = "user_id"  # the column of user ids (with header=false: its position, "0")
+    item_column: str = "item_id"  # the column of item ids (with header=false: its position, "1")
     # how text ids are read (log, given split and side files alike; surrounding whitespace is always
     # stripped): "auto" = integers only when every id of the column, in every file, is written as one
     # ("7", "-3": no leading zero, no "+"), else each id is its text ("007" and "7" are two ids);
@@ -145,16 +145,16 @@ class InteractionsDataConfig:
     )
     valid_fraction: float = 0.1  # protocol=given without valid_path: share of each user's train rows held out (seeded)
     # optional side files, keyed by the same raw ids as the log
-    items_path: str = ""
-    items_id_column: str = "item_id"
+    items_path: str = ""  # the items file: item id -> categories and side columns (items.parquet)
+    items_id_column: str = "item_id"  # the items file's column of the log's raw item ids
     categories_column: str = ""  # multi-valued category column of the items file; "" = items have no categories
-    categories_separator: str = "|"
-    users_path: str = ""
-    users_id_column: str = "user_id"
+    categories_separator: str = "|"  # splits a categories_column value into several categories
+    users_path: str = ""  # the users file: user id -> side columns (users.parquet)
+    users_id_column: str = "user_id"  # the users file's column of the log's raw user ids
     # side-file columns declared by name, e.g. {brand: {}, tags: {separator: "|"}, zip: {}} (a file or
     # ++data.interactions.items_columns={tags:{separator:'|'}}); {} = the rules of SideColumnConfig alone
     items_columns: dict[str, SideColumnConfig] = field(default_factory=dict)
-    users_columns: dict[str, SideColumnConfig] = field(default_factory=dict)
+    users_columns: dict[str, SideColumnConfig] = field(default_factory=dict)  # the same for the users file
     md5: dict[str, str] = field(
         default_factory=dict
     )  # expected md5 by file name (data=gowalla pins the published ones)
@@ -171,30 +171,33 @@ class DataConfig:
         Protocol.recbole
     )  # split protocol: recbole (random 8:1:1 per user) | loo | strong_generalization | given (interactions only)
     split_seed: int = 0  # seed of the split protocol
-    history_length: int = (
-        20  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
+    # The query's features below are the model's, not the split's: null takes what the protocol implies
+    # (recsys.config.PROTOCOL_QUERY, resolved in one place and logged at the start of a run); a dataset or the
+    # command line may set them.
+    history_length: int | None = (
+        None  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
     )
-    # which items a training query sees (the protocol's config sets it; README "Query features"):
+    # which items a training query sees (docs/your-own-data.md, "Protocols"):
     # "recent": the history_length items just before the target in time (sequential protocols, loo);
     # "profile": up to history_length of the user's OTHER training items, resampled every epoch, the
     # target never among them (random splits: recbole, given, strong_generalization)
-    query_history: QueryHistory = QueryHistory.recent
-    history_dropout: float = (
-        0.0  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
+    query_history: QueryHistory | None = None
+    history_dropout: float | None = (
+        None  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
     )
     # the candidate tower's co-occurrence neighbours (recsys/data/neighbors.py): each item's this many
     # best co-occurring training items, mean-pooled from table `neighbor`; 0 turns the feature off
-    item_neighbors: int = 0
+    item_neighbors: int | None = None
     # true: the valid split's rows are trained on too, there is no validation, trainer.epochs is the
     # number of epochs and the last epoch's weights are tested (the refit after model selection:
-    # trainer.refit sets it for its second stage; README "Refit on train + valid")
+    # trainer.refit sets it for its second stage; docs/evaluation.md, "Refit on train + valid")
     train_on_valid: bool = False
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
     min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
     # true: each rank reads only its own users' rows (contiguous user ranges of ~equal training rows)
     # and trains / evaluates on them, instead of every rank holding the whole dataset; the epoch's
-    # order then depends on the world size (docs: README "Data across ranks")
+    # order then depends on the world size (docs/training-at-scale.md, "Data across ranks")
     shard_by_user: bool = False
     num_heldout_users: int = (
         0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
@@ -208,9 +211,9 @@ class DataConfig:
     # windows up to data.slice whose rows are training examples: 1 = data.slice alone (an incremental run, warm-started
     # with trainer.init_from), 0 = all of 0 .. data.slice (retraining from scratch on all data so far)
     slice_window: int = 1
-    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
-    movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)
-    interactions: InteractionsDataConfig = field(default_factory=InteractionsDataConfig)
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)  # source=synthetic: the generator
+    movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)  # source=movielens: which release
+    interactions: InteractionsDataConfig = field(default_factory=InteractionsDataConfig)  # source=interactions: a log
 
 
 @dataclass

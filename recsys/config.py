@@ -12,13 +12,12 @@ Required values are ``???`` (``MISSING``), never ``None``.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field, replace
+import logging
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema is part of Config)
     Choice,
@@ -33,9 +32,10 @@ from data_pipelines.config import (  # noqa: F401  (re-exported: the data schema
     to_typed,
 )
 from data_pipelines.errors import ConfigError
-from recsys.evaluation.ann import ANN_KINDS
-from recsys.evaluation.ease import DEFAULT_LAMBDAS
+from recsys.choices import ANN_KINDS, EASE_LAMBDAS
 from recsys.lr_schedule import SCHEDULES
+
+log = logging.getLogger(__name__)
 
 
 class RetrievalLoss(Choice):
@@ -172,7 +172,7 @@ class ModelConfig:
     query_user_id: bool | None = None
     # the query also pools its history bag through the neighbour table (the table of the candidates'
     # co-occurrence neighbours), so a history item meets a candidate's neighbours in one space: an
-    # item-kNN-like term at the cost of one more bag lookup per query (Gowalla: docs/quality.md, section 11).
+    # item-kNN-like term at the cost of one more bag lookup per query (chosen on Gowalla: docs/quality.md).
     # null = whenever that table exists (data.item_neighbors > 0) and the query pools a history bag
     query_neighbors: bool | None = None
     # how the query reads its history: bag (the mean-pooled item bag) | sasrec (the recent items in order through
@@ -201,18 +201,19 @@ class SparseOptimConfig:
 @dataclass
 class DenseOptimConfig:
     name: DenseOptimizer = DenseOptimizer.adam  # tower optimizer
-    lr: float = 3e-4  # tower learning rate (docs/quality.md, section 9)
+    lr: float = 3e-4  # tower learning rate (chosen on Gowalla: docs/quality.md)
     weight_decay: float = 0.0  # 0 disables
 
 
 @dataclass
 class OptimConfig:
-    sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
+    sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)  # fused into backward for every sharded table
+    # the towers' optimizer (and that of any data_parallel table, which has no fused kernel)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
     # both optimizers' learning rates over training (recsys/lr_schedule.py): "constant" | "linear" (down to 0
     # at the horizon); the horizon is optim.schedule_epochs, 0 = trainer.epochs (a refit keeps its selection's)
     schedule: str = "constant"
-    schedule_epochs: int = 0
+    schedule_epochs: int = 0  # the schedule's horizon in epochs; 0 = trainer.epochs
 
 
 @dataclass
@@ -227,7 +228,7 @@ class TableShardingConfig:
 @dataclass
 class ShardingConfig:
     tables: dict[str, TableShardingConfig] = field(default_factory=dict)  # per-table planner constraints
-    device: Device = Device.auto
+    device: Device = Device.auto  # where tables and towers live; auto = cuda if available
     backend: Backend = Backend.auto  # process-group backend
     hbm_cap_gb: float = (
         0.0  # GPU memory per device the planner may use, GB (2**30 bytes); 0 = the device's total memory
@@ -262,7 +263,7 @@ class TrainerConfig:
     refit: bool = False
     # "fp32" | "bf16" | "auto": the training step's towers and softmax matmuls in bfloat16 under autocast (fp32
     # accumulation, the softmax and every weight and optimizer state in fp32; evaluation in fp32). bf16 pays only
-    # with native bf16 GEMMs (AVX512-BF16 / AMX CPUs, Ampere+ GPUs): a CPU without them emulates it ~10x slower
+    # with native bf16 GEMMs (AVX512-BF16 / AMX CPUs, Ampere+ GPUs): a CPU without them emulates it, far slower
     # than fp32. "auto": bf16 where the device has them, else fp32 (the log says which)
     precision: str = "fp32"
 
@@ -303,18 +304,19 @@ class EvalConfig:
     # the ranker results.json's headline and recsys.export's bundle are (servable, among the rankers); "": the
     # last servable one of ``rankers``
     serve: str = ""
+    # the graph_filter ranker's settings, alone or as a part of a fusion
     graph_filter: GraphFilterConfig = field(default_factory=GraphFilterConfig)
-    fusion: FusionConfig = field(default_factory=FusionConfig)
+    fusion: FusionConfig = field(default_factory=FusionConfig)  # every fusion ranker "a+b"
 
 
 @dataclass
 class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    sharding: ShardingConfig = field(default_factory=ShardingConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    data: DataConfig = field(default_factory=DataConfig)  # the dataset and its split: groups data, data/protocol
+    model: ModelConfig = field(default_factory=ModelConfig)  # tables, features, towers, loss: group model
+    optim: OptimConfig = field(default_factory=OptimConfig)  # the tables' and the towers' optimizers: optim/*
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # where tables go: group sharding
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the training loop: group trainer
+    eval: EvalConfig = field(default_factory=EvalConfig)  # validation and the evaluation stage: group eval
     run_name: str = "default"  # names the run dir: runs/<run_name>
 
 
@@ -377,52 +379,6 @@ def query_layout(cfg: Config) -> dict[str, bool]:
     }
 
 
-def config_fingerprint(cfg: Config) -> str:
-    """What the weights depend on (data and model), not where or how they are trained."""
-    data = asdict(cfg.data)
-    data.pop("root")
-    data.pop("shard_by_user")  # how the rows are read, not which
-    data["interactions"].pop("memory_budget_mb")  # how the log is prepared, not what is written
-    for key in ("id_type", "timestamp_unit"):  # "auto": the fingerprint from before the fields existed (issue 28)
-        if data["interactions"][key] == "auto":
-            del data["interactions"][key]
-    for side in ("items_columns", "users_columns"):  # undeclared: the fingerprint from before the fields existed
-        if not data["interactions"][side]:
-            del data["interactions"][side]
-    if not data["synthetic"]["num_user_groups"]:  # fingerprints from before the field existed stay valid
-        del data["synthetic"]["num_user_groups"]
-    if not data["synthetic"]["churn_periods"]:  # likewise without item churn
-        del data["synthetic"]["churn_periods"], data["synthetic"]["item_lifetime_periods"]
-    if not data["slices"]:  # the protocol's own splits: as before the replay existed
-        del data["slices"], data["slice"], data["slice_window"]
-    model = asdict(cfg.model)
-    if model["id_mapping"] == IdMapping.vocab:  # the default: fingerprints from before managed ids stay valid
-        del model["id_mapping"], model["managed"]
-    if not model["features"]:  # a run without side features keeps the fingerprint it had before they existed
-        del model["features"]
-    if not data["train_on_valid"]:  # a field newer than most runs: absent when off, as before it existed
-        del data["train_on_valid"]
-    if not data["item_neighbors"]:  # likewise without neighbours: the unused table config changes no weight
-        del data["item_neighbors"]
-        model["tables"].pop("neighbor", None)
-    model["query_neighbors"] = query_uses_neighbors(cfg)  # resolved: null and true build the same model
-    if not model["query_neighbors"]:  # off: the fingerprint from before the option existed
-        del model["query_neighbors"]
-    if model["query_encoder"] == QueryEncoderKind.bag:  # the default: fingerprints from before the option stay valid
-        del model["query_encoder"], model["sasrec"]
-    blob = json.dumps({"data": data, "model": model}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def weights_fingerprint(cfg: Config) -> str:
-    """What the weights' shapes and meaning depend on: ``config_fingerprint`` without the choice of slice
-    (data.slice, data.slice_window), which changes the rows trained on, not the model. trainer.init_from compares it,
-    so that one slice's run starts from the previous slice's weights (docs/continuous-training.md)."""
-    if not cfg.data.slices:
-        return config_fingerprint(cfg)
-    return config_fingerprint(replace(cfg, data=replace(cfg.data, slice=0, slice_window=1)))
-
-
 # Two names checked by check_values rather than typed as enums: their refusals say which values are allowed
 # in the words users already know (and "none" would be no good enum member name for Hydra's parser).
 PIPELINES = ("none", "sparse_dist")  # trainer.pipeline
@@ -436,6 +392,7 @@ VALID_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr", "coverage"
 
 def check_values(cfg: Config) -> None:
     """Refuse values no run can use, naming the key, before any work (types are Hydra's job)."""
+    cfg = resolve_protocol(cfg)[0]  # the values a run would use
     problems = []
 
     def need(ok: bool, key: str, value: Any, rule: str) -> None:
@@ -646,9 +603,71 @@ def _check_continuous(cfg: Config, need) -> None:
         need(not t.refit, "trainer.refit", t.refit, "data.slices trains each slice for trainer.epochs: no refit")
 
 
+# eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
+RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
+
+
+def drop_retired_keys(saved_cfg) -> None:
+    """Remove keys an older run's config holds that this code no longer has (none changes what was trained)."""
+    for section, keys in RETIRED_KEYS.items():
+        node = OmegaConf.select(saved_cfg, section)
+        if node is not None:
+            for key in keys:
+                node.pop(key, None)
+
+
+# What each split protocol implies for the query's features when the data config leaves them null: the one
+# place a protocol reaches the model (the split protocols' own files hold split settings only).
+_PROFILE_BAG = {
+    "query_history": QueryHistory.profile,
+    "history_length": 200,
+    "history_dropout": 0.25,
+    "item_neighbors": 20,
+}
+PROTOCOL_QUERY: dict[Protocol, dict[str, Any]] = {
+    # random held-out items: a bag of the user's other training items (a cap of 200 holds most users' whole
+    # profile), a quarter of it left out per example, and each candidate's 20 co-occurrence neighbours
+    Protocol.recbole: _PROFILE_BAG,
+    Protocol.given: _PROFILE_BAG,
+    Protocol.strong_generalization: _PROFILE_BAG,
+    # the next item follows the history in time: the 20 items just before the target, no neighbours (not
+    # measured on a temporal split; the sequence is this protocol's signal)
+    Protocol.loo: {
+        "query_history": QueryHistory.recent,
+        "history_length": 20,
+        "history_dropout": 0.0,
+        "item_neighbors": 0,
+    },
+}
+
+
+def resolve_protocol(cfg: Config) -> tuple[Config, dict[str, Any]]:
+    """``cfg`` with the data fields left null taken from ``PROTOCOL_QUERY[data.protocol]``, and those values."""
+    implied = PROTOCOL_QUERY[cfg.data.protocol]
+    filled = {key: value for key, value in implied.items() if getattr(cfg.data, key) is None}
+    return (replace(cfg, data=replace(cfg.data, **filled)) if filled else cfg), filled
+
+
+def describe_query(cfg: Config, filled: dict[str, Any] | None = None) -> str:
+    """One line: the query and candidate features a resolved config trains, and which came from the protocol."""
+    d = cfg.data
+    if d.history_length == 0:
+        query = "no history"
+    elif d.query_history == QueryHistory.profile:
+        query = f"a profile bag of up to {d.history_length} of the user's other training items (dropout {d.history_dropout:g})"
+    else:
+        query = f"the {d.history_length} items just before the target"
+    candidate = f"the item and its {d.item_neighbors} co-occurrence neighbours" if d.item_neighbors else "the item"
+    source = f"; from the protocol: {', '.join(f'data.{k}' for k in filled)}" if filled else ""
+    return f"query: {query}; candidate: {candidate} (protocol {str(d.protocol)}{source})"
+
+
 def to_config(cfg: DictConfig) -> Config:
-    """The training config: ``to_typed`` on the ``Config`` schema, then the values checked."""
-    obj = to_typed(cfg, Config)
+    """The training config: ``to_typed`` on the ``Config`` schema, the protocol's query features resolved (and
+    logged), then the values checked."""
+    obj, filled = resolve_protocol(to_typed(cfg, Config))
+    if filled:
+        log.info("%s", describe_query(obj, filled))
     check_values(obj)
     return obj
 
@@ -663,9 +682,9 @@ class EvaluateConfig:
     splits: list[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
     ease: bool = True  # EASE baseline (float64, else float32 by the memory free, else skipped with the reason; and up to ease_max_items)
     ease_max_items: int = 50_000  # EASE needs an items x items inverse
-    # λ grid tuned on valid; each value is one O(items³) factorisation (~1 min at 8k items, tens of
-    # minutes at Gowalla's 41k on 2 CPU cores), so large catalogs may want one or two values
-    ease_lambdas: list[float] = field(default_factory=lambda: list(DEFAULT_LAMBDAS))
+    # λ grid tuned on valid; each value is one O(items³) factorisation (its time: docs/evaluation.md), so
+    # large catalogs may want one or two values
+    ease_lambdas: list[float] = field(default_factory=lambda: list(EASE_LAMBDAS))
     # EASE is skipped, saying so with the estimate, when its λ sweep would take longer than this (each
     # λ timed on a probe factorisation and scaled by I³); 0 = no limit
     ease_max_minutes: float = 60.0
@@ -682,7 +701,7 @@ class EvaluateConfig:
     seed: int = 0  # seed of the user sample (max_users)
     batch_size: int = 4096  # users / items embedded per forward pass
     chunk_size: int = 4096  # query rows per chunked score matmul
-    device: Device = Device.auto
+    device: Device = Device.auto  # where the model is loaded and embeds; auto = cuda if available
 
 
 @dataclass

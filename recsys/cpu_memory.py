@@ -4,8 +4,8 @@ A CPU run allocates, fills and frees the same big tensors many times a second: e
 batch and softmax tensors, each evaluation block's [4096, I] float32 scores (671 MB on Gowalla's 41k
 items), the graph filter's sparse products. With glibc's defaults every allocation over its mmap
 threshold is mapped fresh from the kernel and unmapped when freed, and freed heap above the trim
-threshold goes back too, so each reuse pays one page fault per 4 KB page: on this 2-core VM 1.9 us
-each, 0.3 s for one score block, more than the matmul that fills it. Two switches, both process-wide:
+threshold goes back too, so each reuse pays one page fault per 4 KB page, which can cost more than the
+matmul that fills the block. Two switches, both process-wide:
 
 - ``THP_MEM_ALLOC_ENABLE=1`` (torch's own, c10/core/alloc_cpu.cpp): tensors of 2 MB and more are
   madvised to transparent huge pages, one fault per 2 MB (the kernel's THP mode must be ``madvise``
@@ -13,9 +13,8 @@ each, 0.3 s for one score block, more than the matmul that fills it. Two switche
 - glibc's ``mallopt``: the mmap threshold fixed at 32 MB (glibc's cap) and the trim threshold at 1 GB,
   so blocks under 32 MB are reused from the heap instead of going back to the kernel after each step.
 
-Measured on Gowalla (2 cores, docs/quality.md section 17): training 23.3k -> 26.6k samples/s, one
-block's pass through the graph filter 2.06 -> 1.44 s; the whole run, with the section's two other
-changes, 15 min 12 s -> 12 min 35 s, the same rankings. A variable the user set
+What they buy on Gowalla, the same rankings faster: docs/performance.md, "The CPU allocator"
+(``python scripts/bench_cpu_memory.py`` measures it). A variable the user set
 (``THP_MEM_ALLOC_ENABLE``, ``GLIBC_TUNABLES`` or ``MALLOC_*``) wins over either switch. Only the
 entry points call this (``recsys.train``, ``recsys.evaluate``, ``recsys.export``), and only when run as
 programs: importing recsys, or them, changes nothing.

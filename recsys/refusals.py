@@ -10,7 +10,7 @@ line, and the process exits 1; its traceback goes to the log file only (``train.
 else is a bug and keeps its traceback.
 
 In a sweep (``-m``) a job that fails, refused or not, stops the sweep: the summary of the jobs so
-far is printed and the process exits 1 (README "Sweeps"; Hydra alone would run the other jobs and
+far is printed and the process exits 1 (docs/getting-started.md, "Sweeps"; Hydra alone would run the other jobs and
 end without a summary).
 """
 

@@ -33,7 +33,7 @@ from recsys.config import (
     ExportConfig,
     IdMapping,
     SparseOptimConfig,
-    config_fingerprint,
+    drop_retired_keys,
     query_layout,
     query_uses_neighbors,
     resolved_rankers,
@@ -57,6 +57,7 @@ from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
 from recsys.evaluation.sharded import embed
+from recsys.fingerprint import config_fingerprint
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names
@@ -264,19 +265,6 @@ def read_config_file(path: Path) -> Config:
     return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
 
 
-# eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
-RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
-
-
-def drop_retired_keys(saved_cfg) -> None:
-    """Remove keys an older run's config holds that this code no longer has (none changes what was trained)."""
-    for section, keys in RETIRED_KEYS.items():
-        node = OmegaConf.select(saved_cfg, section)
-        if node is not None:
-            for key in keys:
-                node.pop(key, None)
-
-
 class TrainedRun(NamedTuple):
     data: RetrievalData
     sharded: ShardedModel
@@ -325,6 +313,18 @@ def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
         destroy_distributed(env)
 
 
+def query_encoder(cfg: Config, data: RetrievalData, tables: dict, two_tower) -> QueryEncoder:
+    """The two-tower's query side as the bundle serves it: unsharded tables (``full_tables``) and the tower."""
+    return QueryEncoder(
+        tables,
+        {t: c.pooling for t, c in cfg.model.tables.items()},
+        two_tower.query_tower.cpu(),
+        with_history=cfg.data.history_length > 0,
+        with_neighbors=query_uses_neighbors(cfg),
+        side_tables=tuple(f.table for f in query_side_features(data)),
+    ).eval()
+
+
 def export_run(ecfg: ExportConfig) -> Path:
     """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path.
 
@@ -367,7 +367,7 @@ def export_run(ecfg: ExportConfig) -> Path:
     try:
         # the bundle needs the items and the vocabularies, no interactions: each rank reads only its users'
         trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
-        data, two_tower = trained.data, trained.sharded.module.module.model
+        data, two_tower = trained.data, trained.sharded.two_tower
         two_tower.eval()
         if served is None:
             builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
@@ -384,16 +384,7 @@ def export_run(ecfg: ExportConfig) -> Path:
             maps = full_id_maps(trained.sharded.module, env.rank, env.world_size)
             id_maps = {t: m for t, m in maps.items() if t in ("user", "item")}
         if env.is_main:
-            encoder = None
-            if served.two_tower_dim:
-                encoder = QueryEncoder(
-                    tables,
-                    {t: c.pooling for t, c in cfg.model.tables.items()},
-                    two_tower.query_tower.cpu(),
-                    with_history=cfg.data.history_length > 0,
-                    with_neighbors=query_uses_neighbors(cfg),
-                    side_tables=tuple(f.table for f in query_side_features(data)),
-                ).eval()
+            encoder = query_encoder(cfg, data, tables, two_tower) if served.two_tower_dim else None
             write_bundle(out, encoder, served, data, cfg, trained.checkpoint, index=ecfg.index, id_maps=id_maps)
             log.info("serving bundle: %s", out)
         return out

@@ -39,7 +39,7 @@ from recsys.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
-from recsys.config import Config, IdMapping, config_fingerprint, query_layout, weights_fingerprint
+from recsys.config import Config, IdMapping, query_layout
 from recsys.continuous import check_managed, check_slice_order, checkpoint_config, init_checkpoint, saved_world_size
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
@@ -49,6 +49,7 @@ from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import managed_stats
 from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.sharded import Evaluator
+from recsys.fingerprint import config_fingerprint, weights_fingerprint
 from recsys.lr_schedule import LrSchedule
 from recsys.preemption import Preempted, PreemptionHandler
 from recsys.refusals import MissingPath, RunRefused
@@ -225,8 +226,8 @@ class Trainer:
             data,
             sharded,
         )
-        sharded.module.module.gather_candidates = candidate_gather(env.rank, env.world_size)
-        self.two_tower = sharded.module.module.model
+        sharded.task.gather_candidates = candidate_gather(env.rank, env.world_size)
+        self.two_tower = sharded.two_tower
         self.ckpt_root = run_dir / "checkpoints"
         self.fingerprint = config_fingerprint(cfg)
         self.state = TrainerState(

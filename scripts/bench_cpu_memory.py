@@ -9,7 +9,7 @@ against every item). The last line printed is a JSON object.
     $ python scripts/bench_cpu_memory.py
     $ python scripts/bench_cpu_memory.py --blocks 2    # quicker
 
-Training's share is measured by the training itself (its log's samples/s; docs/quality.md, section 17).
+Training's share is measured by the training itself (its log's samples/s; docs/performance.md).
 """
 
 from __future__ import annotations

@@ -402,7 +402,7 @@ def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: list[str
     state_mb: dict[str, float] = {}
     sharded = build_recsys(shape, data, env)
     weights = table_weights(sharded)
-    towers = {k: v for k, v in sharded.module.module.model.state_dict().items() if "_tower." in k}
+    towers = {k: v for k, v in sharded.two_tower.state_dict().items() if "_tower." in k}
     if "recsys" in ways:
         steps["recsys"] = recsys_way(sharded, inputs, env, precision)
         # weights + row-wise Adagrad's one float per row

@@ -74,7 +74,7 @@ def test_sharded_lookups_equal_embedding_bag_reference(process_group, sharding_t
     rng = np.random.default_rng(1)
     for _ in range(3):
         batch, lengths, values = random_batch(rng)
-        pooled = sharded.module.module.model.ebc(batch.features).to_dict()
+        pooled = sharded.two_tower.ebc(batch.features).to_dict()
         for table in NUM_ROWS:
             ref = torch.nn.EmbeddingBag.from_pretrained(tables[table], mode=POOLING[table])
             offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths[table])[:-1]]))

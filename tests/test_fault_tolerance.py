@@ -18,7 +18,7 @@ from tests.helpers.two_rank import FAULT_TOLERANCE
 
 pytestmark = pytest.mark.multiprocess
 COMMON = ["+experiment=tiny", *FAULT_TOLERANCE]
-README = Path(__file__).resolve().parents[1] / "README.md"
+SCALE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "training-at-scale.md"
 
 
 @pytest.mark.two_rank_runs("uninterrupted")
@@ -37,7 +37,7 @@ def test_killed_rank_restarts_from_checkpoint_and_ends_bit_identical(two_rank_ru
         nproc=2,
         max_restarts=1,
     )
-    assert "failed (exitcode: 13)" in proc.stderr  # torchrun's error line, and yet the job succeeded (README)
+    assert "failed (exitcode: 13)" in proc.stderr  # torchrun's error line, and yet the job succeeded (docs)
     log = (run_dir / "train.log").read_text()
     assert "fault injection: rank 1 exits after step 14" in log  # the injected death happened
     assert "resumed from" in log and "step_00000012" in log  # newest complete checkpoint before step 14
@@ -105,16 +105,16 @@ def test_killed_rank_with_per_rank_data_also_ends_bit_identical(two_rank_runs, t
 
 @pytest.mark.two_rank_runs("uninterrupted")
 def test_killed_rank_on_one_of_two_hosts_restarts_and_ends_bit_identical(two_rank_runs, tmp_path, data_root):
-    """Issue 14 item 16: README.md's multi-host command as two torchrun agents on this machine, one worker each.
+    """Issue 14 item 16: docs/training-at-scale.md's multi-host command as two torchrun agents here, one worker each.
 
     The agent whose worker dies counts a restart; the other restarts its healthy worker without counting
     one, so restart counts differ between agents and the restarted workers cannot namespace the agents'
     shared store by them: the command sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a new store per attempt).
-    The agents run with the README command's environment, so the test fails if the README drops it.
+    The agents run with the documented command's environment, so the test fails if the page drops it.
     """
-    command = next(line for line in README.read_text().splitlines() if "torchrun --nnodes" in line)
-    readme_env = dict(word.split("=", 1) for word in command[: command.index(".venv/bin/torchrun")].split())
-    assert readme_env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    command = next(line for line in SCALE_PAGE.read_text().splitlines() if "torchrun --nnodes" in line)
+    documented_env = dict(word.split("=", 1) for word in command[: command.index(".venv/bin/torchrun")].split())
+    assert documented_env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     run_dir = tmp_path / "killed"
     agents = launch_agents(
         [
@@ -127,7 +127,7 @@ def test_killed_rank_on_one_of_two_hosts_restarts_and_ends_bit_identical(two_ran
             "trainer.fault_rank=1",
         ],
         max_restarts=1,
-        env=readme_env,
+        env=documented_env,
     )
     assert sum("failed (exitcode: 13)" in a.stdout for a in agents) == 1  # one agent's worker died, once
     log = (run_dir / "train.log").read_text()

@@ -5,11 +5,13 @@ beta = 0 ranking as the two-tower, the valid grid choosing the better ranking, a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
-from recsys.config import Config, EvalConfig, FusionConfig, GraphFilterConfig, check_values
+from recsys.config import EvalConfig, FusionConfig, GraphFilterConfig, check_values
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.rankers.base import EvalSplit, point_key
@@ -17,6 +19,7 @@ from recsys.rankers.fusion import FusionFit, FusionRanker
 from recsys.rankers.graph_filter import GraphFilterFit, GraphFilterRanker, GraphFilterVectors
 from recsys.rankers.spectral import fit_spectrum
 from recsys.rankers.two_tower import TwoTowerFit, TwoTowerRanker
+from tests.helpers.config import tiny_config
 
 
 def random_graph(num_users: int, num_items: int, per_user: int, seed: int) -> UserItemCSR:
@@ -183,14 +186,16 @@ def test_the_stage_chooses_on_valid_ranks_test_at_that_point_and_states_it():
 
 
 def test_graph_filter_config_refusals():
-    check_values(Config())
-    bad = Config(
+    base = tiny_config()
+    check_values(base)
+    bad = replace(
+        base,
         eval=EvalConfig(
             graph_filter=GraphFilterConfig(sharpen=[-2.5], rank=0, iterations=0),
             fusion=FusionConfig(betas=[0.5, -1.0]),
             rankers=["two_tower", "popularity"],
             serve="popularity",
-        )
+        ),
     )
     with pytest.raises(ValueError) as e:
         check_values(bad)
@@ -199,4 +204,4 @@ def test_graph_filter_config_refusals():
     assert "eval.graph_filter.iterations=0" in str(e.value)
     assert "eval.serve='popularity': must be one of eval.rankers" in str(e.value)
     with pytest.raises(ValueError, match="eval.rankers=.*must list two_tower"):
-        check_values(Config(eval=EvalConfig(rankers=["popularity"])))
+        check_values(replace(base, eval=EvalConfig(rankers=["popularity"])))

@@ -1,6 +1,6 @@
 """The generic interactions source: CSV / TSV / parquet logs and given splits by configuration alone.
 
-Each README "Your own data" example runs here on a small fixture; every bad input named in the
+Each docs/your-own-data.md example runs here on a small fixture; every bad input named in the
 data-sources issue gets one clear error and leaves an earlier prepared dir as it was.
 """
 
@@ -251,7 +251,7 @@ def test_config_mistakes_are_named(tmp_path):
 
 
 def test_readme_examples_compose_and_prepare(tmp_path):
-    """The README's "Your own data" commands, as Hydra overrides on fixture files."""
+    """docs/your-own-data.md's first commands, as Hydra overrides on fixture files."""
     from data_pipelines.prepare import prepare_dataset
     from tests.helpers.config import tiny_config
 

@@ -12,12 +12,13 @@ import torch
 from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.config import config_fingerprint, query_layout
+from recsys.config import query_layout
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import Interactions, load_dataset
 from recsys.data.neighbors import item_neighbors, with_item_neighbors
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
+from recsys.fingerprint import config_fingerprint
 from recsys.run import load_run_config
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config

@@ -112,6 +112,14 @@ def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(
             for name, value in results[split][model].items():
                 assert value == pytest.approx(whole[name], rel=1e-9, abs=1e-12), (split, model, name)
     assert results["test"]["two_tower"]["num_users_evaluated"] == 400
+    # the graph filter fused in, fit with no rank holding every user's rows (its sums all-reduced): the same
+    # choice and, up to the float order of those sums, the same figures as one process with the whole graph
+    fused = "two_tower+graph_filter"
+    assert results["rankers"][fused]["point"] == report["graph_filter"]["rankers"][fused]["point"]
+    for split in ("valid", "test"):
+        assert results[split][fused]["recall@20"] == pytest.approx(
+            report["splits"][split]["metrics"][fused]["recall@20"], abs=2e-3
+        )
 
     # trainer.refit: each rank moved its users' valid rows into train; the ranks' combined test metrics
     # equal a one-process evaluation of the refit's checkpoint on the whole (merged) data

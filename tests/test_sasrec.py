@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
-from recsys.config import ExportConfig, config_fingerprint
+from recsys.config import ExportConfig
+from recsys.fingerprint import config_fingerprint
 from recsys.model.sequence import SequenceEncoder, padded_history
 from tests.helpers.config import tiny_config
 
@@ -42,7 +43,8 @@ def test_fingerprints_of_bag_runs_do_not_change():
     # (model.query_neighbors=false: what a run from before that option built; tests/test_item_neighbors.py)
     off = ["model.query_neighbors=false"]
     assert config_fingerprint(tiny_config(off)) == "53abeecc055bb0bf"
-    loo = ["data.protocol=loo", "data.query_history=recent", *off]
+    # a run saved then holds the synthetic data's 0.25 dropout (the protocol now resolves loo's 0.0 when unset)
+    loo = ["data.protocol=loo", "data.query_history=recent", "data.history_dropout=0.25", *off]
     assert config_fingerprint(tiny_config(loo)) == "1e07c644d9d1ea89"
     assert config_fingerprint(tiny_config([*loo, "model.sasrec.dim=32"])) == "1e07c644d9d1ea89"  # unused at bag
     assert config_fingerprint(tiny_config(SASREC)) != "1e07c644d9d1ea89"

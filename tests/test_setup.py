@@ -19,7 +19,7 @@ def _setup_commands() -> list:
 
 def test_setup_prints_no_pip_error_yet_shows_other_conflicts():
     commands = _setup_commands()
-    install = next(c for c in commands if "pip install" in c and "-e '.[test]'" in c)
+    install = next(c for c in commands if "pip install" in c and "-e '.[test,docs]'" in c)
     assert "--no-warn-conflicts" in install  # pip's own check would print the expected conflict as an ERROR
     check = next(c for c in commands if "pip check" in c)
     raw = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True).stdout

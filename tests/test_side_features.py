@@ -3,7 +3,6 @@ to the towers by configuration, end to end: KJT layout, tables, training on 1 an
 
 import dataclasses
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -15,10 +14,11 @@ import torch
 
 from data_pipelines.prepare import prepare_dataset
 from data_pipelines.synthetic import TINY_SPEC, cache_key, generate
-from recsys.config import config_fingerprint, query_layout
+from recsys.config import query_layout
 from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.data.dataset import load_dataset
 from recsys.data.side_features import side_rows, with_side_features
+from recsys.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config
 from tests.helpers.launch import launch
 from tests.helpers.movielens import OCCUPATIONS_100K, random_ratings, release_files, write_folder
@@ -202,7 +202,7 @@ def test_trains_evaluates_and_exports_with_side_features(ml_root, tmp_path, proc
     bundle = load_bundle(run_dir / "export")
     manifest = bundle.manifest
     assert [f["name"] for f in manifest["side_features"]] == ["gender", "age", "occupation", "history_year"]
-    two_tower = sharded.module.module.model.eval()
+    two_tower = sharded.two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
     expected = embed(
@@ -248,20 +248,19 @@ def test_synthetic_user_groups_leave_everything_else_unchanged():
 
 
 def readme_experiment(conf_dir: Path) -> str:
-    """README "Side features"' experiment for your own side files, as conf_dir/experiment/my_shop.yaml:
-    the override that adds conf_dir to Hydra's search path."""
-    from tests.test_readme import README
+    """docs/your-own-data.md "Side features"' experiment for your own side files, as
+    conf_dir/experiment/my_shop.yaml: the override that adds conf_dir to Hydra's search path."""
+    from tests.helpers.docs import DOCS, block_containing
 
-    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S) if "items_columns" in b]
-    assert len(blocks) == 1, "README.md: expected one yaml block declaring items_columns"
+    block = block_containing(DOCS / "your-own-data.md", "items_columns", lang="yaml")
     (conf_dir / "experiment").mkdir(parents=True)
-    (conf_dir / "experiment" / "my_shop.yaml").write_text(blocks[0])
+    (conf_dir / "experiment" / "my_shop.yaml").write_text(block.text + "\n")
     return f"hydra.searchpath=[file://{conf_dir}]"
 
 
 def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_group):
     """A CSV log with string ids, items.csv (string brand, "|"-joined tags) and users.csv (string country),
-    prepared by data=interactions and trained with model.features naming them: the README's experiment,
+    prepared by data=interactions and trained with model.features naming them: the documented experiment,
     its files replaced by the fixture's, and no other step."""
     from hydra import compose, initialize_config_dir
 

@@ -5,7 +5,7 @@ co-occurrence counts normalised by both items' degrees, ``c_ij / sqrt(d_i d_j)``
 symmetric normalisation: without it every item's neighbours are the most popular items), and an
 item keeps its ``k`` best (ties: lower item id first). The candidate tower reads the mean of the
 neighbours' embeddings beside the item's own: two hops of the user-item graph, which a two-tower
-model over ids alone never sees (docs/quality.md, section 7).
+model over ids alone never sees (docs/quality.md).
 
 Cost: the products ``X[:, chunk]^T X`` touch sum over users of (items per user)^2 pairs in all;
 items are processed in chunks whose product holds at most ``max_chunk_pairs`` entries, so memory

@@ -3,7 +3,7 @@
 $ python -m recsys.train                                   # one process, gloo on CPU
 $ torchrun --standalone --nproc_per_node=4 -m recsys.train # 4 processes (GPUs if present)
 $ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=2 --max-restarts=3 --rdzv_backend=c10d \
-    --rdzv_endpoint=$HEAD_HOST:29500 ... -m recsys.train  # on every host (README.md; _attempt_store says why)
+    --rdzv_endpoint=$HEAD_HOST:29500 ... -m recsys.train  # on every host (docs/training-at-scale.md; _attempt_store says why)
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _attempt_store(world_size: int):
             "across restarts, and each agent counts restarts on its own: after a worker dies the restarted "
             "workers would read the dead workers' addresses and fail (gloo connectFullMesh: Connection "
             f"refused) or hang. Start torchrun with {UNSHARED_STORE_VAR}=1 in its environment on every host "
-            "(rank 0 then hosts a new store for every attempt), as README.md's multi-host command does."
+            "(rank 0 then hosts a new store for every attempt), as docs/training-at-scale.md's multi-host command does."
         )
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],

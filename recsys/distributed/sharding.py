@@ -81,6 +81,16 @@ class ShardedModel:
     dense_optimizer: KeyedOptimizerWrapper  # towers and data_parallel tables
     plan: ShardingPlan
 
+    @property
+    def task(self):
+        """The training task DMP wraps (recsys.model.task: the loss, the candidate gather)."""
+        return self.module.module
+
+    @property
+    def two_tower(self):
+        """The sharded two-tower model (its forward embeds queries and candidates, for evaluation and export)."""
+        return self.module.module.model
+
 
 def sparse_fused_params(cfg: SparseOptimConfig) -> dict[str, Any] | None:
     """Settings every table's fbgemm kernel gets beyond the optimizer's own: fbgemm ignores

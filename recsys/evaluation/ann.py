@@ -23,11 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from recsys.choices import ANN_KINDS  # the config names them too
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import hit_matrix
 from recsys.evaluation.retrieval import exact_topk
-
-ANN_KINDS = ("flat", "ivf_flat", "hnsw")
 
 
 def require_faiss():

@@ -46,12 +46,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recsys.choices import EASE_LAMBDAS
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
 from recsys.evaluation.retrieval import chunked_topk
 
 MAX_EASE_ITEMS = 50_000  # a cap on top of the memory plan: B alone is 50k² float32 = 10 GB and the inverse O(I³)
-DEFAULT_LAMBDAS = (10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0)  # 10..1e4, half-decade steps
+DEFAULT_LAMBDAS = EASE_LAMBDAS  # 10..1e4, half-decade steps (recsys/choices.py: the config's default too)
 # Share of the available memory a plan may use: MemAvailable is an estimate, and Python, the
 # allocator and the rest of the report need some room.
 USABLE_MEMORY_SHARE = 0.9

@@ -87,7 +87,7 @@ def evaluate_trained(
 ) -> dict | None:
     """Collective: the report of ``sharded`` (the run's weights) over ``ecfg.splits``; rank 0 returns it and prints report.md."""
     user_range = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
-    two_tower = sharded.module.module.model
+    two_tower = sharded.two_tower
     two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)

@@ -3,8 +3,9 @@ both splits with the configured rankers (``recsys.evaluation.stage``) on rank 0,
 
     results = rank_after_training(cfg, env, data, two_tower, run_dir)       # the same dict on every rank
 
-With ``data.shard_by_user`` every rank ranks its own users and the metrics are combined across ranks; rankers
-fit on every user's rows (the graph filter and its fusions) are left out there, and the log says so.
+With ``data.shard_by_user`` every rank ranks its own users and the metrics are combined across ranks; the graph
+filter is fit from every rank's rows without any rank holding them all (its sums over users are all-reduced:
+``recsys.rankers.spectral``).
 The served ranker's test-stage state goes to ``<run dir>/served/`` (rank 0), for ``recsys.export``.
 """
 
@@ -15,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -30,20 +32,18 @@ from recsys.rankers.served import save_served
 
 log = logging.getLogger(__name__)
 
-GRAPH_RANKERS = ("graph_filter",)  # fit on every user's rows: not with data.shard_by_user
 
+def sum_over_ranks(device, world_size: int):
+    """A ``Reduce`` (recsys.rankers.spectral): a tensor summed over the ranks, on ``device`` for the collective."""
+    if world_size == 1:
+        return None
 
-def run_rankers(cfg: Config, per_rank_users: bool) -> list[str]:
-    """The resolved rankers this run ranks with (the graph-based ones left out when ranks hold their users only)."""
-    names = resolved_rankers(cfg)
-    if not per_rank_users:
-        return names
-    kept = [n for n in names if not any(p in GRAPH_RANKERS for p in n.split("+"))]
-    if kept != names:
-        log.info(
-            "data.shard_by_user: %s left out (fit on every user's rows)", ", ".join(n for n in names if n not in kept)
-        )
-    return kept
+    def reduce(tensor: torch.Tensor) -> torch.Tensor:
+        moved = tensor.to(device)
+        dist.all_reduce(moved)
+        return moved.to(tensor.device)
+
+    return reduce
 
 
 def rank_after_training(
@@ -71,7 +71,7 @@ def rank_after_training(
         s: evaluator.embeddings(two_tower, s, device=env.device, rank=env.rank, world_size=env.world_size)
         for s in splits
     }
-    names = run_rankers(cfg, per_rank_users)
+    names = resolved_rankers(cfg)
     serve = served_ranker(cfg)
     results: list[Any] = [None]
     if per_rank_users or env.is_main:
@@ -85,6 +85,7 @@ def rank_after_training(
             trained_on="train + valid" if cfg.data.train_on_valid else "train",
             embeddings={s: (users, items) for s, (_, users, items) in embedded.items()},
             seed=cfg.trainer.seed,
+            reduce=sum_over_ranks(env.device, env.world_size) if per_rank_users else None,
         )
         rankers, parts = build_rankers(names, context)
         score = partial(metrics_over_ranks, device=env.device, world_size=env.world_size) if per_rank_users else None

@@ -16,7 +16,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from recsys.evaluation.metrics import compute_metrics
 from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
@@ -52,6 +55,44 @@ def _fit_all(rankers: Sequence[Ranker], split: EvalSplit) -> tuple[dict[str, Fit
     return fits, seconds
 
 
+@dataclass(frozen=True)
+class _Ranking:
+    """What ranking a split shares across rankers: cut-offs, the tuning metric, the block size, the scorer."""
+
+    ks: list[int]
+    metric: str
+    chunk_size: int
+    score: Score
+
+    def rank(self, fit: Fit, split: EvalSplit, grid: Sequence[Point]) -> dict[str, tuple[np.ndarray, dict]]:
+        """{point key: (top-k ids int64 [U, max(ks)], metrics)} of ``fit`` at each point of ``grid``."""
+        ids = fit.topk(split, max(self.ks), grid, self.chunk_size)
+        num_items = split.history.num_items
+        return {
+            key: (i.numpy(), self.score(i.numpy(), split.relevant, self.ks, num_items=num_items))
+            for key, i in ids.items()
+        }
+
+
+def _record(row: dict, split: EvalSplit, fit: Fit, seconds: float) -> None:
+    """A ranker's results.json row: what it was fit on for ``split`` and what that fit saw."""
+    row["fit_on"][split.name] = fit.info().get("fit_on", split.fit_on)
+    row["fit"][split.name] = {**fit.info(), "seconds": round(seconds, 1)}
+
+
+def _test_point(ranker: Ranker, tuned: Mapping[str, Point]) -> Point:
+    """The point test is ranked at: valid's (or given) choice, else the ranker's only point."""
+    if ranker.name in tuned:
+        return tuned[ranker.name]
+    grid = ranker.grid()
+    if len(grid) > 1:
+        raise ValueError(
+            f"ranker {ranker.name!r}: its grid of {len(grid)} points is chosen on valid, and there is no valid "
+            "split here; give it one point (its eval settings) or the point the selection stage chose"
+        )
+    return grid[0]
+
+
 def evaluate_rankers(
     rankers: Sequence[Ranker],
     *,
@@ -75,79 +116,41 @@ def evaluate_rankers(
     serves); ``keep_ids``: every ranker's top-k ids per split in ``out["ids"][split][name]`` (int64 numpy).
     """
     # the tuning metric's cut-off is computed too, whether or not the caller reports it
-    ks = sorted({int(k) for k in ks} | {int(metric.partition("@")[2])})
-    kmax = max(ks)
-    known = {r.name: r for r in [*parts, *rankers]}
-    order = fit_order(rankers, known)
-    out: dict[str, Any] = {"valid": {}, "test": {}, "rankers": {}, "kept": {}}
-    all_ids: dict[str, dict[str, Any]] = {"valid": {}, "test": {}}
-    points = dict(chosen)
+    ranking = _Ranking(sorted({int(k) for k in ks} | {int(metric.partition("@")[2])}), metric, chunk_size, score)
+    order = fit_order(rankers, {r.name: r for r in [*parts, *rankers]})
+    rows = {r.name: {"servable": r.servable, "settings": r.settings(), "fit_on": {}, "fit": {}} for r in rankers}
+    out: dict[str, Any] = {"valid": {}, "test": {}, "rankers": rows, "kept": {}}
+    ids: dict[str, dict[str, np.ndarray]] = {"valid": {}, "test": {}}
+    tuned = dict(chosen)
     for ranker in rankers:
-        out["rankers"][ranker.name] = {
-            "servable": ranker.servable,
-            "settings": ranker.settings(),
-            "fit_on": {},
-            "fit": {},
-        }
+        rows[ranker.name]["tuned_on"] = "given" if ranker.name in chosen else "nothing to tune"
     if valid is not None:
         fits, seconds = _fit_all(order, valid)
         for ranker in rankers:
-            grid = [p for p in ranker.grid()] if ranker.name not in chosen else [chosen[ranker.name]]
             start = time.perf_counter()
-            ids = fits[ranker.name].topk(valid, kmax, grid, chunk_size)
-            by_point = {
-                key: score(ids[key].numpy(), valid.relevant, ks, num_items=valid.history.num_items) for key in ids
-            }
-            best = max(grid, key=lambda p: by_point[point_key(p)][metric])  # max keeps the first of equal values
-            points[ranker.name] = best
-            all_ids["valid"][ranker.name] = ids[point_key(best)].numpy()
-            out["valid"][ranker.name] = by_point[point_key(best)]
-            row = out["rankers"][ranker.name]
-            row["fit_on"]["valid"] = fits[ranker.name].info().get("fit_on", valid.fit_on)
-            row["fit"]["valid"] = {
-                **fits[ranker.name].info(),
-                "seconds": round(seconds[ranker.name] + time.perf_counter() - start, 1),
-            }
+            grid = [chosen[ranker.name]] if ranker.name in chosen else ranker.grid()
+            by_point = ranking.rank(fits[ranker.name], valid, grid)
+            best = max(grid, key=lambda p: by_point[point_key(p)][1][metric])  # max keeps the first of equal values
+            tuned[ranker.name] = best
+            ids["valid"][ranker.name], out["valid"][ranker.name] = by_point[point_key(best)]
+            _record(rows[ranker.name], valid, fits[ranker.name], seconds[ranker.name] + time.perf_counter() - start)
             if len(grid) > 1:
-                row["grid"] = {key: m[metric] for key, m in by_point.items()}
-                row["tuned_on"] = (
-                    f"valid {metric}, {int(by_point[point_key(best)].get('num_users_evaluated', 0))} users"
-                )
-                log.info(
-                    "%s: %s chosen on valid %s (%.4f)",
-                    ranker.name,
-                    point_key(best),
-                    metric,
-                    by_point[point_key(best)][metric],
-                )
+                value = by_point[point_key(best)][1]
+                rows[ranker.name]["grid"] = {key: m[metric] for key, (_, m) in by_point.items()}
+                rows[ranker.name]["tuned_on"] = f"valid {metric}, {int(value.get('num_users_evaluated', 0))} users"
+                log.info("%s: %s chosen on valid %s (%.4f)", ranker.name, point_key(best), metric, value[metric])
         del fits
     fits, seconds = _fit_all(order, test)
     for ranker in rankers:
-        row = out["rankers"][ranker.name]
-        if ranker.name in chosen:
-            row.setdefault("tuned_on", "given")
-        point = points.get(ranker.name)
-        if point is None:
-            grid = ranker.grid()
-            if len(grid) > 1:
-                raise ValueError(
-                    f"ranker {ranker.name!r}: its grid of {len(grid)} points is chosen on valid, and there is no valid "
-                    "split here; give it one point (its eval settings) or the point the selection stage chose"
-                )
-            point = grid[0]
-        row.setdefault("tuned_on", "nothing to tune")
-        row["point"] = dict(point)
         start = time.perf_counter()
-        ids = fits[ranker.name].topk(test, kmax, [point], chunk_size)[point_key(point)].numpy()
-        all_ids["test"][ranker.name] = ids
-        out["test"][ranker.name] = score(ids, test.relevant, ks, num_items=test.history.num_items)
+        point = _test_point(ranker, tuned)
+        rows[ranker.name]["point"] = dict(point)
+        ids["test"][ranker.name], out["test"][ranker.name] = ranking.rank(fits[ranker.name], test, [point])[
+            point_key(point)
+        ]
         if ranker.name in keep:
-            out["kept"][ranker.name] = (fits[ranker.name], ids)
-        row["fit_on"]["test"] = fits[ranker.name].info().get("fit_on", test.fit_on)
-        row["fit"]["test"] = {
-            **fits[ranker.name].info(),
-            "seconds": round(seconds[ranker.name] + time.perf_counter() - start, 1),
-        }
+            out["kept"][ranker.name] = (fits[ranker.name], ids["test"][ranker.name])
+        _record(rows[ranker.name], test, fits[ranker.name], seconds[ranker.name] + time.perf_counter() - start)
     if keep_ids:
-        out["ids"] = all_ids
+        out["ids"] = ids
     return out

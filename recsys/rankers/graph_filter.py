@@ -29,17 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker, blockwise_topk
-from recsys.rankers.spectral import Spectrum, fit_spectrum
+from recsys.rankers.spectral import Reduce, Spectrum, fit_spectrum
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class FilterPoint:
-    """One setting of the filter: the low-pass weight and BSPM's sharpening time (0: GF-CF as is)."""
-
-    alpha: float
-    sharpen: float
 
 
 def sharpening_coefficients(sharpen: float) -> list[float]:
@@ -153,15 +145,13 @@ class GraphFilterRanker(Ranker):
         iterations: int,
         oversample: int,
         seed: int = 0,
+        reduce: Reduce | None = None,
     ) -> None:
+        """``reduce``: the ranks hold the users' rows between them, each split's graph being this rank's rows;
+        the fit's sums over users are reduced across them (every rank gets the same filter)."""
         self.alphas, self.sharpens = [float(a) for a in alphas], [float(t) for t in sharpens]
-        self.rank, self.low_rank, self.iterations, self.oversample, self.seed = (
-            rank,
-            low_rank,
-            iterations,
-            oversample,
-            seed,
-        )
+        self.rank, self.low_rank, self.iterations, self.oversample = rank, low_rank, iterations, oversample
+        self.seed, self.reduce = seed, reduce
 
     def grid(self) -> list[Point]:
         return [{"alpha": a, "sharpen": t} for t in self.sharpens for a in self.alphas]
@@ -179,7 +169,12 @@ class GraphFilterRanker(Ranker):
     def fit(self, split: EvalSplit, fits: Mapping[str, Fit]) -> Fit:
         start = time.perf_counter()
         spectrum = fit_spectrum(
-            split.graph, self.rank, oversample=self.oversample, iterations=self.iterations, seed=self.seed
+            split.graph,
+            self.rank,
+            oversample=self.oversample,
+            iterations=self.iterations,
+            seed=self.seed,
+            **({"reduce": self.reduce} if self.reduce is not None else {}),
         )
         vectors = GraphFilterVectors.of(spectrum, self.low_rank)
         seconds = time.perf_counter() - start

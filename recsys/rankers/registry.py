@@ -19,6 +19,7 @@ from recsys.rankers.base import Ranker
 from recsys.rankers.fusion import FusionRanker
 from recsys.rankers.graph_filter import GraphFilterRanker
 from recsys.rankers.popularity import PopularityRanker
+from recsys.rankers.spectral import Reduce
 from recsys.rankers.two_tower import TwoTowerRanker
 
 
@@ -32,6 +33,7 @@ class RankerContext:
     # split name -> (its users' query embeddings [U, D], item embeddings [I, D]) of the trained two-tower
     embeddings: Mapping[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     seed: int = 0
+    reduce: Reduce | None = None  # sums over the ranks that hold the users' rows between them (data.shard_by_user)
 
 
 RankerFactory = Callable[[RankerContext], Ranker]
@@ -47,6 +49,7 @@ RANKERS: dict[str, RankerFactory] = {
         iterations=c.eval.graph_filter.iterations,
         oversample=c.eval.graph_filter.oversample,
         seed=c.seed,
+        reduce=c.reduce,
     ),
 }
 

@@ -78,7 +78,7 @@ def launch_agents(
     timeout: float = 600,
     env: Mapping[str, str] | None = None,
 ) -> list[subprocess.CompletedProcess]:
-    """``nnodes`` torchrun agents on this machine, as on ``nnodes`` hosts: README.md's multi-host command
+    """``nnodes`` torchrun agents on this machine, as on ``nnodes`` hosts: docs/training-at-scale.md's multi-host command
     (c10d rendezvous on a free localhost port, one worker per agent), each agent started alone.
 
     Asserts every agent exits 0 within ``timeout`` (showing each one's output tail otherwise); on any

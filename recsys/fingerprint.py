@@ -1,0 +1,138 @@
+"""The fingerprint of a run's weights: a hash of the data and model settings they depend on, saved with every
+checkpoint and compared before resuming, initialising from, evaluating or exporting it.
+
+``FIELDS`` lists every field of ``data`` and ``model`` (recsys/config.py) with how it enters the hash:
+
+- ``HASH``: what is trained depends on it;
+- ``SKIP``: where or how the rows are read, not which (a run may move or read them otherwise and resume);
+- ``Absent(value)``: a field added after runs existed; hashed only when it differs from the value every
+  earlier run had, so their run dirs keep their fingerprint (``Absent(value, unless=...)``: also left out
+  while another setting makes it unused).
+
+A new field must be added here (tests/test_fingerprint.py fails until it is). ``FINGERPRINT_VERSION`` says
+which rules a saved fingerprint was made with; changing a rule so that existing runs hash otherwise means a
+new version and a note in the refusal. Run dirs written at version 1 are tested (tests/fixtures/).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from recsys.config import Config, IdMapping, QueryEncoderKind, query_uses_neighbors
+
+FINGERPRINT_VERSION = 1
+
+HASH, SKIP = "hash", "skip"
+
+
+@dataclass(frozen=True)
+class Absent:
+    """Hashed only when the value differs from ``value`` (and ``unless`` is not true of the config)."""
+
+    value: Any
+    unless: Callable[[dict], bool] | None = None  # the field is unused, whatever its value
+
+
+def _no_neighbours(values: dict) -> bool:
+    return not values["data"]["item_neighbors"]
+
+
+def _bag_encoder(values: dict) -> bool:
+    return values["model"]["query_encoder"] == QueryEncoderKind.bag
+
+
+def _no_slices(values: dict) -> bool:
+    return not values["data"]["slices"]
+
+
+def _no_churn(values: dict) -> bool:
+    return not values["data"]["synthetic"]["churn_periods"]
+
+
+def _vocab_ids(values: dict) -> bool:
+    return values["model"]["id_mapping"] == IdMapping.vocab
+
+
+FIELDS: dict[str, object] = {
+    **{f"data.{k}": HASH for k in ("name", "source", "protocol", "split_seed", "history_length", "query_history")},
+    **{f"data.{k}": HASH for k in ("history_dropout", "min_rating", "min_user_interactions", "min_item_interactions")},
+    "data.num_heldout_users": HASH,
+    "data.root": SKIP,  # where prepared dataset dirs live
+    "data.shard_by_user": SKIP,  # how the rows are read, not which
+    "data.item_neighbors": Absent(0),
+    "data.train_on_valid": Absent(False),
+    "data.slices": Absent(0),  # the continuous-training replay (docs/continuous-training.md)
+    **{f"data.{k}": Absent(None, unless=_no_slices) for k in ("slice", "slice_window")},
+    **{f"data.synthetic.{k}": HASH for k in ("num_users", "num_items", "num_categories", "num_interactions")},
+    **{f"data.synthetic.{k}": HASH for k in ("latent_dim", "min_interactions_per_user", "seed")},
+    "data.synthetic.num_user_groups": Absent(0),
+    "data.synthetic.churn_periods": Absent(0),
+    "data.synthetic.item_lifetime_periods": Absent(None, unless=_no_churn),
+    **{f"data.movielens.{k}": HASH for k in ("release", "url", "md5", "download")},
+    **{f"data.interactions.{k}": HASH for k in ("path", "train_path", "valid_path", "test_path", "format")},
+    **{f"data.interactions.{k}": HASH for k in ("delimiter", "header", "user_column", "item_column")},
+    **{f"data.interactions.{k}": HASH for k in ("timestamp_column", "rating_column", "valid_fraction", "md5")},
+    **{f"data.interactions.{k}": HASH for k in ("items_path", "items_id_column", "categories_column")},
+    **{f"data.interactions.{k}": HASH for k in ("categories_separator", "users_path", "users_id_column")},
+    "data.interactions.memory_budget_mb": SKIP,  # how the log is prepared, not what is written
+    "data.interactions.id_type": Absent("auto"),
+    "data.interactions.timestamp_unit": Absent("auto"),
+    "data.interactions.items_columns": Absent({}),
+    "data.interactions.users_columns": Absent({}),
+    "model.tables": HASH,  # the neighbour table's settings only with neighbours (``_tables``)
+    "model.features": Absent({}),
+    **{f"model.{k}": HASH for k in ("tower_dims", "temperature", "logq_correction", "logq_weight")},
+    **{f"model.{k}": HASH for k in ("num_uniform_negatives", "loss", "margin", "negative_weight", "query_user_id")},
+    "model.query_neighbors": Absent(False),  # resolved first: null and true build the same model
+    "model.query_encoder": Absent(QueryEncoderKind.bag),
+    **{f"model.sasrec.{k}": Absent(None, unless=_bag_encoder) for k in ("dim", "num_layers", "num_heads", "dropout")},
+    "model.id_mapping": Absent(IdMapping.vocab),
+    **{
+        f"model.managed.{k}": Absent(None, unless=_vocab_ids)
+        for k in ("zch_size", "eviction_policy", "eviction_interval", "decay_exponent")
+    },
+}
+
+
+def _get(values: dict, path: str) -> Any:
+    for key in path.split("."):
+        values = values[key]
+    return values
+
+
+def _put(out: dict, path: str, value: Any) -> None:
+    *sections, key = path.split(".")
+    for section in sections:
+        out = out.setdefault(section, {})
+    out[key] = value
+
+
+def config_fingerprint(cfg: Config) -> str:
+    """What the weights depend on (data and model, by ``FIELDS``), not where or how they are trained."""
+    values = {"data": asdict(cfg.data), "model": asdict(cfg.model)}
+    values["model"]["query_neighbors"] = query_uses_neighbors(cfg)
+    if _no_neighbours(values):  # the unused neighbour table's settings change no weight
+        values["model"]["tables"].pop("neighbor", None)
+    kept: dict = {}
+    for path, rule in FIELDS.items():
+        value = _get(values, path)
+        if rule == SKIP:
+            continue
+        if isinstance(rule, Absent) and (value == rule.value or (rule.unless is not None and rule.unless(values))):
+            continue
+        _put(kept, path, value)
+    blob = json.dumps(kept, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def weights_fingerprint(cfg: Config) -> str:
+    """What the weights' shapes and meaning depend on: ``config_fingerprint`` without the choice of slice
+    (data.slice, data.slice_window), which changes the rows trained on, not the model. trainer.init_from compares it,
+    so that one slice's run starts from the previous slice's weights (docs/continuous-training.md)."""
+    if not cfg.data.slices:
+        return config_fingerprint(cfg)
+    return config_fingerprint(replace(cfg, data=replace(cfg.data, slice=0, slice_window=1)))

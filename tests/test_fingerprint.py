@@ -1,0 +1,116 @@
+"""The weights' fingerprint (recsys/fingerprint.py): every data / model field is classified, the explicit rules
+hash as the rules of every earlier version did, and a run dir written by an earlier main still loads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from recsys.config import Config, QueryEncoderKind, query_uses_neighbors
+from recsys.fingerprint import FIELDS, config_fingerprint
+from recsys.run import load_run_config
+from tests.helpers.config import tiny_config
+
+FIXTURE = Path(__file__).parent / "fixtures" / "run_dir_2026_12_02"  # tiny run, written by main at ffa3d89
+OPEN_SECTIONS = (
+    "model.tables",
+    "model.features",
+    "data.interactions.md5",
+    "data.interactions.items_columns",
+    "data.interactions.users_columns",
+    "model.managed.zch_size",
+)
+# fields added after the rules became a table: the earlier rules never saw them (their defaults leave the hash)
+NEWER_FIELDS = {"data": ("slices", "slice", "slice_window"), "model": ("id_mapping", "managed")}
+NEWER_SYNTHETIC = ("churn_periods", "item_lifetime_periods")
+
+
+def _leaves(values: dict, path: str = ""):
+    for key, value in values.items():
+        here = f"{path}.{key}" if path else key
+        if isinstance(value, dict) and here not in OPEN_SECTIONS:
+            yield from _leaves(value, here)
+        else:
+            yield here
+
+
+def test_every_data_and_model_field_is_classified():
+    fields = {"data": asdict(Config().data), "model": asdict(Config().model)}
+    assert set(_leaves(fields)) == set(FIELDS), (
+        "add the new field to recsys/fingerprint.py's FIELDS: HASH, SKIP or Absent"
+    )
+
+
+def legacy_fingerprint(cfg: Config) -> str:
+    """The rules as code, before they were a table (main up to 2026-12-02): what every saved run was hashed with."""
+    data, model = asdict(cfg.data), asdict(cfg.model)
+    for section, keys in (("data", NEWER_FIELDS["data"]), ("model", NEWER_FIELDS["model"])):
+        for key in keys:
+            (data if section == "data" else model).pop(key)
+    for key in NEWER_SYNTHETIC:
+        data["synthetic"].pop(key)
+    data.pop("root")
+    data.pop("shard_by_user")
+    data["interactions"].pop("memory_budget_mb")
+    for key in ("id_type", "timestamp_unit"):
+        if data["interactions"][key] == "auto":
+            del data["interactions"][key]
+    for side in ("items_columns", "users_columns"):
+        if not data["interactions"][side]:
+            del data["interactions"][side]
+    if not data["synthetic"]["num_user_groups"]:
+        del data["synthetic"]["num_user_groups"]
+    if not model["features"]:
+        del model["features"]
+    if not data["train_on_valid"]:
+        del data["train_on_valid"]
+    if not data["item_neighbors"]:
+        del data["item_neighbors"]
+        model["tables"].pop("neighbor", None)
+    model["query_neighbors"] = query_uses_neighbors(cfg)
+    if not model["query_neighbors"]:
+        del model["query_neighbors"]
+    if model["query_encoder"] == QueryEncoderKind.bag:
+        del model["query_encoder"], model["sasrec"]
+    return hashlib.sha256(json.dumps({"data": data, "model": model}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["data.item_neighbors=0"],
+        ["data.train_on_valid=true", "data.shard_by_user=true", "data.root=elsewhere"],
+        ["data.protocol=loo", "data.query_history=recent", "model.query_encoder=sasrec", "model.sasrec.dim=8"],
+        ["model.query_neighbors=false", "data.synthetic.num_user_groups=3"],
+        ["data=gowalla"],
+        ["data=interactions", "data.interactions.path=x.csv", "data.interactions.id_type=string"],
+        ["data=interactions", "data.interactions.path=x.csv", "data.interactions.timestamp_unit=ms"],
+        ["data=movielens_1m", "data/protocol=strong_generalization"],
+    ],
+)
+def test_the_table_hashes_as_the_earlier_rules_did(overrides):
+    cfg = tiny_config(overrides)
+    assert config_fingerprint(cfg) == legacy_fingerprint(cfg)
+
+
+def test_where_and_how_rows_are_read_change_nothing_and_what_is_trained_does():
+    base = config_fingerprint(tiny_config([]))
+    assert config_fingerprint(tiny_config(["data.root=/else", "data.shard_by_user=true"])) == base
+    assert config_fingerprint(tiny_config(["model.temperature=0.2"])) != base
+    assert config_fingerprint(tiny_config(["data.split_seed=3"])) != base
+
+
+def test_a_run_dir_written_by_an_earlier_main_still_loads(tmp_path):
+    """Its config (from before the issue-28 id fields and the rankers' eval keys) merges into today's schema and
+    hashes to the fingerprint its weights were saved with: evaluate / export / init_from accept it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE, run_dir)
+    saved = json.loads((run_dir / "checkpoints" / "best" / "trainer_state.json").read_text())["fingerprint"]
+    cfg = load_run_config(run_dir)
+    assert config_fingerprint(cfg) == saved
