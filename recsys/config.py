@@ -616,6 +616,16 @@ def drop_retired_keys(saved_cfg) -> None:
                 node.pop(key, None)
 
 
+def read_config_file(path) -> Config:
+    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
+    saved_cfg = OmegaConf.load(path)
+    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
+        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
+        saved_cfg.model.query_neighbors = False
+    drop_retired_keys(saved_cfg)
+    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
+
+
 # What each split protocol implies for the query's features when the data config leaves them null: the one
 # place a protocol reaches the model (the split protocols' own files hold split settings only).
 _PROFILE_BAG = {

@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 
 from recsys.checkpoint import CONFIG_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint
-from recsys.config import Config, IdMapping
+from recsys.config import Config, IdMapping, read_config_file
 from recsys.data.dataset import RetrievalData
 from recsys.data.slices import slice_range
 from recsys.refusals import MissingPath, RunRefused
@@ -43,8 +43,6 @@ def checkpoint_config(path: Path) -> Config | None:
     file = path / CONFIG_FILE
     if not file.is_file():
         return None
-    from recsys.run import read_config_file  # noqa: PLC0415 (run imports the trainer, which imports this module)
-
     return read_config_file(file)
 
 

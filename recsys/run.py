@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.atomic import write_json_atomic
@@ -33,12 +32,11 @@ from recsys.config import (
     ExportConfig,
     IdMapping,
     SparseOptimConfig,
-    drop_retired_keys,
     query_layout,
     query_uses_neighbors,
+    read_config_file,
     resolved_rankers,
     served_ranker,
-    to_config,
     uses_sequence_encoder,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
@@ -253,16 +251,6 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
                 "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to"
             )
     return cfg
-
-
-def read_config_file(path: Path) -> Config:
-    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
-    saved_cfg = OmegaConf.load(path)
-    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
-        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
-        saved_cfg.model.query_neighbors = False
-    drop_retired_keys(saved_cfg)
-    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
 
 
 class TrainedRun(NamedTuple):
