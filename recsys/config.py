@@ -143,7 +143,7 @@ class ManagedConfig:
 
     # rows per managed table ("user", "item"; "neighbor" uses item's); divisible by the number of ranks
     zch_size: dict[str, int] = field(default_factory=lambda: {"user": 65536, "item": 65536})
-    eviction_policy: EvictionPolicy = EvictionPolicy.lru
+    eviction_policy: EvictionPolicy = EvictionPolicy.lru  # which held id gives up its row when a new one arrives
     # training steps between admissions / evictions; 1 = every step (an id gets its row the step it is first seen;
     # with more, ids seen in between share the last row until then)
     eviction_interval: int = 1
