@@ -83,6 +83,10 @@ class SyntheticDataConfig:
     # users.parquet gets a user_group column (0..N-1) that says something of each user's taste: a side
     # feature to try model.features on (synthetic.py, step 8); 0 = no such column
     num_user_groups: int = 0
+    # item churn (synthetic.py, step 5): the time span is cut into this many periods and each item is on offer for
+    # item_lifetime_periods consecutive ones, a user choosing only among the items on offer when they start; 0 = none
+    churn_periods: int = 0
+    item_lifetime_periods: int = 2  # with churn_periods > 0: periods each item lives (its first drawn uniformly)
 
 
 @dataclass
@@ -198,6 +202,15 @@ class DataConfig:
     num_heldout_users: int = (
         0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
     )
+    # the continuous-training replay (recsys/data/slices.py, docs/continuous-training.md): the whole log (every
+    # split's rows) cut by time into this many equal windows; a run trains on window data.slice, with the earlier
+    # windows as its users' history, and tests on the next window (no validation split: data.train_on_valid=true);
+    # 0 = the protocol's own splits
+    slices: int = 0
+    slice: int = 0  # the window trained on, 0-based: 0 .. data.slices - 2 (the next one is its test)
+    # windows up to data.slice whose rows are training examples: 1 = data.slice alone (an incremental run, warm-started
+    # with trainer.init_from), 0 = all of 0 .. data.slice (retraining from scratch on all data so far)
+    slice_window: int = 1
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)  # source=synthetic: the generator
     movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)  # source=movielens: which release
     interactions: InteractionsDataConfig = field(default_factory=InteractionsDataConfig)  # source=interactions: a log

@@ -29,6 +29,14 @@ Generative story (all draws from ``numpy.random.default_rng`` streams spawned fr
    G [num_user_groups, D] ~ N(0, 1/sqrt(D)); user u's ``user_group`` is ``argmax_g U_u . G_g``: a
    categorical user attribute that tells part of the user's taste (a side feature for ``model.features``),
    declared in meta.json ``user_features``.
+9. Item churn (``churn_periods > 0`` only; its own stream, so without it nothing above changes). The time span is
+   cut into ``churn_periods`` equal periods and item i is on offer in periods ``[b_i, b_i + item_lifetime_periods)``,
+   ``b_i`` uniform over the periods that let it overlap the span (so each period has new items and loses old
+   ones). Users are active over the whole span: a user's n_u interactions get times uniform over it, and the
+   rows falling in period p draw (step 5's Gumbel-top-k, without replacement, never an item the user has already)
+   among the items on offer in p, in step 6's taste-drift order within the period. A row that finds no item left
+   is dropped, so the total is at most ``num_interactions``. What a continuous-training replay needs: the ids
+   of tomorrow's log are partly new, and yesterday's partly gone (docs/continuous-training.md).
 
 With the defaults, an oracle ranking by the true logit has several times the Recall@20 of a
 popularity ranking, and popularity is itself far above random (tests/test_synthetic.py).
@@ -87,6 +95,8 @@ class SyntheticSpec:
     mean_gap_seconds: int = 3_600  # mean gap between one user's consecutive interactions
     seed: int = 0  # seeds every random draw of the generator
     num_user_groups: int = 0  # users.parquet user_group: argmax_g U_u . G_g over this many directions; 0 = none
+    churn_periods: int = 0  # item churn (step 9): periods of the time span; 0 = every item on offer all the time
+    item_lifetime_periods: int = 2  # with churn_periods > 0: consecutive periods each item is on offer
 
     def __post_init__(self) -> None:
         for name in ("num_users", "num_items", "num_categories", "num_interactions", "latent_dim"):
@@ -107,6 +117,11 @@ class SyntheticSpec:
             raise ValueError("SyntheticSpec temperatures must be positive")
         if self.num_user_groups < 0:
             raise ValueError(f"SyntheticSpec.num_user_groups must be >= 0 (0 = none), got {self.num_user_groups}")
+        if self.churn_periods < 0 or (self.churn_periods and self.item_lifetime_periods < 1):
+            raise ValueError(
+                f"SyntheticSpec.churn_periods={self.churn_periods} must be >= 0 (0 = no churn) and "
+                f"item_lifetime_periods={self.item_lifetime_periods} >= 1"
+            )
 
 
 def spec_dict(spec: SyntheticSpec) -> dict:
@@ -115,6 +130,8 @@ def spec_dict(spec: SyntheticSpec) -> dict:
     out = dataclasses.asdict(spec)
     if not out["num_user_groups"]:
         del out["num_user_groups"]
+    if not out["churn_periods"]:  # likewise without churn (its lifetime is unused then)
+        del out["churn_periods"], out["item_lifetime_periods"]
     return out
 
 
@@ -228,6 +245,9 @@ def generate(
 
     categories = _categories(spec, V, C, r_categories)
     counts = _user_counts(spec, r_activity)
+    if spec.churn_periods:  # step 9: its own stream and its own sampling and times
+        interactions = _churn_interactions(spec, U, V, bias, counts, np.random.default_rng([spec.seed, 9]))
+        return _finish(spec, interactions, U, V, bias, C, categories, r_rating, return_factors)
     user_ids, item_ids = _sample_items(spec, U, V, bias, counts, r_items)
 
     # Order each user's items by their drifting taste, then lay them out in time.
@@ -243,11 +263,18 @@ def generate(
     user_start = spec.start_timestamp + r_time.integers(0, spec.time_span_seconds, spec.num_users)
     timestamps = user_start[user_ids] + elapsed
 
+    interactions = pd.DataFrame({"user_id": user_ids, "item_id": item_ids, "timestamp": timestamps})
+    return _finish(spec, interactions, U, V, bias, C, categories, r_rating, return_factors)
+
+
+def _finish(spec, interactions, U, V, bias, C, categories, r_rating, return_factors):
+    """Step 7 (ratings) on the (user_id, item_id, timestamp) rows, then the items and users tables (step 8)."""
+    D = spec.latent_dim
+    scale = D**-0.25
+    user_ids, item_ids = interactions["user_id"].to_numpy(), interactions["item_id"].to_numpy()
     affinity = np.einsum("nd,nd->n", U[user_ids], V[item_ids]) + r_rating.normal(0.0, spec.rating_noise, len(item_ids))
     cuts = np.quantile(affinity, np.cumsum(RATING_SHARES)[:-1])
-    ratings = (1 + np.searchsorted(cuts, affinity, side="right")).astype(np.float32)
-
-    interactions = pd.DataFrame({"user_id": user_ids, "item_id": item_ids, "timestamp": timestamps, "rating": ratings})
+    interactions["rating"] = (1 + np.searchsorted(cuts, affinity, side="right")).astype(np.float32)
     items = pd.DataFrame({"item_id": np.arange(spec.num_items, dtype=np.int64), "categories": categories})
     users = pd.DataFrame({"user_id": np.arange(spec.num_users, dtype=np.int64)})
     if spec.num_user_groups:
@@ -256,6 +283,52 @@ def generate(
     if return_factors:
         return interactions, items, users, SyntheticFactors(U, V, bias, C, spec.temperature)
     return interactions, items, users
+
+
+def _churn_interactions(
+    spec: SyntheticSpec, U: np.ndarray, V: np.ndarray, bias: np.ndarray, counts: np.ndarray, rng: np.random.Generator
+) -> pd.DataFrame:
+    """Step 9: rows (user_id, item_id, timestamp), sorted by (user_id, timestamp), with items on offer at their time."""
+    P, L, D = spec.churn_periods, spec.item_lifetime_periods, spec.latent_dim
+    birth = rng.integers(-(L - 1), P, spec.num_items)  # on offer in periods [birth, birth + L)
+    user_ids = np.repeat(np.arange(spec.num_users, dtype=np.int64), counts)
+    offsets = rng.integers(0, spec.time_span_seconds, len(user_ids))
+    period = offsets * P // spec.time_span_seconds
+    drift = rng.normal(size=(spec.num_users, D))
+    drift /= np.linalg.norm(drift, axis=1, keepdims=True)
+    taken = np.zeros((spec.num_users, spec.num_items), dtype=bool)  # no (user, item) pair twice
+    item_ids = np.full(len(user_ids), -1, dtype=np.int64)
+    Vt, biasf = V.T.astype(np.float32), bias.astype(np.float32)
+    for p in range(P):
+        on_offer = (birth <= p) & (p < birth + L)
+        rows = np.flatnonzero(period == p)
+        users, first = np.unique(user_ids[rows], return_index=True)
+        wanted = np.diff(np.append(first, len(rows)))  # rows of each user in this period
+        chunk = max(1, _CHUNK_ELEMENTS // spec.num_items)
+        for lo in range(0, len(users), chunk):
+            us, k = users[lo : lo + chunk], wanted[lo : lo + chunk]
+            keys = (U[us].astype(np.float32) @ Vt) / np.float32(spec.temperature) + biasf
+            keys += _gumbel(rng, keys.shape)
+            keys[:, ~on_offer] = -np.inf
+            keys[taken[us]] = -np.inf
+            top = np.argsort(-keys, axis=1, kind="stable")[:, : int(k.max())]
+            ok = (np.arange(top.shape[1]) < k[:, None]) & np.isfinite(np.take_along_axis(keys, top, axis=1))
+            # within the period, the user's items in taste-drift order (step 6), laid on the period's sorted times
+            progress = np.einsum("nkd,nd->nk", V[top], drift[us]) * D**0.25
+            progress += spec.drift_noise * rng.normal(size=progress.shape)
+            order = np.argsort(np.where(ok, progress, np.inf), axis=1, kind="stable")
+            top, ok = np.take_along_axis(top, order, axis=1), np.take_along_axis(ok, order, axis=1)
+            taken[np.repeat(us, ok.sum(1)), top[ok]] = True
+            for j in range(len(us)):  # the user's rows of the period, in time order
+                mine = rows[first[lo + j] : first[lo + j] + k[j]]
+                mine = mine[np.argsort(offsets[mine], kind="stable")]
+                got = top[j][ok[j]]
+                item_ids[mine[: len(got)]] = got
+    kept = item_ids >= 0
+    frame = pd.DataFrame(
+        {"user_id": user_ids[kept], "item_id": item_ids[kept], "timestamp": spec.start_timestamp + offsets[kept]}
+    )
+    return frame.sort_values(["user_id", "timestamp", "item_id"], kind="stable", ignore_index=True)
 
 
 def cache_key(spec: SyntheticSpec, protocol: str, seed: int) -> str:

@@ -41,6 +41,10 @@ BUNDLE_FILES = {
     "users.parquet",
     "vocab",
     "config.yaml",
+    "id_map_user.npy",  # model.id_mapping=managed
+    "id_map_item.npy",
+    "raw_ids_users.npy",
+    "raw_ids_items.npy",
 }
 
 
@@ -163,9 +167,11 @@ def write_bundle(
     cfg: Config,
     checkpoint: Path,
     index: str = "flat",
+    id_maps: dict | None = None,
 ) -> None:
     """The bundle of the served ranker (``encoder``: the two-tower's query side, None when it is not a part) at
-    ``out``, replacing an earlier bundle there; ``index``: the FAISS index kind written with it."""
+    ``out``, replacing an earlier bundle there; ``index``: the FAISS index kind written with it. ``id_maps``
+    (model.id_mapping=managed): recsys.distributed.managed.full_id_maps' maps of the query's managed tables."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
@@ -189,6 +195,13 @@ def write_bundle(
             shutil.copytree(data.dir / VOCAB_DIR, tmp / "vocab")
         (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         manifest = _manifest(served, index, data, cfg, checkpoint)
+        if id_maps is not None:  # the bundle maps raw ids to rows itself (recsys/serving.py, RawIdMap)
+            for table, m in id_maps.items():
+                np.save(tmp / f"id_map_{table}.npy", np.stack([m["keys"], m["rows"]]).astype(np.int64))
+            np.save(tmp / "raw_ids_users.npy", data.raw_user_ids.astype(np.int64))
+            np.save(tmp / "raw_ids_items.npy", data.raw_item_ids.astype(np.int64))
+            manifest["id_mapping"] = "managed"
+            manifest["managed"] = {table: {"segments": m["segments"]} for table, m in id_maps.items()}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         check_replaceable(out)  # again: something may have appeared there while the items were embedded

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from recsys.atomic import replace_dir
 from recsys.distributed.env import DistEnv
+from recsys.distributed.managed import refresh_managed
 from recsys.distributed.sharding import ShardedModel
 from recsys.refusals import MissingPath, RunRefused
 from recsys.safe_load import SafeFileSystemReader, UnsafeFileError, torch_load_weights
@@ -211,6 +212,7 @@ def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_opt
     state = _state_dicts(sharded, with_optimizer)
     dcp.load(state, checkpoint_id=str(path), storage_reader=SafeFileSystemReader(str(path)))
     sharded.module.load_state_dict(state["model"])
+    refresh_managed(sharded.module)  # managed tables: their steps and free rows as loaded
     if with_optimizer:
         sharded.optimizer.load_state_dict(state["optim"])
     rng = read_rng_states(path)

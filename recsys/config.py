@@ -118,6 +118,38 @@ class SasrecConfig:
     dropout: float = 0.2  # on the inputs and inside each block (SASRec's 0.2 for dense data); 0 disables
 
 
+class IdMapping(Choice):
+    """How user / item ids reach their tables (model.id_mapping; docs/continuous-training.md)."""
+
+    vocab = "vocab"  # the dataset dir's contiguous indices: one row per id the vocabulary holds
+    managed = "managed"  # raw 64-bit ids through torchrec's managed-collision modules: zch_size rows, evicted by policy
+
+
+class EvictionPolicy(Choice):
+    """Which ids a full managed table gives up for new ones (torchrec's MCH eviction policies)."""
+
+    lru = "lru"  # least recently seen first (LRU_EvictionPolicy)
+    lfu = "lfu"  # least often seen first (LFU_EvictionPolicy); new ids rarely win against old counts
+    distance_lfu = "distance_lfu"  # counts / (steps since last seen)^decay_exponent (DistanceLFU_EvictionPolicy)
+
+
+@dataclass
+class ManagedConfig:
+    """model.id_mapping=managed: the user and item tables (and the neighbour table, keyed by item ids) take raw ids
+    through torchrec's MCHManagedCollisionModule (recsys/model/managed.py). A table keeps at most zch_size - 1 ids
+    (its last row is the shared row of ids it does not hold); a new id is admitted at the step it is first trained
+    on, replacing the policy's least valuable id when the table is full; an admitted row is re-initialised from the
+    id (and its optimizer state zeroed). Category and side-feature tables stay vocabulary tables."""
+
+    # rows per managed table ("user", "item"; "neighbor" uses item's); divisible by the number of ranks
+    zch_size: dict[str, int] = field(default_factory=lambda: {"user": 65536, "item": 65536})
+    eviction_policy: EvictionPolicy = EvictionPolicy.lru  # which held id gives up its row when a new one arrives
+    # training steps between admissions / evictions; 1 = every step (an id gets its row the step it is first seen;
+    # with more, ids seen in between share the last row until then)
+    eviction_interval: int = 1
+    decay_exponent: float = 1.0  # lru / distance_lfu: how fast the value of an unseen id decays with its age in steps
+
+
 @dataclass
 class ModelConfig:
     tables: dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables + side tables
@@ -147,6 +179,9 @@ class ModelConfig:
     # transformer blocks, model.sasrec; needs data.query_history=recent)
     query_encoder: QueryEncoderKind = QueryEncoderKind.bag
     sasrec: SasrecConfig = field(default_factory=SasrecConfig)  # model.query_encoder=sasrec only
+    # vocab: the user / item tables have a row per dataset index; managed: raw 64-bit ids, model.managed
+    id_mapping: IdMapping = IdMapping.vocab
+    managed: ManagedConfig = field(default_factory=ManagedConfig)  # model.id_mapping=managed only
 
 
 @dataclass
@@ -214,7 +249,8 @@ class TrainerConfig:
     max_steps_per_epoch: int = 0  # cap on steps per epoch (smoke tests); 0 = the whole epoch
     pipeline: str = "none"  # one of PIPELINES: "none": plain loop | "sparse_dist": torchrec's TrainPipelineSparseDist (next batch's input all-to-all overlaps this step)
     resume: str = "auto"  # "auto": newest complete checkpoint in the run dir, if any | "none": start over | a path
-    init_from: str = ""  # a new run starts from these weights (a checkpoint dir, e.g. another run's checkpoints/best): fresh optimizer, step 0; "" = random / pretrained init; a resumed run ignores it
+    init_from: str = ""  # a new run starts from these weights (a checkpoint dir, e.g. another run's checkpoints/best, or a run dir: its newest step checkpoint): fresh optimizer unless init_optimizer, step 0; "" = random / pretrained init; a resumed run ignores it
+    init_optimizer: bool = False  # true: init_from's optimizer state too (a step checkpoint's: the incremental runs of docs/continuous-training.md)
     checkpoint_every_steps: int = 0  # also checkpoint every N steps inside an epoch; 0 = at epoch ends only
     keep_last_checkpoints: int = 2  # step checkpoints kept (the best-epoch weights are kept apart)
     # on SIGTERM (preemption): finish the step, checkpoint, exit with status 75; seconds from the signal to the
@@ -299,11 +335,13 @@ FUSED_RANKER = "two_tower+graph_filter"  # the two-tower fused with the graph fi
 
 def resolved_rankers(cfg: Config) -> list[str]:
     """``eval.rankers``, or when null: the two-tower and popularity, and the two-tower fused with the graph
-    filter where the data is a profile-bag graph (data.item_neighbors > 0: the random-split protocols); the
-    run logs what this gave (recsys.run)."""
+    filter where the data is a profile-bag graph (data.item_neighbors > 0: the random-split protocols) and the ids
+    are the vocabulary's, outside data.slices; the run logs what this gave (recsys.run)."""
     if cfg.eval.rankers is not None:
         return list(cfg.eval.rankers)
-    return ["two_tower", "popularity"] + ([FUSED_RANKER] if cfg.data.item_neighbors > 0 else [])
+    # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md
+    fused = cfg.data.item_neighbors > 0 and cfg.model.id_mapping == IdMapping.vocab and not cfg.data.slices
+    return ["two_tower", "popularity"] + ([FUSED_RANKER] if fused else [])
 
 
 def served_ranker(cfg: Config) -> str:
@@ -510,8 +548,59 @@ def check_values(cfg: Config) -> None:
         (e.batch_size, e.chunk_size),
         "must be >= 1",
     )
+    _check_continuous(cfg, need)
     if problems:
         raise ConfigError("bad config values: " + "; ".join(problems))
+
+
+def _check_continuous(cfg: Config, need) -> None:
+    """model.id_mapping=managed and data.slices (docs/continuous-training.md): values no run can use."""
+    m, d, t = cfg.model, cfg.data, cfg.trainer
+    if m.id_mapping == IdMapping.managed:
+        mc = m.managed
+        for table in ("user", "item"):
+            size = mc.zch_size.get(table, 0)
+            need(size >= 2, f"model.managed.zch_size.{table}", size, "must be >= 2 (the last row is the shared one)")
+        extra = sorted(set(mc.zch_size) - {"user", "item"})
+        need(not extra, "model.managed.zch_size", dict(mc.zch_size), "has entries for user and item only")
+        need(mc.eviction_interval >= 1, "model.managed.eviction_interval", mc.eviction_interval, "must be >= 1")
+        need(mc.decay_exponent > 0, "model.managed.decay_exponent", mc.decay_exponent, "must be > 0")
+        need(
+            not d.shard_by_user,
+            "data.shard_by_user",
+            d.shard_by_user,
+            "model.id_mapping=managed shards its tables row-wise, which needs equal rows per rank in every batch",
+        )
+        need(
+            m.query_encoder == QueryEncoderKind.bag,
+            "model.query_encoder",
+            str(m.query_encoder),
+            "model.id_mapping=managed has no managed sequence table yet: use model.query_encoder=bag",
+        )
+    if d.slices:
+        need(d.slices >= 2, "data.slices", d.slices, "must be 0 (off) or >= 2 (a slice and the next one to test on)")
+        need(
+            0 <= d.slice <= d.slices - 2,
+            "data.slice",
+            d.slice,
+            f"must be in 0..{d.slices - 2}: each slice is tested on the next one of data.slices={d.slices}",
+        )
+        need(d.slice_window >= 0, "data.slice_window", d.slice_window, "must be >= 0 (0: every slice so far)")
+        need(
+            d.train_on_valid,
+            "data.train_on_valid",
+            d.train_on_valid,
+            f"data.slices={d.slices} holds nothing out for validation (a slice is tested on the next one): set "
+            "data.train_on_valid=true, or +experiment=daily",
+        )
+        need(not d.shard_by_user, "data.shard_by_user", d.shard_by_user, "is not supported with data.slices")
+        need(
+            d.protocol != Protocol.strong_generalization,
+            "data.protocol",
+            str(d.protocol),
+            "data.slices re-splits the whole log by time: use recbole or loo",
+        )
+        need(not t.refit, "trainer.refit", t.refit, "data.slices trains each slice for trainer.epochs: no refit")
 
 
 # eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
@@ -525,6 +614,16 @@ def drop_retired_keys(saved_cfg) -> None:
         if node is not None:
             for key in keys:
                 node.pop(key, None)
+
+
+def read_config_file(path) -> Config:
+    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
+    saved_cfg = OmegaConf.load(path)
+    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
+        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
+        saved_cfg.model.query_neighbors = False
+    drop_retired_keys(saved_cfg)
+    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
 
 
 # What each split protocol implies for the query's features when the data config leaves them null: the one

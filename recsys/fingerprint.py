@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from recsys.config import Config, QueryEncoderKind, query_uses_neighbors
+from recsys.config import Config, IdMapping, QueryEncoderKind, query_uses_neighbors
 
 FINGERPRINT_VERSION = 1
 
@@ -45,6 +45,18 @@ def _bag_encoder(values: dict) -> bool:
     return values["model"]["query_encoder"] == QueryEncoderKind.bag
 
 
+def _no_slices(values: dict) -> bool:
+    return not values["data"]["slices"]
+
+
+def _no_churn(values: dict) -> bool:
+    return not values["data"]["synthetic"]["churn_periods"]
+
+
+def _vocab_ids(values: dict) -> bool:
+    return values["model"]["id_mapping"] == IdMapping.vocab
+
+
 FIELDS: dict[str, object] = {
     **{f"data.{k}": HASH for k in ("name", "source", "protocol", "split_seed", "history_length", "query_history")},
     **{f"data.{k}": HASH for k in ("history_dropout", "min_rating", "min_user_interactions", "min_item_interactions")},
@@ -53,9 +65,13 @@ FIELDS: dict[str, object] = {
     "data.shard_by_user": SKIP,  # how the rows are read, not which
     "data.item_neighbors": Absent(0),
     "data.train_on_valid": Absent(False),
+    "data.slices": Absent(0),  # the continuous-training replay (docs/continuous-training.md)
+    **{f"data.{k}": Absent(None, unless=_no_slices) for k in ("slice", "slice_window")},
     **{f"data.synthetic.{k}": HASH for k in ("num_users", "num_items", "num_categories", "num_interactions")},
     **{f"data.synthetic.{k}": HASH for k in ("latent_dim", "min_interactions_per_user", "seed")},
     "data.synthetic.num_user_groups": Absent(0),
+    "data.synthetic.churn_periods": Absent(0),
+    "data.synthetic.item_lifetime_periods": Absent(None, unless=_no_churn),
     **{f"data.movielens.{k}": HASH for k in ("release", "url", "md5", "download")},
     **{f"data.interactions.{k}": HASH for k in ("path", "train_path", "valid_path", "test_path", "format")},
     **{f"data.interactions.{k}": HASH for k in ("delimiter", "header", "user_column", "item_column")},
@@ -74,6 +90,11 @@ FIELDS: dict[str, object] = {
     "model.query_neighbors": Absent(False),  # resolved first: null and true build the same model
     "model.query_encoder": Absent(QueryEncoderKind.bag),
     **{f"model.sasrec.{k}": Absent(None, unless=_bag_encoder) for k in ("dim", "num_layers", "num_heads", "dropout")},
+    "model.id_mapping": Absent(IdMapping.vocab),
+    **{
+        f"model.managed.{k}": Absent(None, unless=_vocab_ids)
+        for k in ("zch_size", "eviction_policy", "eviction_interval", "decay_exponent")
+    },
 }
 
 
@@ -106,3 +127,12 @@ def config_fingerprint(cfg: Config) -> str:
         _put(kept, path, value)
     blob = json.dumps(kept, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def weights_fingerprint(cfg: Config) -> str:
+    """What the weights' shapes and meaning depend on: ``config_fingerprint`` without the choice of slice
+    (data.slice, data.slice_window), which changes the rows trained on, not the model. trainer.init_from compares it,
+    so that one slice's run starts from the previous slice's weights (docs/continuous-training.md)."""
+    if not cfg.data.slices:
+        return config_fingerprint(cfg)
+    return config_fingerprint(replace(cfg, data=replace(cfg.data, slice=0, slice_window=1)))

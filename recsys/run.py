@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.atomic import write_json_atomic
@@ -31,22 +30,25 @@ from recsys.config import (
     DataConfig,
     EvaluateConfig,
     ExportConfig,
+    IdMapping,
     SparseOptimConfig,
-    drop_retired_keys,
     query_layout,
     query_uses_neighbors,
+    read_config_file,
     resolved_rankers,
     served_ranker,
-    to_config,
     uses_sequence_encoder,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData, load_dataset, with_valid_in_train
 from recsys.data.neighbors import with_item_neighbors
+from recsys.data.raw_ids import with_raw_ids
 from recsys.data.side_features import with_side_features
+from recsys.data.slices import with_slice
 from recsys.distributed.collectives import full_tables
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
+from recsys.distributed.managed import full_id_maps, zero_miss_rows
 from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
@@ -86,9 +88,12 @@ def open_dataset(cfg: Config, root: str | Path, user_range: tuple[int, int] | No
     """The dataset dir as a run reads it: with the items' neighbours (``data.item_neighbors``) and
     ``model.features``' columns, so that the model and the batches agree on every feature."""
     data = load_dataset(root, user_range)
+    if cfg.data.slices:  # the continuous-training replay: train on a time window, test on the next one
+        data = with_slice(data, cfg.data.slices, cfg.data.slice, cfg.data.slice_window)
     if cfg.data.train_on_valid:
         data = with_valid_in_train(data)
-    return with_side_features(with_item_neighbors(data, cfg.data.item_neighbors), cfg.model.features)
+    data = with_side_features(with_item_neighbors(data, cfg.data.item_neighbors), cfg.model.features)
+    return with_raw_ids(data) if cfg.model.id_mapping == IdMapping.managed else data
 
 
 def load_data(cfg: Config, env: DistEnv) -> RunData:
@@ -99,6 +104,8 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
     if cfg.data.shard_by_user:
         data, example_counts = load_rank_data(dataset_dir, env, cfg.data.train_on_valid)
         data = with_side_features(data, cfg.model.features)
+        if cfg.model.id_mapping == IdMapping.managed:
+            data = with_raw_ids(data)
         log.info(
             "dataset %s, users %s of rank %d: %s",
             dataset_dir,
@@ -232,12 +239,7 @@ def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
         path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise MissingPath(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
-    saved_cfg = OmegaConf.load(path)
-    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
-        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
-        saved_cfg.model.query_neighbors = False
-    drop_retired_keys(saved_cfg)  # recsys.config: keys this code no longer has
-    cfg = to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
+    cfg = read_config_file(path)
     # the weights' own record of their data / model config: a config that differs would build another
     # model or split (and report numbers for a protocol the weights never saw)
     if (ckpt / STATE_FILE).is_file():
@@ -322,6 +324,12 @@ def export_run(ecfg: ExportConfig) -> Path:
     check_replaceable(out)  # before any work, on every rank
     note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
     cfg = load_run_config(run_dir, ecfg.checkpoint)
+    if cfg.model.id_mapping == IdMapping.managed and query_uses_neighbors(cfg):
+        raise RunRefused(
+            f"{run_dir}: model.id_mapping=managed with model.query_neighbors cannot be exported yet: the bundle's query "
+            "encoder looks the history up in the item and neighbour tables by the same ids, and managed tables give an "
+            "id another row in each; evaluate the run with python -m recsys.evaluate instead"
+        )
     if uses_sequence_encoder(cfg):
         raise RunRefused(
             f"{run_dir}: model.query_encoder=sasrec runs cannot be exported yet: the serving bundle's query encoder "
@@ -356,10 +364,16 @@ def export_run(ecfg: ExportConfig) -> Path:
                 batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size,
             )  # fmt: skip
             served = two_tower_state(item_emb)
+        if cfg.model.id_mapping == IdMapping.managed:
+            zero_miss_rows(trained.sharded.module)  # the shared row of unheld ids, as every lookup sees it
         tables = full_tables(trained.sharded.module, env.rank, env.device)
+        id_maps = None
+        if cfg.model.id_mapping == IdMapping.managed:  # the bundle maps raw ids to the tables' rows itself
+            maps = full_id_maps(trained.sharded.module, env.rank, env.world_size)
+            id_maps = {t: m for t, m in maps.items() if t in ("user", "item")}
         if env.is_main:
             encoder = query_encoder(cfg, data, tables, two_tower) if served.two_tower_dim else None
-            write_bundle(out, encoder, served, data, cfg, trained.checkpoint, index=ecfg.index)
+            write_bundle(out, encoder, served, data, cfg, trained.checkpoint, index=ecfg.index, id_maps=id_maps)
             log.info("serving bundle: %s", out)
         return out
     finally:

@@ -20,6 +20,12 @@ CPU process (torch, numpy, pyarrow, faiss only)::
                            (only when there are some; manifest "side_features" lists them in the tower's order)
       vocab/               the dataset's raw id <-> index vocabularies, when it has them
       config.yaml          the run's resolved config
+      id_map_<table>.npy   model.id_mapping=managed: int64 [2, n], the managed table's hashed raw ids (ascending) and
+                           their rows (manifest "managed" holds each table's row ranges); ``RawIdMap``
+      raw_ids_<users|items>.npy  model.id_mapping=managed: int64, the raw id of every user / item index
+
+With managed ids the bundle maps raw ids to rows itself, as the trained model did (``encode_raw``; ``encode`` takes
+the dataset's indices and looks their raw ids up): an id the tables do not hold gets its range's shared last row.
 
 The served ranker is the run's headline (eval.serve): the two-tower, or its fusion with the graph filter
 (recsys/rankers/fusion.py), whose query is [q_tt / spread, beta * q_graph / spread] and whose items are
@@ -44,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum  # numpy only
+from recsys.data.raw_ids import KEY_SPACE, hash_keys_numpy  # numpy / torch only
 from recsys.rankers.fusion import spread  # torch only
 from recsys.safe_load import numpy_load, torch_load_weights
 
@@ -151,6 +158,24 @@ def _offsets(lengths: np.ndarray) -> torch.Tensor:
 
 
 @dataclass
+class RawIdMap:
+    """A managed table's raw id -> row map (recsys/model/managed.py), as the trained model's MCH modules held it."""
+
+    keys: np.ndarray  # int64 [n], ascending: hashed raw ids (recsys.data.raw_ids.hash_keys_numpy)
+    rows: np.ndarray  # int64 [n]: each key's row
+    segments: list[int]  # row offsets of the ranks' ranges, then the table's rows
+
+    def rows_of(self, raw_ids: np.ndarray) -> np.ndarray:
+        """Rows of ``raw_ids`` (int64); an id the table does not hold gets the last row of its key's range."""
+        keys = hash_keys_numpy(np.asarray(raw_ids, dtype=np.int64))
+        pos = np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
+        found = self.keys[pos] == keys if len(self.keys) else np.zeros(len(keys), dtype=bool)
+        block = -(-KEY_SPACE // (len(self.segments) - 1))  # torchrec's row-wise bucket of a key
+        last_rows = np.asarray(self.segments[1:], dtype=np.int64) - 1
+        return np.where(found, self.rows[pos] if len(self.keys) else 0, last_rows[keys // block])
+
+
+@dataclass
 class ServingBundle:
     manifest: dict
     encoder: nn.Module | None  # the two-tower's query side; None when the served ranker is the graph filter alone
@@ -162,6 +187,9 @@ class ServingBundle:
     graph_query: torch.Tensor | None = None  # num_items x G: the graph filter's query table (a sum-pooled bag)
     covariances: dict[str, torch.Tensor] | None = None  # a fusion's per-part item covariances (its spread)
     index: object | None = None  # the FAISS index over item_embeddings (index.faiss)
+    # model.id_mapping=managed: each managed table's map, and the raw ids of the dataset's user / item indices
+    id_maps: dict[str, RawIdMap] | None = None
+    raw_ids: dict[str, np.ndarray] | None = None  # "users" / "items" -> int64 [num_users] / [num_items]
 
     def _check_ids(self, name: str, ids: np.ndarray, size: int) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= size):
@@ -175,19 +203,59 @@ class ServingBundle:
         user_ids = np.asarray(user_ids, dtype=np.int64)
         history_lengths, history_items = _latest(history_lengths, history_items, self.manifest.get("history_length", 0))
         self._check_ids("user_ids", user_ids, self.manifest["num_users"])
-        cat_lengths, cats = gather_rows(self.category_indptr, self.category_ids, history_items)
+        if self.id_maps is not None:  # managed ids: the indices' raw ids, then the tables' rows
+            assert self.raw_ids is not None
+            return self._encode_rows(
+                user_ids, history_lengths, history_items,
+                self.raw_ids["users"][user_ids], self.raw_ids["items"][history_items],
+            )  # fmt: skip
+        return self._encode_rows(user_ids, history_lengths, history_items, user_ids, history_items)
+
+    def encode_raw(
+        self, user_raw_ids: np.ndarray, history_lengths: np.ndarray, history_raw_ids: np.ndarray
+    ) -> torch.Tensor:
+        """The two-tower's query embeddings from raw ids (model.id_mapping=managed): any 64-bit ids, the dataset's
+        or new ones; a history item the catalogue lacks counts with its row but no categories."""
+        if self.id_maps is None or self.raw_ids is None:
+            raise ValueError(
+                "encode_raw: this bundle's tables are indexed by the dataset's ids (model.id_mapping=vocab)"
+            )
+        user_raw = np.asarray(user_raw_ids, dtype=np.int64)
+        lengths, raw_items = _latest(history_lengths, history_raw_ids, self.manifest.get("history_length", 0))
+        raw_items = np.asarray(raw_items, dtype=np.int64)
+        catalogue = self.raw_ids["items"]
+        order = np.argsort(catalogue, kind="stable")
+        pos = np.minimum(np.searchsorted(catalogue[order], raw_items), max(len(order) - 1, 0))
+        known = catalogue[order][pos] == raw_items
+        indices = np.where(known, order[pos], -1)  # -1: an item the catalogue lacks (no categories, no side ids)
+        return self._encode_rows(np.full(len(user_raw), -1), lengths, indices, user_raw, raw_items)
+
+    def _encode_rows(
+        self,
+        user_ids: np.ndarray,
+        history_lengths: np.ndarray,
+        history_items: np.ndarray,
+        user_keys: np.ndarray,
+        item_keys: np.ndarray,
+    ) -> torch.Tensor:
+        """The encoder on users / history items given by index (categories, side features; -1: unknown) and by
+        what their tables are looked up with (``*_keys``: the indices, or raw ids when managed)."""
+        cat_lengths, cats = _gather_known(self.category_indptr, self.category_ids, history_items)
         per_user = segment_sum(cat_lengths, history_lengths)
         side = []
         for source, indptr, ids in self.side_columns:  # a user's own ids, or those of all their history items
-            lengths, values = gather_rows(indptr, ids, user_ids if source == "users" else history_items)
+            lengths, values = _gather_known(indptr, ids, user_ids if source == "users" else history_items)
             if source == "items":
                 lengths = segment_sum(lengths, history_lengths)
             side += [torch.from_numpy(values.astype(np.int64)), _offsets(lengths)]
+        if self.id_maps is not None:
+            user_keys = self.id_maps["user"].rows_of(user_keys) if "user" in self.id_maps else user_keys
+            item_keys = self.id_maps["item"].rows_of(item_keys)
         assert self.encoder is not None
         with torch.no_grad():
             return self.encoder(
-                torch.from_numpy(user_ids),
-                torch.from_numpy(history_items),
+                torch.from_numpy(np.asarray(user_keys, dtype=np.int64)),
+                torch.from_numpy(np.asarray(item_keys, dtype=np.int64)),
                 _offsets(history_lengths),
                 torch.from_numpy(cats.astype(np.int64)),
                 _offsets(per_user),
@@ -271,6 +339,18 @@ class ServingBundle:
             )
         scores, ids = ann_topk(self.index, queries, k, exclude=exclude)
         return ids, scores
+
+
+def _gather_known(indptr: np.ndarray, ids: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``gather_rows`` where an index of -1 (an id the dataset lacks: ``encode_raw``) has no values."""
+    index = np.asarray(index, dtype=np.int64)
+    known = index >= 0
+    if known.all():
+        return gather_rows(indptr, ids, index)
+    lengths, values = gather_rows(indptr, ids, index[known])
+    full = np.zeros(len(index), dtype=lengths.dtype)
+    full[known] = lengths
+    return full, values
 
 
 def _latest(lengths: np.ndarray, items: np.ndarray, history_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -360,9 +440,18 @@ def load_bundle(path: str | Path) -> ServingBundle:
         side_columns.append((f["source"], *_list_column(column)))
     from recsys.evaluation.ann import require_faiss  # noqa: PLC0415 (faiss, only where a bundle is loaded)
 
+    id_maps = raw_ids = None
+    if manifest.get("id_mapping") == "managed":
+        id_maps = {}
+        for table, info in manifest["managed"].items():
+            keys_rows = numpy_load(root / f"id_map_{table}.npy")
+            id_maps[table] = RawIdMap(keys_rows[0], keys_rows[1], [int(v) for v in info["segments"]])
+        raw_ids = {side: numpy_load(root / f"raw_ids_{side}.npy") for side in ("users", "items")}
     return ServingBundle(
         manifest=manifest,
         encoder=encoder,
+        id_maps=id_maps,
+        raw_ids=raw_ids,
         item_embeddings=torch.from_numpy(numpy_load(root / "item_embeddings.npy")),
         category_indptr=indptr,
         category_ids=category_ids,

@@ -39,15 +39,17 @@ from recsys.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
-from recsys.config import Config, query_layout
+from recsys.config import Config, IdMapping, query_layout
+from recsys.continuous import check_managed, check_slice_order, checkpoint_config, init_checkpoint, saved_world_size
 from recsys.data.batch import Batch
 from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv
+from recsys.distributed.managed import managed_stats
 from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.sharded import Evaluator
-from recsys.fingerprint import config_fingerprint
+from recsys.fingerprint import config_fingerprint, weights_fingerprint
 from recsys.lr_schedule import LrSchedule
 from recsys.preemption import Preempted, PreemptionHandler
 from recsys.refusals import MissingPath, RunRefused
@@ -237,6 +239,8 @@ class Trainer:
             self.tcfg.preemption_grace_s, rank=env.rank, world_size=env.world_size, device=env.device
         )
         self.metrics_log: MetricsLog | None = None
+        # model.id_mapping=managed: the managed tables' counts (_log_managed)
+        self.managed: dict[str, dict[str, int]] = {}
         # before resume(): the base rates are the configured ones, not a checkpoint's decayed ones
         self.lr_schedule = LrSchedule(
             sharded.optimizer, cfg.optim.schedule, cfg.optim.schedule_epochs or self.tcfg.epochs
@@ -270,6 +274,11 @@ class Trainer:
                 self._init_from(Path(self.tcfg.init_from))
             return None
         saved_state = read_trainer_state(resume_from)
+        saved_cfg = checkpoint_config(resume_from)
+        if saved_cfg is not None:  # another zch_size / policy / world size, named before the fingerprint differs
+            check_managed(
+                "trainer.resume", resume_from, saved_cfg, self.cfg, saved_world_size(saved_state), self.env.world_size
+            )
         if saved_state.fingerprint != self.fingerprint:  # before loading: other shapes would fail inside DCP
             raise RunRefused(
                 f"{resume_from}: saved for another data/model config (fingerprint {saved_state.fingerprint}, "
@@ -294,18 +303,39 @@ class Trainer:
         state.world_size = env.world_size
 
     def _init_from(self, path: Path) -> None:
-        """trainer.init_from: another checkpoint's weights, nothing else (optimizer, step, data position, RNG stay new)."""
-        saved = read_trainer_state(path).fingerprint
-        if saved != self.fingerprint:
+        """trainer.init_from: another checkpoint's weights (a run dir: its newest step checkpoint), with
+        trainer.init_optimizer its optimizer state too; step, data position and RNG stay new
+        (recsys/continuous.py)."""
+        path = init_checkpoint(path)
+        state, saved_cfg = read_trainer_state(path), checkpoint_config(path)
+        if saved_cfg is not None:
+            check_managed("trainer.init_from", path, saved_cfg, self.cfg, saved_world_size(state), self.env.world_size)
+        # the run's fingerprint, or (data.slices) the same model on another slice of the same log
+        same = state.fingerprint == self.fingerprint or (
+            saved_cfg is not None and weights_fingerprint(saved_cfg) == weights_fingerprint(self.cfg)
+        )
+        if not same:
             raise RunRefused(
-                f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint {saved}, "
-                f"now {self.fingerprint})"
+                f"trainer.init_from={str(path)!r}: weights of another data/model config (fingerprint "
+                f"{state.fingerprint}, now {self.fingerprint})"
+            )
+        if saved_cfg is not None:
+            check_slice_order(path, saved_cfg, self.cfg, self.data)
+        with_optimizer = self.tcfg.init_optimizer
+        if with_optimizer and not has_optimizer_state(path):
+            raise RunRefused(
+                f"trainer.init_optimizer=true: {path} holds weights only (no optimizer state); name a step checkpoint "
+                "or the run dir, or set trainer.init_optimizer=false"
             )
         rng = torch.get_rng_state()
-        load_checkpoint(self.sharded, path, env=self.env, with_optimizer=False)
+        load_checkpoint(self.sharded, path, env=self.env, with_optimizer=with_optimizer)
         torch.set_rng_state(rng)  # this run's seed, not the source run's RNG
         if self.env.is_main:
-            log.info("trainer.init_from: starting from the weights in %s", path)
+            log.info(
+                "trainer.init_from: starting from the weights%s in %s",
+                " and optimizer state" if with_optimizer else "",
+                path,
+            )
 
     # ------------------------------------------------------------------ loop
 
@@ -334,6 +364,7 @@ class Trainer:
             world_size=env.world_size,
             pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
             rank_example_counts=self.example_counts,
+            equal_shares=self.cfg.model.id_mapping == IdMapping.managed,
         )
         self.evaluator = Evaluator(
             data,
@@ -456,6 +487,7 @@ class Trainer:
             )
             if env.is_main:
                 log.info("epoch %d: valid %s = %.4f (best %.4f)", epoch, metric, score, max(state.best_score, score))
+        self._log_managed(epoch)
         state.epoch, state.next_batch = epoch + 1, 0
         if self.cfg.data.train_on_valid or score > state.best_score:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
@@ -470,6 +502,29 @@ class Trainer:
         self.checkpoint()
         if self.preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written
             raise Preempted(state.step, str(self.ckpt_root / f"step_{state.step:08d}"))
+
+    def _log_managed(self, epoch: int) -> None:
+        """model.id_mapping=managed: each managed table's rows, ids held, ids admitted and evicted so far."""
+        stats = managed_stats(self.sharded.module, self.env.world_size)
+        if not stats:
+            return
+        self.managed = stats
+        self.metrics_log.write(
+            {
+                "step": self.state.step,
+                "epoch": epoch,
+                **{f"managed/{t}/{k}": v for t, counts in stats.items() for k, v in counts.items()},
+            }
+        )
+        if self.env.is_main:
+            log.info(
+                "epoch %d: managed tables %s",
+                epoch,
+                "; ".join(
+                    f"{t}: {c['ids']} ids in {c['rows']} rows, {c['admitted']} admitted, {c['evicted']} evicted"
+                    for t, c in stats.items()
+                ),
+            )
 
     def restore_best(self) -> Path | None:
         """Load the best epoch's weights (``None``: no validation chose one; the last step's weights stay)."""
@@ -504,4 +559,5 @@ class Trainer:
                 },
             },
             "checkpoint": str(best) if best is not None else "",  # the weights tested ("": the last step's)
+            **({"managed": self.managed} if self.managed else {}),  # model.id_mapping=managed
         }

@@ -89,7 +89,13 @@ def two_rank_runs(request, tmp_path_factory, data_root, tiny_data) -> dict[str, 
         {name for item in request.session.items for mark in item.iter_markers("two_rank_runs") for name in mark.args}
     )
     root = tmp_path_factory.mktemp("two_rank")
-    jobs = [{"fit": [*JOBS[name], f"data.root={data_root}"], "run_dir": str(root / name)} for name in names]
+    jobs = [
+        {
+            "fit": [o.replace("{two_rank_root}", str(root)) for o in [*JOBS[name], f"data.root={data_root}"]],
+            "run_dir": str(root / name),
+        }
+        for name in names
+    ]
     (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
     launch(["tests/helpers/run_jobs.py", str(root / "jobs.json")], nproc=2)
     return {name: root / name for name in names}

@@ -95,7 +95,7 @@ def test_appended_config_typo_is_refused_too():
 
 
 @pytest.mark.parametrize(
-    "experiment", ["tiny", "movielens", "movielens_side", "movielens_liang", "gowalla", "yelp2018"]
+    "experiment", ["tiny", "movielens", "movielens_side", "movielens_liang", "gowalla", "yelp2018", "daily"]
 )
 def test_every_experiment_composes(experiment):
     from pathlib import Path
@@ -113,6 +113,7 @@ def test_every_experiment_composes(experiment):
         "movielens_liang",
         "gowalla",
         "yelp2018",
+        "daily",
     }
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=[f"+experiment={experiment}"]))

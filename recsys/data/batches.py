@@ -30,6 +30,16 @@ from recsys.data.batch_bounds import batch_bounds, rank_shares
 
 
 
+# KJT keys of the managed tables (recsys/model/managed.py) -> whose raw ids their values become
+RAW_ID_KEYS = {"user": "user", "item": "item", "neighbor": "item"}
+
+
+def raw_id_values(data: RetrievalData, values: dict) -> dict:
+    """``values`` (indices, validated) with the managed keys' ids turned into the raw ids the managed tables read."""
+    raw = {"user": data.raw_user_ids, "item": data.raw_item_ids}
+    return {k: raw[RAW_ID_KEYS[k]][v] if k in RAW_ID_KEYS else v for k, v in values.items()}
+
+
 class FeatureBuilder:
     """Builds validated KJT batches (the layout of ``recsys.data.features``) from user / history / item arrays."""
 
@@ -118,6 +128,8 @@ class FeatureBuilder:
             )
             lengths.update(side_lengths)
             values.update(side_values)
+        if self.data.raw_item_ids is not None:  # model.id_mapping=managed: the managed tables read raw ids
+            values = raw_id_values(self.data, values)
         return Batch(
             features=build_kjt(self.keys, lengths, values),
             candidate_item_ids=torch.from_numpy(np.ascontiguousarray(candidate_item_ids, dtype=np.int64)),
@@ -164,7 +176,12 @@ class TrainBatches:
         prefetch: int = 2,
         pin_memory: bool = False,
         rank_example_counts: Optional[Sequence[int]] = None,
+        equal_shares: bool = False,
     ) -> None:
+        """``equal_shares``: every rank gets as many rows as the others in every batch (row-wise sharded tables,
+        model.id_mapping=managed: torchrec's backward all-gathers equal blocks); the global batch size must divide
+        by the world size, and the epoch's last batch drops its last ``len % world_size`` rows (different ones
+        each epoch: the order is reshuffled)."""
         if global_batch_size < world_size:
             raise ValueError(
                 f"trainer.global_batch_size={global_batch_size} is smaller than the world size {world_size}"
@@ -174,12 +191,19 @@ class TrainBatches:
         self.num_items = data.num_items
         self.global_batch_size = global_batch_size
         self.world_size = world_size
-        self.example_rows = np.nonzero(~data.is_heldout(self.train.user_ids))[0]
+        self.example_rows = data.example_rows()
         self.rank_example_counts = None if rank_example_counts is None else [int(n) for n in rank_example_counts]
         total = len(self.example_rows) if rank_example_counts is None else sum(self.rank_example_counts)
         if total < global_batch_size:
             raise ValueError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
         self.bounds = batch_bounds(total, global_batch_size, world_size)
+        if equal_shares and world_size > 1:
+            if global_batch_size % world_size or rank_example_counts is not None:
+                raise ValueError(
+                    f"trainer.global_batch_size={global_batch_size}: row-wise sharded tables (model.id_mapping=managed) "
+                    f"need equal rows on every rank: a multiple of the {world_size} ranks, without data.shard_by_user"
+                )
+            self.bounds[-1] -= (self.bounds[-1] - self.bounds[-2]) % world_size
         if self.rank_example_counts is not None:
             counts = self.rank_example_counts
             if len(counts) != world_size or counts[rank] != len(self.example_rows):

@@ -70,6 +70,13 @@ class RetrievalData:
     side_features: Tuple = ()
     # the valid split's rows were moved into train (data.train_on_valid, with_valid_in_train)
     valid_in_train: bool = False
+    # data.slices (recsys/data/slices.py): train rows before this time are history only, never training examples
+    example_since: Optional[int] = None
+    slice_bounds: Optional[np.ndarray] = None  # the windows' time bounds (data.slices + 1), when sliced
+    # model.id_mapping=managed (recsys/data/raw_ids.py): the raw 64-bit id of every user / item index, which the
+    # batches hand to the managed tables instead of the index
+    raw_user_ids: Optional[np.ndarray] = None
+    raw_item_ids: Optional[np.ndarray] = None
 
     def is_heldout(self, user_ids: np.ndarray) -> np.ndarray:
         """Whether each user is a held-out (valid / test) user whose train rows are fold-in history only."""
@@ -96,6 +103,23 @@ class RetrievalData:
         for f in self.side_features:
             rows[f.table] = max(rows.get(f.table, 0), f.num_ids)
         return rows
+
+    def example_rows(self) -> np.ndarray:
+        """Rows of the training split that are training examples: not a held-out user's fold-in history, nor
+        (data.slices) a row from before the slice's examples start."""
+        train = self.splits["train"]
+        keep = ~self.is_heldout(train.user_ids)
+        if self.example_since is not None:
+            keep &= train.timestamps >= self.example_since
+        return np.nonzero(keep)[0]
+
+    def example_item_counts(self) -> np.ndarray:
+        """Every item's frequency among the training examples (the logQ estimate of the items a batch samples):
+        ``item_counts()``, except that with data.slices only the slice's examples count, not its history rows."""
+        if self.example_since is None:
+            return self.item_counts()
+        train = self.splits["train"]
+        return np.bincount(train.item_ids[train.timestamps >= self.example_since], minlength=self.num_items)
 
     def item_counts(self) -> np.ndarray:
         """Training frequency of every item (the logQ estimate and the popularity baseline).

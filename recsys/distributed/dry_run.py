@@ -156,6 +156,11 @@ def _check(cfg: PlanConfig) -> None:
         raise ValueError(f"cluster.batch_size_per_rank={c.batch_size_per_rank} must be >= 1")
     if c.compute_device not in ("cuda", "cpu"):
         raise ValueError(f"cluster.compute_device={c.compute_device!r}: choose 'cuda' or 'cpu'")
+    if str(cfg.model.id_mapping) != "vocab":
+        raise ValueError(
+            f"model.id_mapping={cfg.model.id_mapping}: the dry run plans vocabulary tables; a managed table is "
+            "row-wise over every rank, model.managed.zch_size rows (docs/continuous-training.md)"
+        )
     # the neighbour table (data.item_neighbors) may be configured but is not planned here; when on it
     # is another table of num_rows.item rows: size a cluster for it too
     side = side_table_towers(cfg)

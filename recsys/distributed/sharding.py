@@ -34,6 +34,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig
 from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE
 from recsys.distributed.env import DistEnv
+from recsys.distributed.managed import MANAGED_SHARDING, ManagedSharder, set_buckets, zero_managed_tables
 from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
 from recsys.distributed.table_init import init_tables
 
@@ -123,14 +124,22 @@ def sparse_optimizer_kwargs(
     return cls, kwargs
 
 
-def planner_constraints(cfg: ShardingConfig, device: torch.device, table_names) -> dict[str, ParameterConstraints]:
+def planner_constraints(
+    cfg: ShardingConfig, device: torch.device, table_names, managed: Collection[str] = ()
+) -> dict[str, ParameterConstraints]:
     """Each configured table's constraints; the sequence table (item-sized, model.query_encoder=sasrec) is
-    placed like the item table unless sharding.tables.sequence says otherwise."""
-    constraints = {}
+    placed like the item table unless sharding.tables.sequence says otherwise. ``managed`` tables
+    (model.id_mapping=managed) are row-wise with the fused kernel whatever is configured: the one way torchrec
+    shards managed collisions (recsys/distributed/managed.py)."""
+    constraints = {
+        t: ParameterConstraints(sharding_types=[MANAGED_SHARDING], compute_kernels=["fused"]) for t in managed
+    }
     tables = dict(cfg.tables)
     if SEQUENCE_TABLE in table_names and SEQUENCE_TABLE not in tables and "item" in tables:
         tables[SEQUENCE_TABLE] = tables["item"]
     for table, tcfg in tables.items():
+        if table in managed:
+            continue
         if table not in table_names and table in ALL_TABLES:
             continue  # a table this dataset does not feed (category for items without categories, neighbor when off)
         if table not in table_names:
@@ -244,16 +253,28 @@ def shard_model(
     ``frozen_tables`` get a fused SGD with learning rate 0: their rows never move.
     ``batch_size_per_rank`` (examples) sizes the planner's input / output reservations and perf model.
     """
-    ebc, ec = task.model.ebc, getattr(task.model, "ec", None)
-    configs = {c.name: c for c in ebc.embedding_bag_configs()}
+    ebc, ec, mc = task.model.ebc, getattr(task.model, "ec", None), getattr(task.model, "mc_ebc", None)
+    bags = dict(ebc.embedding_bags.items()) if ebc is not None else {}
+    configs = {c.name: c for c in ebc.embedding_bag_configs()} if ebc is not None else {}
     if ec is not None:  # the unpooled sequence table (model.query_encoder=sasrec)
         configs.update({c.name: c for c in ec.embedding_configs()})
+    managed = []
+    if mc is not None:  # raw-id tables behind managed collisions (model.id_mapping=managed)
+        configs.update({c.name: c for c in mc._embedding_module.embedding_bag_configs()})
+        bags.update(mc._embedding_module.embedding_bags.items())
+        managed = [c.name for c in mc._embedding_module.embedding_bag_configs()]
     table_names = set(configs)
     unknown = (set(pretrained or {}) | set(frozen_tables)) - table_names
     if unknown:
         raise ValueError(f"pretrained / frozen tables {sorted(unknown)} are not in the model ({sorted(table_names)})")
+    by_id = sorted((set(pretrained or {}) | set(frozen_tables)) & set(managed))
+    if by_id:
+        raise ValueError(
+            f"model.tables.{by_id[0]}: pretrained_path / frozen need a row per dataset index; with "
+            "model.id_mapping=managed its rows belong to whichever ids hold them"
+        )
     opt_cls, opt_kwargs = sparse_optimizer_kwargs(sparse, env.device)
-    for name, bag in ebc.embedding_bags.items():
+    for name, bag in bags.items():
         if name in frozen_tables:
             apply_optimizer_in_backward(torch.optim.SGD, [bag.weight], {"lr": 0.0})
         else:
@@ -268,17 +289,23 @@ def shard_model(
     planner = EmbeddingShardingPlanner(
         topology=planner_topology(sharding, env),
         batch_size=batch_size_per_rank,
-        constraints=planner_constraints(sharding, env.device, table_names),
+        constraints=planner_constraints(sharding, env.device, table_names, managed),
     )
     sharders = [EmbeddingBagCollectionSharder(fused_params=sparse_fused_params(sparse))]
     if ec is not None:
         sharders.append(EmbeddingCollectionSharder(fused_params=sparse_fused_params(sparse)))
+    if mc is not None:
+        set_buckets(task, env.world_size)
+        sharders.append(
+            ManagedSharder(EmbeddingBagCollectionSharder(fused_params=sparse_fused_params(sparse)), seed=seed)
+        )
     pg = dist.GroupMember.WORLD
     plan = planner.collective_plan(task, sharders, pg)
     dmp = DistributedModelParallel(
         task, env=ShardingEnv.from_process_group(pg), device=env.device, plan=plan, sharders=sharders
     )
     init_tables(dmp, seed=seed)
+    zero_managed_tables(dmp)  # their rows are drawn from the ids they admit
     for table, read_rows in readers.items():
         load_pretrained_table(dmp, table, read_rows)
         if env.is_main:

@@ -80,6 +80,11 @@ def embed(
     else:
         share = ids[_rank_share(len(ids), rank, world_size)]
         num_steps = ceil_div(ceil_div(len(ids), world_size), batch_size)  # the same on every rank
+    real = len(share)
+    if not local and world_size > 1 and getattr(two_tower, "mc_ebc", None) is not None:
+        # row-wise sharded (managed) tables pool every rank's rows and scatter them back in equal blocks: every
+        # rank's batches must be the same size, so the shorter shares are padded with id 0 (dropped below)
+        share = np.concatenate([share, np.zeros(ceil_div(len(ids), world_size) - real, dtype=share.dtype)])
     some_id = np.zeros(1, dtype=np.int64)  # a filler batch for ranks out of ids (user / item 0 always exists)
     if side == "query":
         batches = query_batches(builder, share, timeline, batch_size)
@@ -96,7 +101,7 @@ def embed(
         dim = embeddings.shape[1]
         if is_real:
             out.append(embeddings.float().cpu())
-    mine = torch.cat(out) if out else torch.zeros(0, dim)
+    mine = torch.cat(out)[:real] if out else torch.zeros(0, dim)
     return mine if local else all_gather_rows(mine, world_size, device=device)  # NCCL gathers on the GPU
 
 

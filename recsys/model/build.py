@@ -15,9 +15,17 @@ import numpy as np
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-from recsys.config import Config, ModelConfig, QueryEncoderKind, query_uses_neighbors, query_uses_user_id
+from recsys.config import (
+    Config,
+    IdMapping,
+    ModelConfig,
+    QueryEncoderKind,
+    query_uses_neighbors,
+    query_uses_user_id,
+)
 from recsys.data.dataset import RetrievalData
 from recsys.data.features import ALL_TABLES, NEIGHBOR_TABLE, SEQUENCE_TABLE, candidate_tables, query_tables
+from recsys.model.managed import MANAGED_TABLES, ZCH_SIZE_OF
 from recsys.model.sequence import SequenceEncoder
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
@@ -47,10 +55,16 @@ def build_retrieval_task(
     query-side tables, one KJT key each (the bench's side features).
     ``side_towers``: the side tables of ``num_rows`` (model.features) -> the towers they feed ("query",
     "candidate"), each tower reading them after its built-in tables in this order.
+    With ``model.id_mapping=managed`` the user / item / neighbour tables get model.managed.zch_size rows whatever
+    ``num_rows`` says (recsys/model/managed.py).
     """
     if seed is not None:
         torch.manual_seed(seed)
     tables = model.tables
+    managed_tables: list[str] = []
+    if model.id_mapping == IdMapping.managed:
+        managed_tables = [t for t in MANAGED_TABLES if t in num_rows]
+        num_rows = {**num_rows, **{t: model.managed.zch_size[ZCH_SIZE_OF[t]] for t in managed_tables}}
     configs = table_configs(
         num_rows=num_rows,
         dims={t: c.embedding_dim for t, c in tables.items()},
@@ -83,6 +97,12 @@ def build_retrieval_task(
             tower_dims=model.tower_dims,
             sequence_table=sequence_table,
             sequence_encoder=sequence_encoder,
+            managed_tables=managed_tables,
+            managed_options={
+                "eviction_policy_name": str(model.managed.eviction_policy),
+                "eviction_interval": model.managed.eviction_interval,
+                "decay_exponent": model.managed.decay_exponent,
+            },
         )
         return RetrievalTask(
             two_tower,
@@ -100,7 +120,7 @@ def build_retrieval_task(
 def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None = None) -> RetrievalTask:
     """A run's model for ``data``: its tables checked against the config, towers seeded by ``trainer.seed``.
 
-    ``item_counts``: the items' training frequencies for logQ; None = ``data.item_counts()``.
+    ``item_counts``: the items' training frequencies for logQ; None = ``data.example_item_counts()``.
     """
     tables = cfg.model.tables
     user_id = query_uses_user_id(cfg)
@@ -129,7 +149,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
             f"model.tables: unknown tables {sorted(unknown)}; expected {', '.join(ALL_TABLES)} "
             "or a table named by model.features"
         )
-    counts = data.item_counts() if item_counts is None else item_counts
+    counts = data.example_item_counts() if item_counts is None else item_counts
     return build_retrieval_task(
         cfg.model,
         num_rows=num_rows,

@@ -12,6 +12,10 @@ Shapes (B_q queries, C candidates, D tower output)::
     query tower:     rows [0, B_q) of the query tables' columns        -> B_q x D, L2-normalised
     candidate tower: rows [B_q, B_q + C) of the candidate tables' ones -> C x D, L2-normalised
 
+With managed ids (``model.id_mapping=managed``, recsys/model/managed.py) the user / item / neighbour keys carry
+raw ids and go through ``mc_ebc`` (a ManagedCollisionEmbeddingBagCollection), the other keys through ``ebc``;
+both read the one KJT (each takes its own keys) and their pooled columns are regrouped together.
+
 With a sequence encoder (``model.query_encoder=sasrec``) an EmbeddingCollection looks the ``sequence``
 key up unpooled, and the query tower reads the encoder's output before the pooled query columns::
 
@@ -31,6 +35,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 from recsys.data.features import ALL_TABLES, CANDIDATE_TABLES
+from recsys.model.managed import managed_collection
 from recsys.model.sequence import SequenceEncoder, padded_history
 
 
@@ -78,9 +83,13 @@ class TwoTower(nn.Module):
         candidate_tables: Sequence[str] = tuple(CANDIDATE_TABLES),
         sequence_table: EmbeddingConfig | None = None,
         sequence_encoder: SequenceEncoder | None = None,
+        managed_tables: Sequence[str] = (),
+        managed_options: dict | None = None,
     ) -> None:
         """``sequence_table`` and ``sequence_encoder`` (together or neither): the unpooled history lookup and the
-        module that summarises it for the query tower (recsys.model.sequence)."""
+        module that summarises it for the query tower (recsys.model.sequence). ``managed_tables``: the tables
+        looked up by raw ids through managed collisions (``managed_options``: recsys.model.managed.managed_collection's
+        keyword arguments); their num_embeddings is their zch_size."""
         super().__init__()
         if (sequence_table is None) != (sequence_encoder is None):
             raise ValueError("TwoTower: sequence_table and sequence_encoder go together")
@@ -91,7 +100,11 @@ class TwoTower(nn.Module):
         self.query_keys = [key_of[t] for t in query_tables]
         self.candidate_keys = [key_of[t] for t in candidate_tables]
         dim = {t.feature_names[0]: t.embedding_dim for t in tables}
-        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+        managed = [t for t in tables if t.name in managed_tables]
+        plain = [t for t in tables if t.name not in managed_tables]
+        # no plain tables (a managed model without categories or side features): no plain collection
+        self.ebc = EmbeddingBagCollection(tables=plain, device=torch.device("meta")) if plain else None
+        self.mc_ebc = managed_collection(managed, **(managed_options or {})) if managed else None
         self.ec: EmbeddingCollection | None = None
         self.sequence_encoder = sequence_encoder
         sequence_dim = 0
@@ -107,12 +120,14 @@ class TwoTower(nn.Module):
         """Returns (queries ``B_q x D``, candidates ``C x D``), both with unit L2 norm."""
         # one fused permute (fbgemm's permute_pooled_embs) forward and backward, instead of a
         # split per table, a slice per query table and a cat per tower
-        pooled = self.ebc(features)
+        pooled = [self.ebc(features)] if self.ebc is not None else []
+        if self.mc_ebc is not None:
+            pooled.append(self.mc_ebc(features)[0])  # (pooled, remapped ids: not asked for)
         if self.query_keys:
-            query_in, candidate_in = KeyedTensor.regroup([pooled], [self.query_keys, self.candidate_keys])
+            query_in, candidate_in = KeyedTensor.regroup(pooled, [self.query_keys, self.candidate_keys])
             query_in, candidate_in = query_in[:num_queries], candidate_in[num_queries:]
         else:  # the sequence encoder alone (no user id, no categories)
-            (candidate_in,) = KeyedTensor.regroup([pooled], [self.candidate_keys])
+            (candidate_in,) = KeyedTensor.regroup(pooled, [self.candidate_keys])
             query_in, candidate_in = candidate_in[:num_queries, :0], candidate_in[num_queries:]
         if self.ec is not None:
             history = self.ec(features)[self.sequence_key]

@@ -38,6 +38,31 @@ SASREC = [
     "model.sasrec.dim=16",
 ]
 
+# tests/test_continuous.py: the tiny log with item churn replayed as 3 daily slices through managed-collision tables,
+# each slice warm-started from the one before ({two_rank_root}: the folder of these run dirs). The item table
+# (224 rows: 223 ids, 111 per rank on 2) holds slices 0 and 1's items and overflows in slice 2 (LRU evicts)
+CONTINUOUS = [
+    "data.synthetic.churn_periods=4",
+    "data.slices=4",
+    "data.train_on_valid=true",
+    "data.item_neighbors=0",
+    "model.query_user_id=true",
+    "model.id_mapping=managed",
+    "model.managed.zch_size.user=512",
+    "model.managed.zch_size.item=224",
+    "trainer.epochs=2",
+    "trainer.early_stopping_patience=0",
+    "trainer.log_every_steps=1",
+    "trainer.init_optimizer=true",
+    "sharding.device=cpu",
+]
+
+
+def continuous_slice(k: int, root: str = "{two_rank_root}", prefix: str = "continuous_") -> list[str]:
+    """The overrides of slice ``k`` of the replay, warm-started from ``<root>/<prefix><k - 1>``."""
+    return [*CONTINUOUS, f"data.slice={k}"] + ([f"trainer.init_from={root}/{prefix}{k - 1}"] if k else [])
+
+
 JOBS = {
     "uninterrupted": FAULT_TOLERANCE,
     "uninterrupted_by_user": [*FAULT_TOLERANCE, "data.shard_by_user=true"],
@@ -52,4 +77,5 @@ JOBS = {
         *UNEVEN,
         "trainer.refit=true",
     ],
+    **{f"continuous_{k}": continuous_slice(k) for k in range(3)},  # in this order: names sort as they must run
 }
