@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from recsys.config import Config, EvaluateConfig, query_layout
+from recsys.config import FUSED_RANKER, Config, EvaluateConfig, query_layout, resolved_rankers
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.collectives import all_gather_rows
@@ -76,6 +76,16 @@ def _embed_split_users(
     )
 
 
+REPORT_OWN_RANKERS = ("two_tower", "popularity")  # rows the report ranks itself (with its breakdowns)
+
+
+def report_stage_rankers(cfg: Config) -> tuple[str, ...]:
+    """The report's rows ranked by the evaluation stage: the graph filter alone and fused with the two-tower, and
+    every other ranker the run's ``eval.rankers`` lists (a registered one included), so the run's rows reappear."""
+    listed = [name for name in resolved_rankers(cfg) if name not in REPORT_OWN_RANKERS]
+    return tuple(dict.fromkeys(["graph_filter", FUSED_RANKER, *listed]))
+
+
 def evaluate_trained(
     ecfg: EvaluateConfig,
     cfg: Config,
@@ -126,6 +136,7 @@ def evaluate_trained(
         ease_lambdas=tuple(ecfg.ease_lambdas),
         ials=ecfg.ials,
         graph_filter=ecfg.graph_filter,
+        stage_rankers=report_stage_rankers(cfg),
         ranker_config=cfg.eval,
         ann_kinds=ecfg.ann_kinds,
         chunk_size=ecfg.chunk_size,

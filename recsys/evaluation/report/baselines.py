@@ -163,9 +163,10 @@ def _ease_skip_reason(inputs: EvalInputs, options: ReportOptions, num_items: int
     return None
 
 
-def rank_graph_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
-    """The graph filter alone and fused with the two-tower, through the run's evaluation stage (the same rankers,
-    grids and fits as the run's, so a row means one thing everywhere): ({split: {ranker: top-k ids}}, the
+def rank_stage_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict[str, dict[str, np.ndarray]], dict]:
+    """``options.stage_rankers`` (the graph filter alone and fused with the two-tower, and any other ranker the run
+    lists) through the run's evaluation stage (the same rankers, grids and fits as the run's, so a row means one
+    thing everywhere): ({split: {ranker: top-k ids}}, the
     report's block: each ranker's fit, tuning and chosen point, or why skipped)."""
     if not options.graph_filter:
         return {}, {"skipped": "graph filter disabled (ReportOptions.graph_filter=False)"}
@@ -184,7 +185,7 @@ def rank_graph_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict
         embeddings={n: (torch.as_tensor(s.user_emb).float(), items) for n, s in inputs.splits.items()},
         seed=options.seed,
     )
-    rankers, parts = build_rankers(list(options.graph_rankers), context)
+    rankers, parts = build_rankers(list(options.stage_rankers), context)
     splits = {
         n: EvalSplit(n, s.users, s.exclude, graphs[n], s.relevant, tuple(s.masked_splits))
         for n, s in inputs.splits.items()
@@ -196,7 +197,7 @@ def rank_graph_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict
     )  # fmt: skip
     kmax = max(inputs.ks)  # the stage ranks at least the tuning metric's cut-off: the report's own depth here
     ids = {
-        n: {r: out["ids"]["valid" if n == "valid" else "test"][r][:, :kmax] for r in options.graph_rankers}
+        n: {r: out["ids"]["valid" if n == "valid" else "test"][r][:, :kmax] for r in options.stage_rankers}
         for n in splits
     }
     return ids, {

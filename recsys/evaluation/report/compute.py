@@ -22,7 +22,7 @@ from recsys.evaluation.ease import ease_topk
 from recsys.evaluation.ials import ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics, hit_matrix
-from recsys.evaluation.report.baselines import fit_ease, fit_ials, rank_graph_rankers
+from recsys.evaluation.report.baselines import fit_ease, fit_ials, rank_stage_rankers
 from recsys.evaluation.report.types import MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
 from recsys.evaluation.retrieval import exact_topk
 from recsys.evaluation.scoring import rank_and_score
@@ -119,7 +119,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
 
     ease_b, ease_info = fit_ease(inputs, options, num_items)
     ials_model, ials_info = fit_ials(inputs, options)
-    graph_ids, gf_info = rank_graph_rankers(inputs, options)
+    graph_ids, gf_info = rank_stage_rankers(inputs, options)
 
     splits_out: dict[str, Any] = {}
     curves: dict[str, dict[str, np.ndarray]] = {}

@@ -101,10 +101,11 @@ class ReportOptions:
         ials_regularizations, ials_alphas: iALS's grid (their product); best validation
             recall@``ease_tune_k`` wins.
         ials_factors, ials_iterations: fixed D and ALS sweeps.
-        graph_filter: rank ``graph_rankers`` (the graph filter alone and fused with the two-tower) through the
-            run's evaluation stage (recsys.evaluation.stage), each fit on the interactions its split follows
-            (``EvalInputs.graphs``) and tuned on valid; needs a "valid" split.
-        graph_rankers: their names (recsys.rankers.registry).
+        graph_filter: rank ``stage_rankers`` through the run's evaluation stage (recsys.evaluation.stage), each
+            fit on the interactions its split follows (``EvalInputs.graphs``) and tuned on valid; needs a "valid"
+            split.
+        stage_rankers: their names (recsys.rankers.registry): the graph filter alone and fused with the
+            two-tower, and whatever else the run's ``eval.rankers`` lists (``recsys.evaluation.offline``).
         ranker_config: their settings and the tuning metric: the run's ``eval`` section.
         ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
         ann_params: their settings.
@@ -134,7 +135,7 @@ class ReportOptions:
     ials_factors: int = DEFAULT_FACTORS
     ials_iterations: int = DEFAULT_ITERATIONS
     graph_filter: bool = True
-    graph_rankers: Sequence[str] = ("graph_filter", FUSED_RANKER)
+    stage_rankers: Sequence[str] = ("graph_filter", FUSED_RANKER)
     ranker_config: EvalConfig = field(default_factory=EvalConfig)
     ann_kinds: Sequence[str] = ANN_KINDS
     ann_params: AnnParams = field(default_factory=AnnParams)

@@ -1,0 +1,80 @@
+"""A ranker is one module plus one registration: a toy ranker registered here gets its row in the run's
+results.json and in ``recsys.evaluate``'s report, and the run's and the report's rows are the same figures for
+the same checkpoint (the toy's, the two-tower's and the fused ``two_tower+graph_filter``'s)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from recsys.evaluate import EvaluateConfig, evaluate_run
+from recsys.evaluation.retrieval import popularity_topk
+from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
+from recsys.rankers.registry import RANKERS, register_ranker
+from recsys.run import fit
+from tests.helpers.config import tiny_config
+
+TOY = "recent_popularity"
+
+
+class RecentPopularityFit(Fit):
+    def __init__(self, counts: np.ndarray, fit_on: str) -> None:
+        self.counts, self.fit_on = counts, fit_on
+
+    def topk(self, split: EvalSplit, k: int, points: Sequence[Point], chunk_size: int) -> dict[str, torch.Tensor]:
+        counts = torch.from_numpy(self.counts).float()
+        ids = popularity_topk(counts, split.history.num_users, k, exclude=split.history, chunk_size=chunk_size)[1]
+        return {point_key(p): ids for p in points}
+
+    def info(self) -> dict:
+        return {"fit_on": self.fit_on}
+
+
+class RecentPopularity(Ranker):
+    """Popularity counted on the interactions the split follows (train for valid, train + valid for test), unlike
+    the built-in ``popularity``'s training counts: a toy whose fit visibly depends on the split."""
+
+    name = TOY
+
+    def fit(self, split: EvalSplit, fits: Mapping[str, Fit]) -> Fit:
+        counts = np.bincount(split.graph.indices, minlength=split.graph.num_items)
+        return RecentPopularityFit(counts, split.fit_on)
+
+
+@pytest.fixture
+def toy_ranker():
+    register_ranker(TOY, lambda context: RecentPopularity())
+    yield TOY
+    RANKERS.pop(TOY)
+
+
+def test_a_registered_ranker_has_its_row_in_the_run_and_the_report(toy_ranker, tmp_path, data_root, process_group):
+    run_dir = tmp_path / "run"
+    rankers = f"eval.rankers=[two_tower,popularity,{toy_ranker},two_tower+graph_filter]"
+    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=2", rankers])
+    fit(cfg, run_dir)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["rankers"][toy_ranker]["fit_on"] == {"valid": "train", "test": "train + valid"}
+    assert results["test"][toy_ranker]["recall@20"] > 0
+    # the toy is fit on train + valid for test: it ranks otherwise than popularity's training counts
+    assert results["test"][toy_ranker]["recall@20"] != results["test"]["popularity"]["recall@20"]
+
+    evaluate_run(EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ks=[10, 20], ease=False, ials=False))
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    for split in ("valid", "test"):
+        rows = report["splits"][split]["metrics"]
+        for ranker in (toy_ranker, "two_tower+graph_filter"):
+            for metric in ("recall@20", "ndcg@20"):
+                assert rows[ranker][metric] == pytest.approx(results[split][ranker][metric], abs=1e-6), (
+                    split,
+                    ranker,
+                    metric,
+                )
+        assert rows[report["model"]]["recall@20"] == pytest.approx(results[split]["two_tower"]["recall@20"], abs=1e-6)
