@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +51,7 @@ _LOG_STORE_SHARE = 4  # the parsed log stays in memory up to budget / 4 bytes, t
 _PARALLEL_MIN_ROWS = 1 << 20  # from this many rows, buckets are processed on every core
 _RELEASE_EVERY_BATCHES = 8  # reused pages are far cheaper than fresh ones from the kernel: free the pool rarely
 _COLUMNS = ("user_id", "item_id", "timestamp", "rating")
+_SPLITS = ("train", "valid", "test")
 _SCHEMA = pa.schema(
     [("user_id", pa.int64()), ("item_id", pa.int64()), ("timestamp", pa.int64()), ("rating", pa.float32())]
 )
@@ -244,91 +245,154 @@ def split_log(
     num_heldout_users: int,
     memory_budget_bytes: int,
     num_threads: int | None = None,
-) -> BucketedSplit:
+    stop: Callable[[], bool] | None = None,
+) -> BucketedSplit | None:
     """Filter and split the log in ``batches`` (columns user, item, timestamp, rating) by ``protocol``
     (recbole | loo | strong_generalization), writing the split files into ``work`` (spill files too).
 
     Buckets are deduplicated and split on ``num_threads`` threads (default: every core); each one
     draws from its own copy of the protocol's generator, moved on by the draws of the buckets
-    before it, so the result is independent of the threads, the buckets and the budget.
+    before it, so the result is independent of the threads, the buckets and the budget. None when
+    ``stop()`` is true once the batches end (the caller learnt the split is not needed).
     """
     log = BatchStore(work / "log.arrow", memory_budget_bytes // _LOG_STORE_SHARE)
     (raw_users, rows_per_user), raw_items, num_raw = _read(batches, log, filters["min_rating"])
+    if stop is not None and stop():
+        return None
     if log.num_rows == 0:
         raise DatasetError(f"{label}: no interactions left after the filters {filters} (of {num_raw})")
     threads = num_threads or os.cpu_count() or 1
-    bucket_rows = max(memory_budget_bytes // (_BUCKET_BYTES_PER_ROW * threads), 1)  # `threads` buckets at once
-    num_buckets = -(-log.num_rows // bucket_rows)
-    if log.num_rows >= _PARALLEL_MIN_ROWS:
-        num_buckets = max(num_buckets, 2 * threads)  # work for every thread
-    rows_before = np.cumsum(rows_per_user) - rows_per_user  # contiguous user ranges of ~equal rows
-    user_bucket = rows_before * num_buckets // log.num_rows
-    buckets = _Buckets(work, num_buckets, in_memory=not log.on_disk)
-    _partition(log, buckets, IdMapper(raw_users), IdMapper(raw_items), user_bucket)
-    num_users, num_items = len(raw_users), len(raw_items)
-
+    buckets, user_bucket = _bucketed(log, work, rows_per_user, raw_users, raw_items, memory_budget_bytes, threads)
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        user_counts, item_counts = _dedupe(pool, threads, buckets, num_users, num_items)
+        user_counts, item_counts = _dedupe(pool, threads, buckets, len(raw_users), len(raw_items))
         min_user, min_item = filters["min_user_interactions"], filters["min_item_interactions"]
         keep_user, keep_item, user_counts = _k_core(
             pool, threads, buckets, user_counts, item_counts, min_user, min_item
         )
         if not keep_user.any():
             raise DatasetError(f"{label}: no interactions left after the filters {filters} (of {num_raw})")
-
-        rng = np.random.default_rng(seed)
-        heldout, train_items, options = None, None, {}
-        used_user, used_item = keep_user, keep_item
-        draws = np.bincount(user_bucket, weights=user_counts, minlength=num_buckets)  # recbole: one per row
-        if protocol == "strong_generalization":
-            options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
-            heldout = draw_heldout_users(np.flatnonzero(keep_user), rng, num_heldout_users)
-            used_user, used_item, draws = _strong_generalization_use(
-                _frames(pool, buckets, threads), keep_user, keep_item, heldout, user_bucket, num_buckets
-            )
-            train_items = np.flatnonzero(used_item)
-        state = rng.bit_generator.state
-        draws_before = (np.cumsum(draws) - draws).astype(np.int64)
-
-        new_user, new_item = np.cumsum(used_user) - 1, np.cumsum(used_item) - 1  # compacted ids
-        sizes = int(used_user.sum()), int(used_item.sum())
-        names = ("train", "valid", "test")
-        files = {s: work / f"{s}.parquet" for s in names}
-        filtered = min_user > 0 or min_item > 0
-
-        def split_bucket(b: int) -> list[pd.DataFrame]:
-            df = buckets.load(b)
-            if filtered:
-                df = df[keep_user[df["user_id"].to_numpy()] & keep_item[df["item_id"].to_numpy()]]
-            if len(df) == 0:
-                return []
-            parts = _split(df, protocol, _generator_at(state, int(draws_before[b])), heldout, train_items)
-            for part in parts:
-                part["user_id"] = new_user[part["user_id"].to_numpy()]
-                part["item_id"] = new_item[part["item_id"].to_numpy()]
-            return parts
-
-        writers = {s: InteractionsFileWriter(files[s], s, *sizes) for s in names}
-        try:
-            for parts in _in_order(pool, split_bucket, range(num_buckets), threads):
-                for s, part in zip(names, parts):
-                    writers[s].append(part)
-        finally:
-            counts = {s: w.num_rows for s, w in writers.items()}
-            for w in writers.values():
-                w.close(allow_empty=True)
+        plan = _plan(
+            pool, threads, buckets, protocol, seed, num_heldout_users, keep_user, keep_item, user_counts, user_bucket
+        )
+        files = {s: work / f"{s}.parquet" for s in _SPLITS}
+        counts = _write_splits(pool, threads, buckets, files, plan, protocol, filtered=min_user > 0 or min_item > 0)
+    heldout = plan.heldout
     if heldout is not None:
-        heldout = tuple(new_user[h][used_user[h]] for h in heldout)
+        heldout = tuple(plan.new_user[h][plan.used_user[h]] for h in heldout)
     return BucketedSplit(
         files=files,
         counts=counts,
-        users=raw_users.take(pa.array(np.flatnonzero(used_user))),
-        items=raw_items.take(pa.array(np.flatnonzero(used_item))),
+        users=raw_users.take(pa.array(np.flatnonzero(plan.used_user))),
+        items=raw_items.take(pa.array(np.flatnonzero(plan.used_item))),
         num_raw_interactions=num_raw,
-        num_buckets=num_buckets,
+        num_buckets=buckets.num_buckets,
         heldout=heldout,
+        options=plan.options,
+    )
+
+
+def _bucketed(
+    log: BatchStore, work: Path, rows_per_user, raw_users: pa.Array, raw_items: pa.Array, budget: int, threads: int
+) -> tuple[_Buckets, np.ndarray]:
+    """Pass 2 into buckets of contiguous user ranges of ~equal rows, ``threads`` of them within ``budget``;
+    the buckets and each user's bucket."""
+    bucket_rows = max(budget // (_BUCKET_BYTES_PER_ROW * threads), 1)  # `threads` buckets at once
+    num_buckets = -(-log.num_rows // bucket_rows)
+    if log.num_rows >= _PARALLEL_MIN_ROWS:
+        num_buckets = max(num_buckets, 2 * threads)  # work for every thread
+    rows_before = np.cumsum(rows_per_user) - rows_per_user
+    user_bucket = rows_before * num_buckets // log.num_rows
+    buckets = _Buckets(work, num_buckets, in_memory=not log.on_disk)
+    _partition(log, buckets, IdMapper(raw_users), IdMapper(raw_items), user_bucket)
+    return buckets, user_bucket
+
+
+@dataclass
+class _Plan:
+    """Who is kept and how each bucket draws: what every bucket's split needs."""
+
+    keep_user: np.ndarray  # k-core masks over the indices
+    keep_item: np.ndarray
+    used_user: np.ndarray  # masks of the ids the splits keep
+    used_item: np.ndarray
+    new_user: np.ndarray  # index -> compacted id
+    new_item: np.ndarray
+    state: dict  # the protocol generator's state before any bucket
+    draws_before: np.ndarray  # per bucket: draws of the buckets before it
+    heldout: tuple[np.ndarray, np.ndarray] | None = None
+    train_items: np.ndarray | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _plan(
+    pool,
+    ahead: int,
+    buckets: _Buckets,
+    protocol: str,
+    seed: int,
+    num_heldout_users: int,
+    keep_user,
+    keep_item,
+    user_counts,
+    user_bucket,
+) -> _Plan:
+    """The protocol's one generator and each bucket's place in its stream (recbole: a draw per row;
+    strong_generalization: held-out users drawn first, then a draw per bucket with held-out rows)."""
+    rng = np.random.default_rng(seed)
+    heldout, train_items, options = None, None, {}
+    used_user, used_item = keep_user, keep_item
+    draws = np.bincount(user_bucket, weights=user_counts, minlength=buckets.num_buckets)
+    if protocol == "strong_generalization":
+        options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
+        heldout = draw_heldout_users(np.flatnonzero(keep_user), rng, num_heldout_users)
+        used_user, used_item, draws = _strong_generalization_use(
+            _frames(pool, buckets, ahead), keep_user, keep_item, heldout, user_bucket, buckets.num_buckets
+        )
+        train_items = np.flatnonzero(used_item)
+    return _Plan(
+        keep_user=keep_user,
+        keep_item=keep_item,
+        used_user=used_user,
+        used_item=used_item,
+        new_user=np.cumsum(used_user) - 1,
+        new_item=np.cumsum(used_item) - 1,
+        state=rng.bit_generator.state,
+        draws_before=(np.cumsum(draws) - draws).astype(np.int64),
+        heldout=heldout,
+        train_items=train_items,
         options=options,
     )
+
+
+def _write_splits(
+    pool, ahead: int, buckets: _Buckets, files: dict[str, Path], plan: _Plan, protocol: str, filtered: bool
+) -> dict[str, int]:
+    """Last pass: each bucket split, in user order, into the split files; their row counts."""
+
+    def split_bucket(b: int) -> list[pd.DataFrame]:
+        df = buckets.load(b)
+        if filtered:
+            df = df[plan.keep_user[df["user_id"].to_numpy()] & plan.keep_item[df["item_id"].to_numpy()]]
+        if len(df) == 0:
+            return []
+        rng = _generator_at(plan.state, int(plan.draws_before[b]))
+        parts = _split(df, protocol, rng, plan.heldout, plan.train_items)
+        for part in parts:
+            part["user_id"] = plan.new_user[part["user_id"].to_numpy()]
+            part["item_id"] = plan.new_item[part["item_id"].to_numpy()]
+        return parts
+
+    sizes = int(plan.used_user.sum()), int(plan.used_item.sum())
+    writers = {s: InteractionsFileWriter(files[s], s, *sizes) for s in _SPLITS}
+    try:
+        for parts in _in_order(pool, split_bucket, range(buckets.num_buckets), ahead):
+            for s, part in zip(_SPLITS, parts):
+                writers[s].append(part)
+    finally:
+        counts = {s: w.num_rows for s, w in writers.items()}
+        for w in writers.values():
+            w.close(allow_empty=True)
+    return counts
 
 
 def _strong_generalization_use(
