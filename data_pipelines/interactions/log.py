@@ -11,24 +11,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from data_pipelines import readers
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.errors import DatasetError
 from data_pipelines.interactions.ids import same_type
 from data_pipelines.log_columns import TimeUnits, convert_log
 from data_pipelines.log_columns import ids as raw_ids_of
-from data_pipelines.readers import (
-    ChunkRefused,
+from data_pipelines.readers import csv_chunks
+from data_pipelines.readers.adjacency import read_adjacency
+from data_pipelines.readers.columns import (
+    COMPRESSED,
+    columnar_log,
     delimited_header,
     detect_format,
     iter_columns,
-    iter_csv_chunks,
-    read_adjacency,
     read_columns,
 )
+from data_pipelines.readers.csv_chunks import ChunkRefused, iter_csv_chunks
+from data_pipelines.readers.parquet import iter_parquet_tables
 
-_CHUNKED_MIN_BYTES = 1 << 26  # an uncompressed CSV this big is parsed in chunks (readers.iter_csv_chunks)
-_COMPRESSED = (".gz", ".zst", ".zstd", ".bz2")
+_CHUNKED_MIN_BYTES = 1 << 26  # an uncompressed CSV this big is parsed in chunks (readers/csv_chunks.py)
 
 
 def _fields(cfg: InteractionsDataConfig) -> dict[str, str]:
@@ -103,9 +104,9 @@ def _read_parquet_log(
     cfg: InteractionsDataConfig, p: Path, fields: dict[str, str], time_offset: int, units: TimeUnits
 ) -> pa.Table:
     """A parquet log file by file, positions running on across the files, ids of one type."""
-    readers._columnar_log(p, "parquet")  # a missing path: named
+    columnar_log(p, "parquet")  # a missing path: named
     tables, first_row = [], 0
-    for file, table in readers.iter_parquet_tables(p, list(dict.fromkeys(fields.values()))):
+    for file, table in iter_parquet_tables(p, list(dict.fromkeys(fields.values()))):
         offset = time_offset + first_row
         tables.append(convert_log(table, fields, str(file), time_offset=offset, id_type=cfg.id_type, units=units))
         first_row += table.num_rows
@@ -119,14 +120,14 @@ def _read_parquet_log(
 def _csv_fits(path: Path, budget_bytes: int) -> bool:
     """Whether a CSV / TSV file parses within half the memory budget (parsed columns take about as
     many bytes as their text; a compressed file is taken as 1/5 of its text)."""
-    compressed = path.suffix.lower() in _COMPRESSED
+    compressed = path.suffix.lower() in COMPRESSED
     return path.stat().st_size * (5 if compressed else 1) * 2 <= budget_bytes
 
 
 def _csv_chunkable(path: Path) -> bool:
     """Whether ``iter_csv_chunks`` reads the file: uncompressed (cut at any byte) and at least
     ``_CHUNKED_MIN_BYTES`` (smaller ones parse whole in a moment)."""
-    compressed = path.suffix.lower() in _COMPRESSED
+    compressed = path.suffix.lower() in COMPRESSED
     return not compressed and path.stat().st_size >= _CHUNKED_MIN_BYTES
 
 
@@ -177,7 +178,7 @@ def _parsed_batches(
         delimiter = cfg.delimiter or ("\t" if fmt == "tsv" else ",")
         # a chunk in flight holds its text and its columns (~3x its bytes): a sixteenth of the budget per
         # thread, and two at least (with a 256 MiB budget the 25M-row bench peaks at 0.68 GiB, 0.84 before)
-        per_thread = int(cfg.memory_budget_mb) * 2**20 // (16 * readers.CSV_CHUNK_BYTES)
+        per_thread = int(cfg.memory_budget_mb) * 2**20 // (16 * csv_chunks.CSV_CHUNK_BYTES)
         threads = min(os.cpu_count() or 1, max(per_thread, 2))
         chunks = iter_csv_chunks(
             path, columns, delimiter=delimiter, header=cfg.header, threads=threads, text_columns=text
