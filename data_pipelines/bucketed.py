@@ -18,7 +18,6 @@ one bucket (``memory_budget_bytes / _BUCKET_BYTES_PER_ROW`` rows) at a time.
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,19 +27,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from data_pipelines.dataset_dir import InteractionsFileWriter
+from data_pipelines.buckets import Buckets, dedupe, frames, in_order, k_core, partition, read_log
+from data_pipelines.dataset_writer import InteractionsFileWriter
 from data_pipelines.errors import DatasetError
 from data_pipelines.spill import BatchStore
 from data_pipelines.splits import (
     draw_heldout_users,
-    filter_interactions,
     split_heldout_users,
     split_loo,
     split_recbole,
 )
-from data_pipelines.vocab import IdMapper, VocabBuilder
+from data_pipelines.vocab import IdMapper
 
 __all__ = ["BucketedSplit", "split_log"]
 
@@ -49,12 +47,7 @@ __all__ = ["BucketedSplit", "split_log"]
 _BUCKET_BYTES_PER_ROW = 160
 _LOG_STORE_SHARE = 4  # the parsed log stays in memory up to budget / 4 bytes, then goes to disk
 _PARALLEL_MIN_ROWS = 1 << 20  # from this many rows, buckets are processed on every core
-_RELEASE_EVERY_BATCHES = 8  # reused pages are far cheaper than fresh ones from the kernel: free the pool rarely
-_COLUMNS = ("user_id", "item_id", "timestamp", "rating")
 _SPLITS = ("train", "valid", "test")
-_SCHEMA = pa.schema(
-    [("user_id", pa.int64()), ("item_id", pa.int64()), ("timestamp", pa.int64()), ("rating", pa.float32())]
-)
 
 
 @dataclass
@@ -69,161 +62,6 @@ class BucketedSplit:
     num_buckets: int
     heldout: tuple[np.ndarray, np.ndarray] | None = None  # strong_generalization: valid / test user_ids
     options: dict[str, Any] = field(default_factory=dict)
-
-
-class _Buckets:
-    """The log's rows by bucket of users: frames in memory, or one Arrow IPC file each on disk."""
-
-    def __init__(self, work: Path, num_buckets: int, in_memory: bool) -> None:
-        self.num_buckets, self.in_memory = num_buckets, in_memory
-        self._pieces: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_buckets)]
-        self._frames: list[pd.DataFrame | None] = [None] * num_buckets
-        self._stores = [BatchStore(work / f"bucket-{b:05d}.arrow", 0) for b in range(num_buckets)]
-
-    def append(self, b: int, columns: dict[str, np.ndarray]) -> None:
-        if self.in_memory:
-            self._pieces[b].append(columns)
-        else:
-            self._stores[b].append(pa.RecordBatch.from_arrays([pa.array(columns[c]) for c in _COLUMNS], schema=_SCHEMA))
-
-    def load(self, b: int) -> pd.DataFrame:
-        if self.in_memory:
-            if self._frames[b] is None:
-                pieces, self._pieces[b] = self._pieces[b], []
-                self._frames[b] = pd.DataFrame(
-                    {c: np.concatenate([p[c] for p in pieces]) if len(pieces) != 1 else pieces[0][c] for c in _COLUMNS}
-                    if pieces
-                    else {c: np.zeros(0, t.to_pandas_dtype()) for c, t in zip(_COLUMNS, _SCHEMA.types)},
-                    copy=False,
-                )
-            return self._frames[b]
-        table = self._stores[b].table()
-        if table is None:
-            return pd.DataFrame({c: np.zeros(0, t.to_pandas_dtype()) for c, t in zip(_COLUMNS, _SCHEMA.types)})
-        return pd.DataFrame({c: table[c].to_numpy() for c in _COLUMNS}, copy=False)
-
-    def save(self, b: int, df: pd.DataFrame) -> None:
-        if self.in_memory:
-            self._frames[b] = df
-        else:
-            self._stores[b].replace(pa.Table.from_pandas(df[list(_COLUMNS)], preserve_index=False))
-
-
-def _in_order(pool: ThreadPoolExecutor, fn, items, ahead: int):
-    """``map(fn, items)`` on ``pool`` with at most ``ahead`` calls in flight, results in order (bounded memory)."""
-    pending: deque = deque()
-    for item in items:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= ahead:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
-
-
-def _read(batches: Iterable[pa.RecordBatch], store: BatchStore, min_rating: float):
-    """Pass 1: rows with rating >= min_rating into ``store``; the vocabularies; the raw row count."""
-    users, items = VocabBuilder(), VocabBuilder()
-    num_raw = 0
-    text: set[str] = set()  # id columns the store holds as strings
-    for j, batch in enumerate(batches):
-        num_raw += batch.num_rows
-        if min_rating > 0:
-            batch = batch.filter(np.asarray(batch["rating"].to_numpy()) >= min_rating)
-        if batch.num_rows:
-            batch = _one_id_type(batch, store, text)
-            users.add(batch["user"])
-            items.add(batch["item"])
-            store.append(batch)
-        if j % _RELEASE_EVERY_BATCHES == _RELEASE_EVERY_BATCHES - 1:
-            pa.default_memory_pool().release_unused()  # freed batches' pages back to the OS: numpy reuses them
-    pa.default_memory_pool().release_unused()
-    return users.finish(), items.finish()[0], num_raw
-
-
-def _as_text(batch: pa.RecordBatch, column: str) -> pa.RecordBatch:
-    i = batch.schema.get_field_index(column)
-    return batch.set_column(i, column, pc.cast(batch.column(i), pa.string()))
-
-
-def _one_id_type(batch: pa.RecordBatch, store: BatchStore, text: set[str]) -> pa.RecordBatch:
-    """``batch`` with the id types of the batches in ``store``: a column is int64 until a batch brings
-    text ids, then strings, the integers held so far turned into their decimal text (``log_columns.ids``:
-    the same ids)."""
-    for column in ("user", "item"):
-        if pa.types.is_integer(batch.schema.field(column).type):
-            if column in text:
-                batch = _as_text(batch, column)
-        elif column not in text:
-            text.add(column)
-            store.map(lambda b, c=column: _as_text(b, c))
-    return batch
-
-
-def _partition(store: BatchStore, buckets: _Buckets, users: IdMapper, items: IdMapper, user_bucket: np.ndarray):
-    """Pass 2: raw ids -> indices, each row to its user's bucket (rows keep their file order)."""
-    for batch in store.batches():
-        u = users(batch["user"])
-        columns = {
-            "user_id": u,
-            "item_id": items(batch["item"]),
-            "timestamp": np.asarray(batch["timestamp"].to_numpy()),
-            "rating": np.asarray(batch["rating"].to_numpy()),
-        }
-        b = user_bucket[u]
-        if (b[1:] >= b[:-1]).all():  # a log grouped by user: each bucket's rows are one slice
-            bounds = np.searchsorted(b, np.arange(buckets.num_buckets + 1))
-            rows = [slice(bounds[k], bounds[k + 1]) for k in range(buckets.num_buckets)]
-        else:
-            order = np.argsort(b, kind="stable")  # a radix sort of small integers
-            bounds = np.searchsorted(b[order], np.arange(buckets.num_buckets + 1))
-            rows = [order[bounds[k] : bounds[k + 1]] for k in range(buckets.num_buckets)]
-        for k, r in enumerate(rows):
-            if bounds[k + 1] > bounds[k]:
-                buckets.append(k, {c: v[r] for c, v in columns.items()})
-    store.clear()
-
-
-def _counts(frames: Iterable[pd.DataFrame], num_users: int, num_items: int, keep_user=None, keep_item=None):
-    """Rows per user and per item over every bucket, of the rows whose user and item are kept."""
-    user_counts, item_counts = np.zeros(num_users, np.int64), np.zeros(num_items, np.int64)
-    for df in frames:
-        u, i = df["user_id"].to_numpy(), df["item_id"].to_numpy()
-        if keep_user is not None:
-            m = keep_user[u] & keep_item[i]
-            u, i = u[m], i[m]
-        user_counts += np.bincount(u, minlength=num_users)
-        item_counts += np.bincount(i, minlength=num_items)
-    return user_counts, item_counts
-
-
-def _frames(pool: ThreadPoolExecutor, buckets: _Buckets, ahead: int) -> Iterable[pd.DataFrame]:
-    return _in_order(pool, buckets.load, range(buckets.num_buckets), ahead)
-
-
-def _dedupe(pool: ThreadPoolExecutor, ahead: int, buckets: _Buckets, num_users: int, num_items: int):
-    """Pass 3: one row per (user, item) in every bucket (the latest); rows per user and per item."""
-
-    def one(b: int) -> pd.DataFrame:
-        df = buckets.load(b)
-        kept = filter_interactions(df)
-        if len(kept) < len(df):
-            buckets.save(b, kept)
-        return kept
-
-    return _counts(_in_order(pool, one, range(buckets.num_buckets), ahead), num_users, num_items)
-
-
-def _k_core(pool, ahead: int, buckets: _Buckets, user_counts, item_counts, min_user: int, min_item: int):
-    """Users and items left by the k-core (``filter_interactions``'s rounds, one pass over the buckets
-    each): masks over the indices, and their final row counts."""
-    while True:
-        keep_user = (user_counts > 0) & (user_counts >= min_user)
-        keep_item = (item_counts > 0) & (item_counts >= min_item)
-        if not ((user_counts > 0) & ~keep_user).any() and not ((item_counts > 0) & ~keep_item).any():
-            return keep_user, keep_item, user_counts
-        user_counts, item_counts = _counts(
-            _frames(pool, buckets, ahead), len(user_counts), len(item_counts), keep_user, keep_item
-        )
 
 
 def _generator_at(state: dict, draws: int) -> np.random.Generator:
@@ -256,7 +94,7 @@ def split_log(
     ``stop()`` is true once the batches end (the caller learnt the split is not needed).
     """
     log = BatchStore(work / "log.arrow", memory_budget_bytes // _LOG_STORE_SHARE)
-    (raw_users, rows_per_user), raw_items, num_raw = _read(batches, log, filters["min_rating"])
+    (raw_users, rows_per_user), raw_items, num_raw = read_log(batches, log, filters["min_rating"])
     if stop is not None and stop():
         return None
     if log.num_rows == 0:
@@ -264,11 +102,9 @@ def split_log(
     threads = num_threads or os.cpu_count() or 1
     buckets, user_bucket = _bucketed(log, work, rows_per_user, raw_users, raw_items, memory_budget_bytes, threads)
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        user_counts, item_counts = _dedupe(pool, threads, buckets, len(raw_users), len(raw_items))
+        user_counts, item_counts = dedupe(pool, threads, buckets, len(raw_users), len(raw_items))
         min_user, min_item = filters["min_user_interactions"], filters["min_item_interactions"]
-        keep_user, keep_item, user_counts = _k_core(
-            pool, threads, buckets, user_counts, item_counts, min_user, min_item
-        )
+        keep_user, keep_item, user_counts = k_core(pool, threads, buckets, user_counts, item_counts, min_user, min_item)
         if not keep_user.any():
             raise DatasetError(f"{label}: no interactions left after the filters {filters} (of {num_raw})")
         plan = _plan(
@@ -293,7 +129,7 @@ def split_log(
 
 def _bucketed(
     log: BatchStore, work: Path, rows_per_user, raw_users: pa.Array, raw_items: pa.Array, budget: int, threads: int
-) -> tuple[_Buckets, np.ndarray]:
+) -> tuple[Buckets, np.ndarray]:
     """Pass 2 into buckets of contiguous user ranges of ~equal rows, ``threads`` of them within ``budget``;
     the buckets and each user's bucket."""
     bucket_rows = max(budget // (_BUCKET_BYTES_PER_ROW * threads), 1)  # `threads` buckets at once
@@ -302,8 +138,8 @@ def _bucketed(
         num_buckets = max(num_buckets, 2 * threads)  # work for every thread
     rows_before = np.cumsum(rows_per_user) - rows_per_user
     user_bucket = rows_before * num_buckets // log.num_rows
-    buckets = _Buckets(work, num_buckets, in_memory=not log.on_disk)
-    _partition(log, buckets, IdMapper(raw_users), IdMapper(raw_items), user_bucket)
+    buckets = Buckets(work, num_buckets, in_memory=not log.on_disk)
+    partition(log, buckets, IdMapper(raw_users), IdMapper(raw_items), user_bucket)
     return buckets, user_bucket
 
 
@@ -327,7 +163,7 @@ class _Plan:
 def _plan(
     pool,
     ahead: int,
-    buckets: _Buckets,
+    buckets: Buckets,
     protocol: str,
     seed: int,
     num_heldout_users: int,
@@ -346,7 +182,7 @@ def _plan(
         options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
         heldout = draw_heldout_users(np.flatnonzero(keep_user), rng, num_heldout_users)
         used_user, used_item, draws = _strong_generalization_use(
-            _frames(pool, buckets, ahead), keep_user, keep_item, heldout, user_bucket, buckets.num_buckets
+            frames(pool, buckets, ahead), keep_user, keep_item, heldout, user_bucket, buckets.num_buckets
         )
         train_items = np.flatnonzero(used_item)
     return _Plan(
@@ -365,7 +201,7 @@ def _plan(
 
 
 def _write_splits(
-    pool, ahead: int, buckets: _Buckets, files: dict[str, Path], plan: _Plan, protocol: str, filtered: bool
+    pool, ahead: int, buckets: Buckets, files: dict[str, Path], plan: _Plan, protocol: str, filtered: bool
 ) -> dict[str, int]:
     """Last pass: each bucket split, in user order, into the split files; their row counts."""
 
@@ -385,7 +221,7 @@ def _write_splits(
     sizes = int(plan.used_user.sum()), int(plan.used_item.sum())
     writers = {s: InteractionsFileWriter(files[s], s, *sizes) for s in _SPLITS}
     try:
-        for parts in _in_order(pool, split_bucket, range(buckets.num_buckets), ahead):
+        for parts in in_order(pool, split_bucket, range(buckets.num_buckets), ahead):
             for s, part in zip(_SPLITS, parts):
                 writers[s].append(part)
     finally:

@@ -17,7 +17,7 @@ import pytest
 
 from data_pipelines import bucketed, readers
 from data_pipelines.config import InteractionsDataConfig
-from data_pipelines.dataset_dir import InteractionsFileWriter, write_dataset_dir
+from data_pipelines.dataset_writer import InteractionsFileWriter, write_dataset_dir
 from data_pipelines.errors import DatasetError
 from data_pipelines.interactions import log as interaction_log
 from data_pipelines.interactions import prepare_interactions

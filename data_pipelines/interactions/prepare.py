@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from data_pipelines.config import InteractionsDataConfig
-from data_pipelines.dataset_dir import CATEGORIES_VOCAB, CODE_VERSION, is_prepared, write_dataset_dir
+from data_pipelines.dataset_dir import CATEGORIES_VOCAB, CODE_VERSION, is_prepared
+from data_pipelines.dataset_writer import write_dataset_dir
 from data_pipelines.errors import DatasetError
 from data_pipelines.interactions.ids import id_kind
 from data_pipelines.interactions.protocols import Split, given_split, split_log_file
