@@ -15,8 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from data_pipelines.filters import filter_interactions
 from data_pipelines.spill import BatchStore
-from data_pipelines.splits import filter_interactions
 from data_pipelines.vocab import IdMapper, VocabBuilder
 
 _RELEASE_EVERY_BATCHES = 8  # reused pages are far cheaper than fresh ones from the kernel: free the pool rarely

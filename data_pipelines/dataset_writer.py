@@ -28,7 +28,7 @@ from data_pipelines.dataset_dir import (
     split_file,
 )
 from data_pipelines.file_sizes import file_sizes
-from data_pipelines.splits import lexsort_order
+from data_pipelines.rows import lexsort_order
 
 __all__ = ["InteractionsFileWriter", "write_dataset_dir"]
 

@@ -19,10 +19,11 @@ from data_pipelines import bucketed, readers
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.dataset_writer import InteractionsFileWriter, write_dataset_dir
 from data_pipelines.errors import DatasetError
+from data_pipelines.filters import filter_interactions
 from data_pipelines.interactions import log as interaction_log
 from data_pipelines.interactions import prepare_interactions
 from data_pipelines.readers import csv_chunks
-from data_pipelines.splits import filter_interactions, split
+from data_pipelines.splits import split
 
 NUM_ROWS = 40_000  # >= 4 buckets at 1 MiB (6,553 rows each), and a log store past its 256 KiB
 

@@ -16,11 +16,12 @@ from data_pipelines.bucketed import BucketedSplit, split_log
 from data_pipelines.config import InteractionsDataConfig
 from data_pipelines.dataset_dir import HELDOUT_USERS_FILE
 from data_pipelines.errors import DatasetError
+from data_pipelines.filters import filter_interactions
 from data_pipelines.interactions.ids import compact, frame, same_type, vocabulary
 from data_pipelines.interactions.log import read_log, stream_log
 from data_pipelines.log_columns import TimeUnits
 from data_pipelines.readers import ChunkRefused
-from data_pipelines.splits import carve_valid, filter_interactions
+from data_pipelines.splits import carve_valid
 
 # The dataset dir if it is complete already; None: not, or not known yet and not told to wait.
 Prepared = Callable[[bool], "Path | None"]

@@ -24,6 +24,7 @@ from data_pipelines.dataset_dir import (
     is_prepared,
 )
 from data_pipelines.dataset_writer import write_dataset_dir
+from data_pipelines.filters import filter_interactions
 from data_pipelines.movielens.features import _dense_map, _distinct, _items_tables, _users_tables
 from data_pipelines.movielens.parse import _ratings_frame, _ratings_table, _read_movies, _read_users
 from data_pipelines.movielens.releases import (
@@ -33,7 +34,7 @@ from data_pipelines.movielens.releases import (
     MovieLensError,
     locate_source,
 )
-from data_pipelines.splits import PROTOCOLS, filter_interactions, split, strong_generalization_users
+from data_pipelines.splits import PROTOCOLS, split, strong_generalization_users
 
 
 def cache_key(release: str, sources: list[dict[str, str]], protocol: str, seed: int, options: dict[str, Any]) -> str:
