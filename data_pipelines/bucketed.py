@@ -18,8 +18,7 @@ one bucket (``memory_budget_bytes / _BUCKET_BYTES_PER_ROW`` rows) at a time.
 from __future__ import annotations
 
 import os
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,19 +27,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from data_pipelines.dataset_dir import InteractionsFileWriter
+from data_pipelines.buckets import Buckets, dedupe, frames, in_order, k_core, partition, read_log
+from data_pipelines.dataset_writer import InteractionsFileWriter
 from data_pipelines.errors import DatasetError
 from data_pipelines.spill import BatchStore
 from data_pipelines.splits import (
     draw_heldout_users,
-    filter_interactions,
     split_heldout_users,
     split_loo,
     split_recbole,
 )
-from data_pipelines.vocab import IdMapper, VocabBuilder
+from data_pipelines.vocab import IdMapper
 
 __all__ = ["BucketedSplit", "split_log"]
 
@@ -49,11 +47,7 @@ __all__ = ["BucketedSplit", "split_log"]
 _BUCKET_BYTES_PER_ROW = 160
 _LOG_STORE_SHARE = 4  # the parsed log stays in memory up to budget / 4 bytes, then goes to disk
 _PARALLEL_MIN_ROWS = 1 << 20  # from this many rows, buckets are processed on every core
-_RELEASE_EVERY_BATCHES = 8  # reused pages are far cheaper than fresh ones from the kernel: free the pool rarely
-_COLUMNS = ("user_id", "item_id", "timestamp", "rating")
-_SCHEMA = pa.schema(
-    [("user_id", pa.int64()), ("item_id", pa.int64()), ("timestamp", pa.int64()), ("rating", pa.float32())]
-)
+_SPLITS = ("train", "valid", "test")
 
 
 @dataclass
@@ -68,161 +62,6 @@ class BucketedSplit:
     num_buckets: int
     heldout: tuple[np.ndarray, np.ndarray] | None = None  # strong_generalization: valid / test user_ids
     options: dict[str, Any] = field(default_factory=dict)
-
-
-class _Buckets:
-    """The log's rows by bucket of users: frames in memory, or one Arrow IPC file each on disk."""
-
-    def __init__(self, work: Path, num_buckets: int, in_memory: bool) -> None:
-        self.num_buckets, self.in_memory = num_buckets, in_memory
-        self._pieces: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_buckets)]
-        self._frames: list[pd.DataFrame | None] = [None] * num_buckets
-        self._stores = [BatchStore(work / f"bucket-{b:05d}.arrow", 0) for b in range(num_buckets)]
-
-    def append(self, b: int, columns: dict[str, np.ndarray]) -> None:
-        if self.in_memory:
-            self._pieces[b].append(columns)
-        else:
-            self._stores[b].append(pa.RecordBatch.from_arrays([pa.array(columns[c]) for c in _COLUMNS], schema=_SCHEMA))
-
-    def load(self, b: int) -> pd.DataFrame:
-        if self.in_memory:
-            if self._frames[b] is None:
-                pieces, self._pieces[b] = self._pieces[b], []
-                self._frames[b] = pd.DataFrame(
-                    {c: np.concatenate([p[c] for p in pieces]) if len(pieces) != 1 else pieces[0][c] for c in _COLUMNS}
-                    if pieces
-                    else {c: np.zeros(0, t.to_pandas_dtype()) for c, t in zip(_COLUMNS, _SCHEMA.types)},
-                    copy=False,
-                )
-            return self._frames[b]
-        table = self._stores[b].table()
-        if table is None:
-            return pd.DataFrame({c: np.zeros(0, t.to_pandas_dtype()) for c, t in zip(_COLUMNS, _SCHEMA.types)})
-        return pd.DataFrame({c: table[c].to_numpy() for c in _COLUMNS}, copy=False)
-
-    def save(self, b: int, df: pd.DataFrame) -> None:
-        if self.in_memory:
-            self._frames[b] = df
-        else:
-            self._stores[b].replace(pa.Table.from_pandas(df[list(_COLUMNS)], preserve_index=False))
-
-
-def _in_order(pool: ThreadPoolExecutor, fn, items, ahead: int):
-    """``map(fn, items)`` on ``pool`` with at most ``ahead`` calls in flight, results in order (bounded memory)."""
-    pending: deque = deque()
-    for item in items:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= ahead:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
-
-
-def _read(batches: Iterable[pa.RecordBatch], store: BatchStore, min_rating: float):
-    """Pass 1: rows with rating >= min_rating into ``store``; the vocabularies; the raw row count."""
-    users, items = VocabBuilder(), VocabBuilder()
-    num_raw = 0
-    text: set[str] = set()  # id columns the store holds as strings
-    for j, batch in enumerate(batches):
-        num_raw += batch.num_rows
-        if min_rating > 0:
-            batch = batch.filter(np.asarray(batch["rating"].to_numpy()) >= min_rating)
-        if batch.num_rows:
-            batch = _one_id_type(batch, store, text)
-            users.add(batch["user"])
-            items.add(batch["item"])
-            store.append(batch)
-        if j % _RELEASE_EVERY_BATCHES == _RELEASE_EVERY_BATCHES - 1:
-            pa.default_memory_pool().release_unused()  # freed batches' pages back to the OS: numpy reuses them
-    pa.default_memory_pool().release_unused()
-    return users.finish(), items.finish()[0], num_raw
-
-
-def _as_text(batch: pa.RecordBatch, column: str) -> pa.RecordBatch:
-    i = batch.schema.get_field_index(column)
-    return batch.set_column(i, column, pc.cast(batch.column(i), pa.string()))
-
-
-def _one_id_type(batch: pa.RecordBatch, store: BatchStore, text: set[str]) -> pa.RecordBatch:
-    """``batch`` with the id types of the batches in ``store``: a column is int64 until a batch brings
-    text ids, then strings, the integers held so far turned into their decimal text (``log_columns.ids``:
-    the same ids)."""
-    for column in ("user", "item"):
-        if pa.types.is_integer(batch.schema.field(column).type):
-            if column in text:
-                batch = _as_text(batch, column)
-        elif column not in text:
-            text.add(column)
-            store.map(lambda b, c=column: _as_text(b, c))
-    return batch
-
-
-def _partition(store: BatchStore, buckets: _Buckets, users: IdMapper, items: IdMapper, user_bucket: np.ndarray):
-    """Pass 2: raw ids -> indices, each row to its user's bucket (rows keep their file order)."""
-    for batch in store.batches():
-        u = users(batch["user"])
-        columns = {
-            "user_id": u,
-            "item_id": items(batch["item"]),
-            "timestamp": np.asarray(batch["timestamp"].to_numpy()),
-            "rating": np.asarray(batch["rating"].to_numpy()),
-        }
-        b = user_bucket[u]
-        if (b[1:] >= b[:-1]).all():  # a log grouped by user: each bucket's rows are one slice
-            bounds = np.searchsorted(b, np.arange(buckets.num_buckets + 1))
-            rows = [slice(bounds[k], bounds[k + 1]) for k in range(buckets.num_buckets)]
-        else:
-            order = np.argsort(b, kind="stable")  # a radix sort of small integers
-            bounds = np.searchsorted(b[order], np.arange(buckets.num_buckets + 1))
-            rows = [order[bounds[k] : bounds[k + 1]] for k in range(buckets.num_buckets)]
-        for k, r in enumerate(rows):
-            if bounds[k + 1] > bounds[k]:
-                buckets.append(k, {c: v[r] for c, v in columns.items()})
-    store.clear()
-
-
-def _counts(frames: Iterable[pd.DataFrame], num_users: int, num_items: int, keep_user=None, keep_item=None):
-    """Rows per user and per item over every bucket, of the rows whose user and item are kept."""
-    user_counts, item_counts = np.zeros(num_users, np.int64), np.zeros(num_items, np.int64)
-    for df in frames:
-        u, i = df["user_id"].to_numpy(), df["item_id"].to_numpy()
-        if keep_user is not None:
-            m = keep_user[u] & keep_item[i]
-            u, i = u[m], i[m]
-        user_counts += np.bincount(u, minlength=num_users)
-        item_counts += np.bincount(i, minlength=num_items)
-    return user_counts, item_counts
-
-
-def _frames(pool: ThreadPoolExecutor, buckets: _Buckets, ahead: int) -> Iterable[pd.DataFrame]:
-    return _in_order(pool, buckets.load, range(buckets.num_buckets), ahead)
-
-
-def _dedupe(pool: ThreadPoolExecutor, ahead: int, buckets: _Buckets, num_users: int, num_items: int):
-    """Pass 3: one row per (user, item) in every bucket (the latest); rows per user and per item."""
-
-    def one(b: int) -> pd.DataFrame:
-        df = buckets.load(b)
-        kept = filter_interactions(df)
-        if len(kept) < len(df):
-            buckets.save(b, kept)
-        return kept
-
-    return _counts(_in_order(pool, one, range(buckets.num_buckets), ahead), num_users, num_items)
-
-
-def _k_core(pool, ahead: int, buckets: _Buckets, user_counts, item_counts, min_user: int, min_item: int):
-    """Users and items left by the k-core (``filter_interactions``'s rounds, one pass over the buckets
-    each): masks over the indices, and their final row counts."""
-    while True:
-        keep_user = (user_counts > 0) & (user_counts >= min_user)
-        keep_item = (item_counts > 0) & (item_counts >= min_item)
-        if not ((user_counts > 0) & ~keep_user).any() and not ((item_counts > 0) & ~keep_item).any():
-            return keep_user, keep_item, user_counts
-        user_counts, item_counts = _counts(
-            _frames(pool, buckets, ahead), len(user_counts), len(item_counts), keep_user, keep_item
-        )
 
 
 def _generator_at(state: dict, draws: int) -> np.random.Generator:
@@ -244,91 +83,152 @@ def split_log(
     num_heldout_users: int,
     memory_budget_bytes: int,
     num_threads: int | None = None,
-) -> BucketedSplit:
+    stop: Callable[[], bool] | None = None,
+) -> BucketedSplit | None:
     """Filter and split the log in ``batches`` (columns user, item, timestamp, rating) by ``protocol``
     (recbole | loo | strong_generalization), writing the split files into ``work`` (spill files too).
 
     Buckets are deduplicated and split on ``num_threads`` threads (default: every core); each one
     draws from its own copy of the protocol's generator, moved on by the draws of the buckets
-    before it, so the result is independent of the threads, the buckets and the budget.
+    before it, so the result is independent of the threads, the buckets and the budget. None when
+    ``stop()`` is true once the batches end (the caller learnt the split is not needed).
     """
     log = BatchStore(work / "log.arrow", memory_budget_bytes // _LOG_STORE_SHARE)
-    (raw_users, rows_per_user), raw_items, num_raw = _read(batches, log, filters["min_rating"])
+    (raw_users, rows_per_user), raw_items, num_raw = read_log(batches, log, filters["min_rating"])
+    if stop is not None and stop():
+        return None
     if log.num_rows == 0:
         raise DatasetError(f"{label}: no interactions left after the filters {filters} (of {num_raw})")
     threads = num_threads or os.cpu_count() or 1
-    bucket_rows = max(memory_budget_bytes // (_BUCKET_BYTES_PER_ROW * threads), 1)  # `threads` buckets at once
-    num_buckets = -(-log.num_rows // bucket_rows)
-    if log.num_rows >= _PARALLEL_MIN_ROWS:
-        num_buckets = max(num_buckets, 2 * threads)  # work for every thread
-    rows_before = np.cumsum(rows_per_user) - rows_per_user  # contiguous user ranges of ~equal rows
-    user_bucket = rows_before * num_buckets // log.num_rows
-    buckets = _Buckets(work, num_buckets, in_memory=not log.on_disk)
-    _partition(log, buckets, IdMapper(raw_users), IdMapper(raw_items), user_bucket)
-    num_users, num_items = len(raw_users), len(raw_items)
-
+    buckets, user_bucket = _bucketed(log, work, rows_per_user, raw_users, raw_items, memory_budget_bytes, threads)
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        user_counts, item_counts = _dedupe(pool, threads, buckets, num_users, num_items)
+        user_counts, item_counts = dedupe(pool, threads, buckets, len(raw_users), len(raw_items))
         min_user, min_item = filters["min_user_interactions"], filters["min_item_interactions"]
-        keep_user, keep_item, user_counts = _k_core(
-            pool, threads, buckets, user_counts, item_counts, min_user, min_item
-        )
+        keep_user, keep_item, user_counts = k_core(pool, threads, buckets, user_counts, item_counts, min_user, min_item)
         if not keep_user.any():
             raise DatasetError(f"{label}: no interactions left after the filters {filters} (of {num_raw})")
-
-        rng = np.random.default_rng(seed)
-        heldout, train_items, options = None, None, {}
-        used_user, used_item = keep_user, keep_item
-        draws = np.bincount(user_bucket, weights=user_counts, minlength=num_buckets)  # recbole: one per row
-        if protocol == "strong_generalization":
-            options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
-            heldout = draw_heldout_users(np.flatnonzero(keep_user), rng, num_heldout_users)
-            used_user, used_item, draws = _strong_generalization_use(
-                _frames(pool, buckets, threads), keep_user, keep_item, heldout, user_bucket, num_buckets
-            )
-            train_items = np.flatnonzero(used_item)
-        state = rng.bit_generator.state
-        draws_before = (np.cumsum(draws) - draws).astype(np.int64)
-
-        new_user, new_item = np.cumsum(used_user) - 1, np.cumsum(used_item) - 1  # compacted ids
-        sizes = int(used_user.sum()), int(used_item.sum())
-        names = ("train", "valid", "test")
-        files = {s: work / f"{s}.parquet" for s in names}
-        filtered = min_user > 0 or min_item > 0
-
-        def split_bucket(b: int) -> list[pd.DataFrame]:
-            df = buckets.load(b)
-            if filtered:
-                df = df[keep_user[df["user_id"].to_numpy()] & keep_item[df["item_id"].to_numpy()]]
-            if len(df) == 0:
-                return []
-            parts = _split(df, protocol, _generator_at(state, int(draws_before[b])), heldout, train_items)
-            for part in parts:
-                part["user_id"] = new_user[part["user_id"].to_numpy()]
-                part["item_id"] = new_item[part["item_id"].to_numpy()]
-            return parts
-
-        writers = {s: InteractionsFileWriter(files[s], s, *sizes) for s in names}
-        try:
-            for parts in _in_order(pool, split_bucket, range(num_buckets), threads):
-                for s, part in zip(names, parts):
-                    writers[s].append(part)
-        finally:
-            counts = {s: w.num_rows for s, w in writers.items()}
-            for w in writers.values():
-                w.close(allow_empty=True)
+        plan = _plan(
+            pool, threads, buckets, protocol, seed, num_heldout_users, keep_user, keep_item, user_counts, user_bucket
+        )
+        files = {s: work / f"{s}.parquet" for s in _SPLITS}
+        counts = _write_splits(pool, threads, buckets, files, plan, protocol, filtered=min_user > 0 or min_item > 0)
+    heldout = plan.heldout
     if heldout is not None:
-        heldout = tuple(new_user[h][used_user[h]] for h in heldout)
+        heldout = tuple(plan.new_user[h][plan.used_user[h]] for h in heldout)
     return BucketedSplit(
         files=files,
         counts=counts,
-        users=raw_users.take(pa.array(np.flatnonzero(used_user))),
-        items=raw_items.take(pa.array(np.flatnonzero(used_item))),
+        users=raw_users.take(pa.array(np.flatnonzero(plan.used_user))),
+        items=raw_items.take(pa.array(np.flatnonzero(plan.used_item))),
         num_raw_interactions=num_raw,
-        num_buckets=num_buckets,
+        num_buckets=buckets.num_buckets,
         heldout=heldout,
+        options=plan.options,
+    )
+
+
+def _bucketed(
+    log: BatchStore, work: Path, rows_per_user, raw_users: pa.Array, raw_items: pa.Array, budget: int, threads: int
+) -> tuple[Buckets, np.ndarray]:
+    """Pass 2 into buckets of contiguous user ranges of ~equal rows, ``threads`` of them within ``budget``;
+    the buckets and each user's bucket."""
+    bucket_rows = max(budget // (_BUCKET_BYTES_PER_ROW * threads), 1)  # `threads` buckets at once
+    num_buckets = -(-log.num_rows // bucket_rows)
+    if log.num_rows >= _PARALLEL_MIN_ROWS:
+        num_buckets = max(num_buckets, 2 * threads)  # work for every thread
+    rows_before = np.cumsum(rows_per_user) - rows_per_user
+    user_bucket = rows_before * num_buckets // log.num_rows
+    buckets = Buckets(work, num_buckets, in_memory=not log.on_disk)
+    partition(log, buckets, IdMapper(raw_users), IdMapper(raw_items), user_bucket)
+    return buckets, user_bucket
+
+
+@dataclass
+class _Plan:
+    """Who is kept and how each bucket draws: what every bucket's split needs."""
+
+    keep_user: np.ndarray  # k-core masks over the indices
+    keep_item: np.ndarray
+    used_user: np.ndarray  # masks of the ids the splits keep
+    used_item: np.ndarray
+    new_user: np.ndarray  # index -> compacted id
+    new_item: np.ndarray
+    state: dict  # the protocol generator's state before any bucket
+    draws_before: np.ndarray  # per bucket: draws of the buckets before it
+    heldout: tuple[np.ndarray, np.ndarray] | None = None
+    train_items: np.ndarray | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _plan(
+    pool,
+    ahead: int,
+    buckets: Buckets,
+    protocol: str,
+    seed: int,
+    num_heldout_users: int,
+    keep_user,
+    keep_item,
+    user_counts,
+    user_bucket,
+) -> _Plan:
+    """The protocol's one generator and each bucket's place in its stream (recbole: a draw per row;
+    strong_generalization: held-out users drawn first, then a draw per bucket with held-out rows)."""
+    rng = np.random.default_rng(seed)
+    heldout, train_items, options = None, None, {}
+    used_user, used_item = keep_user, keep_item
+    draws = np.bincount(user_bucket, weights=user_counts, minlength=buckets.num_buckets)
+    if protocol == "strong_generalization":
+        options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
+        heldout = draw_heldout_users(np.flatnonzero(keep_user), rng, num_heldout_users)
+        used_user, used_item, draws = _strong_generalization_use(
+            frames(pool, buckets, ahead), keep_user, keep_item, heldout, user_bucket, buckets.num_buckets
+        )
+        train_items = np.flatnonzero(used_item)
+    return _Plan(
+        keep_user=keep_user,
+        keep_item=keep_item,
+        used_user=used_user,
+        used_item=used_item,
+        new_user=np.cumsum(used_user) - 1,
+        new_item=np.cumsum(used_item) - 1,
+        state=rng.bit_generator.state,
+        draws_before=(np.cumsum(draws) - draws).astype(np.int64),
+        heldout=heldout,
+        train_items=train_items,
         options=options,
     )
+
+
+def _write_splits(
+    pool, ahead: int, buckets: Buckets, files: dict[str, Path], plan: _Plan, protocol: str, filtered: bool
+) -> dict[str, int]:
+    """Last pass: each bucket split, in user order, into the split files; their row counts."""
+
+    def split_bucket(b: int) -> list[pd.DataFrame]:
+        df = buckets.load(b)
+        if filtered:
+            df = df[plan.keep_user[df["user_id"].to_numpy()] & plan.keep_item[df["item_id"].to_numpy()]]
+        if len(df) == 0:
+            return []
+        rng = _generator_at(plan.state, int(plan.draws_before[b]))
+        parts = _split(df, protocol, rng, plan.heldout, plan.train_items)
+        for part in parts:
+            part["user_id"] = plan.new_user[part["user_id"].to_numpy()]
+            part["item_id"] = plan.new_item[part["item_id"].to_numpy()]
+        return parts
+
+    sizes = int(plan.used_user.sum()), int(plan.used_item.sum())
+    writers = {s: InteractionsFileWriter(files[s], s, *sizes) for s in _SPLITS}
+    try:
+        for parts in in_order(pool, split_bucket, range(buckets.num_buckets), ahead):
+            for s, part in zip(_SPLITS, parts):
+                writers[s].append(part)
+    finally:
+        counts = {s: w.num_rows for s, w in writers.items()}
+        for w in writers.values():
+            w.close(allow_empty=True)
+    return counts
 
 
 def _strong_generalization_use(

@@ -74,53 +74,68 @@ def download(
     reject the content; its message is kept.
     """
     dest = Path(dest)
-    h_md5, h_sha = hashlib.md5(), hashlib.sha256()
-    received = 0
     with staged(dest, "part", hidden=True) as tmp:
-        try:
-            response = urllib.request.urlopen(url, timeout=timeout_s)
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            reason = getattr(e, "reason", None) or e
-            raise DownloadError(f"cannot download {url}: {reason}") from None
+        response = _open(url, timeout_s)
         with response, open(tmp, "wb") as out:
-            length = response.headers.get("Content-Length")
-            expected = int(length) if length and length.isdigit() else None
-            with tqdm(
-                total=expected,
-                unit="B",
-                unit_scale=True,
-                unit_divisor=1024,
-                desc=f"download {dest.name}",
-                disable=not progress,
-                leave=False,
-            ) as bar:
-                while True:
-                    try:
-                        chunk = response.read(CHUNK_BYTES)
-                    except (http.client.IncompleteRead, http.client.HTTPException, OSError) as e:
-                        raise DownloadError(
-                            f"download of {url} interrupted after {received} of {expected or '?'} bytes ({e!r}); "
-                            "nothing was kept, run again"
-                        ) from None
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    h_md5.update(chunk)
-                    h_sha.update(chunk)
-                    received += len(chunk)
-                    bar.update(len(chunk))
-        if expected is not None and received != expected:
-            raise DownloadError(
-                f"download of {url} interrupted: got {received} of {expected} bytes; nothing was kept, run again"
-            )
-        if received == 0:
-            raise DownloadError(f"download of {url} is empty (0 bytes)")
-        got_md5 = h_md5.hexdigest()
-        if md5 is not None and got_md5 != md5.lower():
-            raise DownloadError(
-                f"checksum mismatch for {url}: md5 {got_md5}, expected {md5.lower()}; the file was not kept "
-                "(a proxy or a changed upstream file?)"
-            )
+            got = _copy(response, out, url, desc=f"download {dest.name}", progress=progress)
+        _check(url, got, md5)
         if validate is not None:
             validate(tmp)
-    return Downloaded(dest, received, got_md5, h_sha.hexdigest())
+    return Downloaded(dest, got.num_bytes, got.md5, got.sha256)
+
+
+def _open(url: str, timeout_s: float):
+    try:
+        return urllib.request.urlopen(url, timeout=timeout_s)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise DownloadError(f"cannot download {url}: {reason}") from None
+
+
+@dataclass(frozen=True)
+class _Received:
+    num_bytes: int
+    expected: int | None  # the Content-Length, when the server sent one
+    md5: str
+    sha256: str
+
+
+def _copy(response, out, url: str, *, desc: str, progress: bool) -> _Received:
+    """The response's body into ``out``, hashed on the way."""
+    h_md5, h_sha = hashlib.md5(), hashlib.sha256()
+    received = 0
+    length = response.headers.get("Content-Length")
+    expected = int(length) if length and length.isdigit() else None
+    bar_options = dict(unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not progress, leave=False)
+    with tqdm(total=expected, **bar_options) as bar:
+        while True:
+            try:
+                chunk = response.read(CHUNK_BYTES)
+            except (http.client.IncompleteRead, http.client.HTTPException, OSError) as e:
+                raise DownloadError(
+                    f"download of {url} interrupted after {received} of {expected or '?'} bytes ({e!r}); "
+                    "nothing was kept, run again"
+                ) from None
+            if not chunk:
+                break
+            out.write(chunk)
+            h_md5.update(chunk)
+            h_sha.update(chunk)
+            received += len(chunk)
+            bar.update(len(chunk))
+    return _Received(received, expected, h_md5.hexdigest(), h_sha.hexdigest())
+
+
+def _check(url: str, got: _Received, md5: str | None) -> None:
+    """Every byte the server announced, at least one, and the expected md5."""
+    if got.expected is not None and got.num_bytes != got.expected:
+        raise DownloadError(
+            f"download of {url} interrupted: got {got.num_bytes} of {got.expected} bytes; nothing was kept, run again"
+        )
+    if got.num_bytes == 0:
+        raise DownloadError(f"download of {url} is empty (0 bytes)")
+    if md5 is not None and got.md5 != md5.lower():
+        raise DownloadError(
+            f"checksum mismatch for {url}: md5 {got.md5}, expected {md5.lower()}; the file was not kept "
+            "(a proxy or a changed upstream file?)"
+        )

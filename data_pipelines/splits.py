@@ -1,5 +1,4 @@
 """Split protocols: interactions -> (train, valid, test).
-(Over 400 lines: the protocols share the canonical sort and the per-user count helpers defined here.)
 
 Every function here is pure: it takes a DataFrame with columns
 ``user_id, item_id, timestamp, rating`` (one row per interaction, any row order) and returns
@@ -39,14 +38,9 @@ Protocols (``PROTOCOLS``):
   10k of ML-20M's 136,677 filtered users, scaled. ``strong_generalization_users`` names the
   held-out users (a trainer that must not fit them removes their ``train`` rows).
 
-Filters (``filter_interactions``) run before a protocol: minimum rating, duplicate
-(user, item) pairs (the latest kept), then an iterated k-core on users and items.
+Filters (``filters.filter_interactions``) run before a protocol.
 
-Speed: everything works on row numbers and copies a frame's columns once, at the end. Sorts
-are ``lexsort_fast``: keys packed into one uint64 whose values are sorted (not argsorted). The
-canonical order takes two such sorts, by (user_id, item_id) (a no-op on MovieLens files, which
-come in that order) and then a stable one by (user_id, timestamp); recbole's split adds one
-more, by (user_id, random draw).
+Speed: the protocols work on row numbers (``rows``) and copy a frame's columns once, at the end.
 """
 
 from __future__ import annotations
@@ -57,12 +51,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pandas as pd
 
+from data_pipelines.rows import compose, lexsort_fast, lexsort_order, run_starts, take_rows
+
 __all__ = [
     "PROTOCOLS",
     "draw_heldout_users",
-    "filter_interactions",
-    "lexsort_fast",
-    "lexsort_order",
     "split",
     "split_loo",
     "split_recbole",
@@ -80,137 +73,6 @@ _PARALLEL_TAKE_ROWS = 1 << 20  # from this many rows the output columns are copi
 LIANG_TARGET_FRACTION = 0.2  # share of a held-out user's rows that are targets (floored)
 
 Splits = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
-
-
-def lexsort_fast(keys: tuple[np.ndarray, ...], *, truncate_last: bool = False) -> np.ndarray:
-    """Exactly ``np.lexsort(keys)`` (the LAST key is primary, stable), often 10-40x faster.
-
-    Integer keys are shifted to start at 0 and packed into one uint64 (primary key in the
-    high bits) with a tie-breaker in the low bits: the row index, or, when the primary key
-    is already in runs (sorted), the row's position within its run. Sorting those values
-    (not an argsort) then gives the stable order directly. When the keys and the
-    tie-breaker need more than 64 bits, ``truncate_last`` lets the least significant key
-    (``keys[0]``, e.g. uniform random draws as integers) lose low bits; rows whose
-    truncated keys tie are then re-sorted exactly, so the result is still ``np.lexsort``'s.
-    Otherwise it falls back to an argsort of the packed keys, or to ``np.lexsort``.
-    """
-    order = lexsort_order(keys, truncate_last=truncate_last)
-    return np.arange(len(keys[0]), dtype=np.int64) if order is None else order
-
-
-def _as_uint64(k: np.ndarray) -> np.ndarray:
-    """``k``'s values mod 2^64 (two's complement), a view when it is 64-bit already."""
-    return k.view(np.uint64) if k.dtype.itemsize == 8 else k.astype(np.uint64)
-
-
-def _pack(columns: list[np.ndarray], los: list[int], bits: list[int], drop_low: int = 0) -> np.ndarray:
-    """One uint64 per row: each column minus its minimum ``lo`` (< 2**bits), primary (first) in the high
-    bits; the last column loses its ``drop_low`` lowest bits."""
-    packed, tmp = np.empty(len(columns[0]), dtype=np.uint64), None
-    for j, (k, lo, b) in enumerate(zip(columns, los, bits)):
-        out = packed if j == 0 else tmp
-        out = np.subtract(_as_uint64(k), np.uint64(lo % 2**64), out=out)
-        if j == len(columns) - 1 and drop_low:
-            out >>= np.uint64(drop_low)
-        if j:
-            packed <<= np.uint64(b)
-            packed |= out
-        tmp = out if j else None
-    return packed
-
-
-def _is_sorted(columns: list[np.ndarray]) -> bool:
-    """Whether rows are in lexicographic order of ``columns`` (primary first), ties allowed."""
-    tied = None
-    for k in columns:
-        a, b = k[:-1], k[1:]
-        down = b < a
-        if tied is not None:
-            down &= tied
-        if down.any():
-            return False
-        tied = (b == a) if tied is None else (tied & (b == a))
-        if not tied.any():
-            break
-    return True
-
-
-def _run_starts(sorted_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, length) of each run of equal values in ``sorted_ids`` (non-empty)."""
-    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
-    return starts, np.diff(np.r_[starts, len(sorted_ids)])
-
-
-def lexsort_order(keys: tuple[np.ndarray, ...], *, truncate_last: bool = False) -> np.ndarray | None:
-    """``lexsort_fast(keys)``, or None when that is the identity (the rows are already in order).
-
-    None lets a caller skip copying its columns; the check costs one pass when the keys pack
-    into 64 bits (MovieLens files and every split this module returns are sorted already).
-    """
-    keys = tuple(np.asarray(k) for k in keys)
-    n = len(keys[0])
-    if n <= 1:
-        return None
-    if not all(np.issubdtype(k.dtype, np.integer) for k in keys):
-        order = np.lexsort(keys)
-        return None if np.array_equal(order, np.arange(n)) else order
-    columns = list(reversed(keys))  # primary first
-    los = [int(k.min()) for k in columns]
-    bits = [max((int(k.max()) - lo).bit_length(), 1) for k, lo in zip(columns, los)]
-    total = sum(bits)
-    packed = None
-    if total <= 64:
-        packed = _pack(columns, los, bits)
-        if (packed[1:] >= packed[:-1]).all():
-            return None
-    elif _is_sorted(columns):
-        return None
-    # tie-breaker: the row index, or the position within the primary key's runs when those are fewer bits
-    tie_bits = (n - 1).bit_length()
-    run_start_of_row = None
-    if total + tie_bits > 64 and len(columns) > 1 and (columns[0][1:] >= columns[0][:-1]).all():
-        starts, lengths = _run_starts(columns[0])
-        pos_bits = (int(lengths.max()) - 1).bit_length()
-        if pos_bits < tie_bits:
-            tie_bits, run_start_of_row = pos_bits, np.repeat(starts, lengths)
-    truncated = max(total + tie_bits - 64, 0)
-    if truncated and (not truncate_last or truncated >= bits[-1]):
-        return _lexsort_argsort(keys, packed)
-    if truncated:
-        packed = _pack(columns, los, bits[:-1] + [bits[-1] - truncated], drop_low=truncated)
-    packed <<= np.uint64(tie_bits)
-    tie = np.arange(n, dtype=np.int64)
-    if run_start_of_row is not None:
-        tie -= run_start_of_row
-    packed |= tie.view(np.uint64)
-    del tie
-    packed.sort()
-    tied = None
-    if truncated:  # rows equal but for the truncated bits are in index order: fixed below
-        high = packed >> np.uint64(tie_bits)
-        tied = high[1:] == high[:-1]
-        del high
-    packed &= np.uint64((1 << tie_bits) - 1)
-    order = packed.view(np.int64)
-    if run_start_of_row is not None:
-        order += run_start_of_row  # the sorted rows keep the primary's runs where they were
-    if tied is not None and tied.any():  # order those by the full last key, then index
-        at = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])
-        group = np.cumsum(np.r_[True, ~tied][at])
-        rows = order[at]
-        order[at] = rows[np.lexsort((rows, keys[0][rows], group))]
-    return order
-
-
-def _lexsort_argsort(keys: tuple[np.ndarray, ...], packed: np.ndarray | None) -> np.ndarray:
-    """np.lexsort(keys) via an argsort of the packed keys (no room for a tie-breaker), or np.lexsort itself."""
-    if packed is None:
-        return np.lexsort(keys)
-    order = np.argsort(packed)
-    sorted_packed = packed[order]
-    if (sorted_packed[1:] == sorted_packed[:-1]).any():
-        return np.argsort(packed, kind="stable")
-    return order
 
 
 def _check_columns(df: pd.DataFrame) -> None:
@@ -237,32 +99,12 @@ def _canonical_order(df: pd.DataFrame) -> np.ndarray | None:
     return by_pair if order is None else by_pair[order]
 
 
-def _compose(order: np.ndarray | None, mask: np.ndarray) -> np.ndarray | None:
-    """Rows (of the original frame) that ``mask`` selects from the rows ``order`` lists; None = all, in order."""
-    if order is None:
-        return None if mask.all() else np.flatnonzero(mask)
-    return np.compress(mask, order)  # np.compress: several times faster than order[mask]
-
-
-def _rows(df: pd.DataFrame, rows: np.ndarray | None) -> pd.DataFrame:
-    """``df.iloc[rows]`` (None = every row) with a fresh RangeIndex, one numpy take per column."""
-    if rows is None:
-        return df.reset_index(drop=True)
-    if df.columns.has_duplicates:
-        return df.iloc[rows].reset_index(drop=True)
-    data = {}
-    for c in df.columns:
-        s = df[c]
-        data[c] = s.to_numpy()[rows] if isinstance(s.dtype, np.dtype) else s.take(rows).reset_index(drop=True)
-    return pd.DataFrame(data, columns=df.columns, copy=False)
-
-
 def _group_positions(user_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For ids sorted into runs: (position of each row within its run, size of its run)."""
     n = len(user_ids)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    starts, sizes = _run_starts(user_ids)
+    starts, sizes = run_starts(user_ids)
     return np.arange(n) - np.repeat(starts, sizes), np.repeat(sizes, sizes)
 
 
@@ -278,10 +120,10 @@ def _random_as_ints(rng: np.random.Generator, n: int) -> np.ndarray:
 
 def _split_by_label(df: pd.DataFrame, order: np.ndarray | None, label: np.ndarray) -> Splits:
     """Rows of ``df`` in canonical ``order`` (None = as they are) labelled 0 train, 1 valid, 2 test."""
-    rows = [_compose(order, label == s) for s in range(3)]
+    rows = [compose(order, label == s) for s in range(3)]
     numeric = all(isinstance(t, np.dtype) for t in df.dtypes) and not df.columns.has_duplicates
     if len(df) < _PARALLEL_TAKE_ROWS or not numeric or any(r is None for r in rows):
-        return tuple(_rows(df, r) for r in rows)  # type: ignore[return-value]
+        return tuple(take_rows(df, r) for r in rows)  # type: ignore[return-value]
     # the copies are most of the split's time; np.take releases the GIL, so two threads share them
     columns = [df[c].to_numpy() for c in df.columns]
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -335,7 +177,7 @@ def split_recbole(
     shuffled = lexsort_fast((keys, user_ids), truncate_last=True)  # user runs stay in place, rows shuffled within
     label = np.zeros(n, dtype=np.int8)  # 0 train, 1 valid, 2 test
     if n:
-        starts, lengths = _run_starts(user_ids)  # the same runs in shuffled order
+        starts, lengths = run_starts(user_ids)  # the same runs in shuffled order
         sizes = recbole_split_sizes(lengths, ratios)
         rank_in_shuffled = np.arange(n) - np.repeat(starts, lengths)
         n_test = np.repeat(sizes[:, 2], lengths)
@@ -353,7 +195,7 @@ def split_loo(df: pd.DataFrame) -> Splits:
         user_ids = user_ids[order]
     label = np.zeros(len(user_ids), dtype=np.int8)
     if len(user_ids):
-        starts, lengths = _run_starts(user_ids)
+        starts, lengths = run_starts(user_ids)
         ends = (starts + lengths)[lengths >= MIN_INTERACTIONS_TO_SPLIT]
         label[ends - 1] = 2  # the user's latest interaction
         label[ends - 2] = 1
@@ -379,7 +221,7 @@ def carve_valid(df: pd.DataFrame, *, fraction: float, seed: int) -> tuple[pd.Dat
     if n:
         keys = _random_as_ints(np.random.default_rng(seed), n)
         shuffled = lexsort_fast((keys, user_ids), truncate_last=True)
-        starts, lengths = _run_starts(user_ids)
+        starts, lengths = run_starts(user_ids)
         n_valid = np.minimum(_round_half_up(lengths * fraction), lengths - 1)
         rank = np.arange(n) - np.repeat(starts, lengths)
         label[shuffled] = (rank < np.repeat(n_valid, lengths)).astype(np.int8)
@@ -459,7 +301,7 @@ def split_heldout_users(
             train_items = np.unique(item_ids[~heldout])
         keep = ~heldout | np.isin(item_ids, train_items)
         if not keep.all():
-            order = _compose(order, keep)
+            order = compose(order, keep)
             user_ids, in_valid, in_test, heldout = (
                 np.compress(keep, a) for a in (user_ids, in_valid, in_test, heldout)
             )
@@ -478,61 +320,6 @@ def split_heldout_users(
     label[target & in_valid] = 1
     label[target & in_test] = 2
     return _split_by_label(df, order, label)
-
-
-def _counts_of(ids: np.ndarray) -> np.ndarray:
-    """For each row, how many rows share its id (bincount when ids are small non-negative ints)."""
-    if len(ids) and ids.min() >= 0 and ids.max() < 4 * len(ids) + 1024:
-        return np.bincount(ids)[ids]
-    _, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
-    return counts[inverse]
-
-
-def filter_interactions(
-    df: pd.DataFrame, *, min_rating: float = 0.0, min_user_interactions: int = 0, min_item_interactions: int = 0
-) -> pd.DataFrame:
-    """Rows with ``rating >= min_rating``, one per (user, item) (the latest), then the k-core.
-
-    The k-core repeats "drop users with < min_user_interactions rows, then items with
-    < min_item_interactions rows" until nothing changes (0 disables either side). Returns a
-    new frame with a fresh index, rows in their input order. Works on row numbers: the
-    frame's columns are copied once, at the end.
-    """
-    rows = None  # rows of df kept so far, ascending (None = all)
-    users, items = df["user_id"].to_numpy(), df["item_id"].to_numpy()
-    if min_rating > 0:
-        keep = df["rating"].to_numpy() >= min_rating
-        if not keep.all():
-            rows = np.flatnonzero(keep)
-            users, items = np.compress(keep, users), np.compress(keep, items)
-    if len(users):
-        pairs = lexsort_order((items, users))  # cheap: (user, item) packs into few bits; None when sorted
-        u, i = (users, items) if pairs is None else (users[pairs], items[pairs])
-        same_pair = (u[1:] == u[:-1]) & (i[1:] == i[:-1])
-        if same_pair.any():  # duplicates: keep each pair's latest row (the last in the file among ties)
-            # rows sorted by pair, stably (file order within a pair): per run, the last row at the run's
-            # largest timestamp. Two passes over the runs instead of a three-key sort.
-            n = len(users)
-            order = np.arange(n) if pairs is None else pairs
-            timestamps = df["timestamp"].to_numpy()
-            ts = (timestamps if rows is None else timestamps[rows])[order]
-            starts = np.flatnonzero(np.r_[True, ~same_pair])
-            latest = np.repeat(np.maximum.reduceat(ts, starts), np.diff(np.r_[starts, n]))
-            last = np.maximum.reduceat(np.where(ts == latest, np.arange(n), -1), starts)
-            keep = np.zeros(n, dtype=bool)
-            keep[order[last]] = True
-            rows = _compose(rows, keep)
-            users, items = np.compress(keep, users), np.compress(keep, items)
-    while min_user_interactions > 0 or min_item_interactions > 0:
-        keep = np.ones(len(users), dtype=bool)
-        for ids, k in ((users, min_user_interactions), (items, min_item_interactions)):
-            if k > 0:
-                keep &= _counts_of(ids) >= k
-        if keep.all():
-            break
-        rows = _compose(rows, keep)
-        users, items = np.compress(keep, users), np.compress(keep, items)
-    return _rows(df, rows)
 
 
 PROTOCOLS: dict[str, Callable[..., Splits]] = {

@@ -55,7 +55,8 @@ import numpy as np
 import pandas as pd
 
 from data_pipelines.config import SyntheticDataConfig
-from data_pipelines.dataset_dir import CODE_VERSION, is_prepared, write_dataset_dir
+from data_pipelines.dataset_dir import CODE_VERSION, is_prepared
+from data_pipelines.dataset_writer import write_dataset_dir
 from data_pipelines.splits import PROTOCOLS, split
 
 __all__ = [

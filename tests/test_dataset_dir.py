@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data_pipelines.dataset_dir import CODE_VERSION, PARQUET_FILES, is_complete, read_meta, write_dataset_dir
+from data_pipelines.dataset_dir import CODE_VERSION, PARQUET_FILES, is_complete, read_meta
+from data_pipelines.dataset_writer import write_dataset_dir
 
 NUM_USERS, NUM_ITEMS, NUM_CATEGORIES = 4, 6, 3
 

@@ -18,10 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data_pipelines import interactions, readers
 from data_pipelines.config import InteractionsDataConfig, SideColumnConfig
 from data_pipelines.errors import DatasetError
+from data_pipelines.interactions import log as interaction_log
 from data_pipelines.interactions import prepare_interactions
+from data_pipelines.readers import csv_chunks
 from data_pipelines.splits import carve_valid
 from recsys.data.dataset import load_dataset
 
@@ -217,8 +218,8 @@ def test_bad_logs_are_named_and_leave_prepared_dirs_intact(
 ):
     out, before = prepared
     if chunked:  # parsed in chunks of about a line (readers.iter_csv_chunks): the same errors
-        monkeypatch.setattr(interactions, "_CHUNKED_MIN_BYTES", 0)
-        monkeypatch.setattr(readers, "CSV_CHUNK_BYTES", 4)
+        monkeypatch.setattr(interaction_log, "_CHUNKED_MIN_BYTES", 0)
+        monkeypatch.setattr(csv_chunks, "CSV_CHUNK_BYTES", 4)
     with pytest.raises(DatasetError, match=pattern):
         _prepare(_bad(tmp_path, name, text, **kw), tmp_path / "data")
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before

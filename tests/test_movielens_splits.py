@@ -6,11 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from data_pipelines.filters import filter_interactions
+from data_pipelines.rows import lexsort_fast, lexsort_order
 from data_pipelines.splits import (
     _random_as_ints,
-    filter_interactions,
-    lexsort_fast,
-    lexsort_order,
     split,
     split_strong_generalization,
     strong_generalization_users,

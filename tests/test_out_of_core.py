@@ -15,12 +15,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data_pipelines import bucketed, interactions, readers
+from data_pipelines import bucketed, readers
 from data_pipelines.config import InteractionsDataConfig
-from data_pipelines.dataset_dir import InteractionsFileWriter, write_dataset_dir
+from data_pipelines.dataset_writer import InteractionsFileWriter, write_dataset_dir
 from data_pipelines.errors import DatasetError
+from data_pipelines.filters import filter_interactions
+from data_pipelines.interactions import log as interaction_log
 from data_pipelines.interactions import prepare_interactions
-from data_pipelines.splits import filter_interactions, split
+from data_pipelines.readers import csv_chunks
+from data_pipelines.splits import split
 
 NUM_ROWS = 40_000  # >= 4 buckets at 1 MiB (6,553 rows each), and a log store past its 256 KiB
 
@@ -212,8 +215,8 @@ def test_one_heavy_user_leaves_empty_buckets_and_the_same_split(tmp_path):
 
 def _chunked(monkeypatch, chunk_bytes: int) -> None:
     """Every plain CSV parsed in chunks of ~``chunk_bytes`` (readers.iter_csv_chunks), however small."""
-    monkeypatch.setattr(interactions, "_CHUNKED_MIN_BYTES", 0)
-    monkeypatch.setattr(readers, "CSV_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(interaction_log, "_CHUNKED_MIN_BYTES", 0)
+    monkeypatch.setattr(csv_chunks, "CSV_CHUNK_BYTES", chunk_bytes)
 
 
 @pytest.mark.parametrize("string_ids", [False, True])

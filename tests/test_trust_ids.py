@@ -254,14 +254,14 @@ def test_data_root_that_is_a_file_is_one_clear_error(tmp_path):
 
 
 def test_a_full_disk_during_prepare_is_one_line_naming_the_path(tmp_path, prepared, monkeypatch):
-    import data_pipelines.dataset_dir as dataset_dir
+    import data_pipelines.dataset_writer as dataset_writer
     from data_pipelines.prepare import prepare_dataset
     from tests.helpers.config import tiny_config
 
     def full_disk(table, where, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(where))
 
-    monkeypatch.setattr(dataset_dir.pq, "write_table", full_disk)
+    monkeypatch.setattr(dataset_writer.pq, "write_table", full_disk)
     log = tmp_path / "other.csv"
     pd.DataFrame(_rows(range(5)), columns=["u", "i"]).to_csv(log, index=False)
     cfg = tiny_config(

@@ -22,8 +22,9 @@ from data_pipelines.dataset_dir import (
     USERS_VOCAB,
     is_complete,
     is_prepared,
-    write_dataset_dir,
 )
+from data_pipelines.dataset_writer import write_dataset_dir
+from data_pipelines.filters import filter_interactions
 from data_pipelines.movielens.features import _dense_map, _distinct, _items_tables, _users_tables
 from data_pipelines.movielens.parse import _ratings_frame, _ratings_table, _read_movies, _read_users
 from data_pipelines.movielens.releases import (
@@ -33,7 +34,7 @@ from data_pipelines.movielens.releases import (
     MovieLensError,
     locate_source,
 )
-from data_pipelines.splits import PROTOCOLS, filter_interactions, split, strong_generalization_users
+from data_pipelines.splits import PROTOCOLS, split, strong_generalization_users
 
 
 def cache_key(release: str, sources: list[dict[str, str]], protocol: str, seed: int, options: dict[str, Any]) -> str:
@@ -73,11 +74,7 @@ def prepare_movielens(
     ``min_rating`` keeps ratings >= it (stars; 0 keeps all); ``min_*_interactions`` is the
     k-core (0 disables); ``num_heldout_users`` is for strong_generalization (0 = proportional).
     """
-    if release not in RELEASES:
-        raise MovieLensError(f"unknown MovieLens release {release!r}; known: {', '.join(RELEASES)}")
-    if protocol not in PROTOCOLS:
-        raise MovieLensError(f"unknown split protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
-    rel = RELEASES[release]
+    rel = _release(release, protocol)
     root = Path(root).absolute()
     src = locate_source(rel, root, url=url, md5=md5, allow_download=allow_download, progress=progress)
     options = {
@@ -88,20 +85,51 @@ def prepare_movielens(
     protocol_options: dict[str, Any] = {}
     if protocol == "strong_generalization":
         protocol_options = {"num_heldout_users": int(num_heldout_users), "drop_unseen_items": True}
-
-    def key_and_dir(sources: list[dict[str, str]]) -> tuple[str, Path]:
-        key = cache_key(rel.name, sources, protocol, seed, {**options, **protocol_options})
-        return key, root / f"{rel.name}-{protocol}-{key}"
+    cached = dict(rel=rel, root=root, protocol=protocol, seed=seed, options={**options, **protocol_options})
 
     pending_sources = _hashed_if_maybe_cached(src, root.glob(f"{rel.name}-{protocol}-*"))
     if pending_sources is not None:
-        key, out_dir = key_and_dir(pending_sources.result())
+        key, out_dir = _key_and_dir(pending_sources.result(), **cached)
         if is_prepared(out_dir, key):
             return out_dir
     kept, movies, users, num_raw, pending_sources = _read_and_filter(src, rel, options, pending_sources)
     raw_users, raw_items, parts, heldout = _split_ids(
         kept, rel, protocol, seed, options, protocol_options, num_heldout_users
     )
+    items, users_table, extra, user_feature_sizes = _side_tables(src, rel, raw_users, raw_items, movies, users)
+    sources = pending_sources.result()
+    key, out_dir = _key_and_dir(sources, **cached)
+    num_categories = len(extra[CATEGORIES_VOCAB])
+    meta = _meta(
+        rel, name, protocol, seed, options, protocol_options, raw_users, raw_items, num_categories, num_raw,
+        user_feature_sizes, sources, key,
+    )  # fmt: skip
+    if heldout is not None:
+        _add_heldout(heldout, extra, meta)
+    train, valid, test = parts
+    return write_dataset_dir(
+        out_dir, train=train, valid=valid, test=test, items=items, users=users_table, meta=meta, extra_tables=extra
+    )
+
+
+def _release(release: str, protocol: str):
+    """The release's description; an unknown release or protocol is refused."""
+    if release not in RELEASES:
+        raise MovieLensError(f"unknown MovieLens release {release!r}; known: {', '.join(RELEASES)}")
+    if protocol not in PROTOCOLS:
+        raise MovieLensError(f"unknown split protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
+    return RELEASES[release]
+
+
+def _key_and_dir(
+    sources: list[dict[str, str]], *, rel, root: Path, protocol: str, seed: int, options: dict[str, Any]
+) -> tuple[str, Path]:
+    key = cache_key(rel.name, sources, protocol, seed, options)
+    return key, root / f"{rel.name}-{protocol}-{key}"
+
+
+def _side_tables(src, rel, raw_users, raw_items, movies, users):
+    """(items.parquet, users.parquet, {vocab file: table}, meta ``user_features``) for the ids kept."""
     ratings_label = src.describe(rel.ratings)
     items, item_vocab, category_vocab = _items_tables(raw_items, movies, ratings_label, src.describe(rel.movies))
     users_table, user_vocab, occupation_vocab, user_feature_sizes = _users_tables(
@@ -110,29 +138,7 @@ def prepare_movielens(
     extra = {USERS_VOCAB: user_vocab, ITEMS_VOCAB: item_vocab, CATEGORIES_VOCAB: category_vocab}
     if occupation_vocab is not None:
         extra[OCCUPATIONS_VOCAB] = occupation_vocab
-    sources = pending_sources.result()
-    key, out_dir = key_and_dir(sources)
-    meta = _meta(
-        rel,
-        name,
-        protocol,
-        seed,
-        options,
-        protocol_options,
-        raw_users,
-        raw_items,
-        len(category_vocab),
-        num_raw,
-        user_feature_sizes,
-        sources,
-        key,
-    )
-    if heldout is not None:
-        _add_heldout(heldout, extra, meta)
-    train, valid, test = parts
-    return write_dataset_dir(
-        out_dir, train=train, valid=valid, test=test, items=items, users=users_table, meta=meta, extra_tables=extra
-    )
+    return items, users_table, extra, user_feature_sizes
 
 
 def _hashed_if_maybe_cached(src, candidates) -> Future | None:
