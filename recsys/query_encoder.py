@@ -15,7 +15,6 @@ from torch import nn
 
 from recsys.data.layout import (
     HISTORY,
-    HISTORY_CATEGORIES,
     HISTORY_COLUMN,
     QUERY,
     USER_COLUMN,
@@ -72,18 +71,17 @@ class QueryEncoder(nn.Module):
         side: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         pooled, j = [], 0  # j: the next side feature's pair
-        bags = {
-            USER_ID: (user_ids, torch.arange(user_ids.shape[0], device=user_ids.device)),
-            HISTORY: (history_item_ids, history_offsets),
-            HISTORY_CATEGORIES: (history_categories, history_category_offsets),
-        }
         for table, source in self.inputs:
             if source in SIDE_SOURCES:
                 assert side is not None, "QueryEncoder: side features need the side argument"
                 pooled.append(self.side[table](side[2 * j], side[2 * j + 1]))
                 j += 1
-            else:
-                pooled.append(getattr(self, table)(*bags[source]))
+            elif source == USER_ID:
+                pooled.append(getattr(self, table)(user_ids, torch.arange(user_ids.shape[0], device=user_ids.device)))
+            elif source == HISTORY:  # the item table's bag, and the neighbour table's with model.query_neighbors
+                pooled.append(getattr(self, table)(history_item_ids, history_offsets))
+            else:  # history_categories
+                pooled.append(getattr(self, table)(history_categories, history_category_offsets))
         return F.normalize(self.tower(torch.cat(pooled, dim=1)), dim=-1)
 
 
