@@ -170,27 +170,7 @@ class TrainBatches:
         self.world_size = world_size
         self.example_rows = data.example_rows()
         self.rank_example_counts = None if rank_example_counts is None else [int(n) for n in rank_example_counts]
-        total = len(self.example_rows) if rank_example_counts is None else sum(self.rank_example_counts)
-        if total < global_batch_size:
-            raise ValueError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
-        self.bounds = batch_bounds(total, global_batch_size, world_size)
-        if equal_shares and world_size > 1:
-            if global_batch_size % world_size or rank_example_counts is not None:
-                raise ValueError(
-                    f"trainer.global_batch_size={global_batch_size}: row-wise sharded tables (model.id_mapping=managed) "
-                    f"need equal rows on every rank: a multiple of the {world_size} ranks, without data.shard_by_user"
-                )
-            self.bounds[-1] -= (self.bounds[-1] - self.bounds[-2]) % world_size
-        if self.rank_example_counts is not None:
-            counts = self.rank_example_counts
-            if len(counts) != world_size or counts[rank] != len(self.example_rows):
-                raise ValueError(f"rank_example_counts={counts}: expected {world_size} counts, this rank's = {len(self.example_rows)}")
-            if min(counts) < len(self):
-                r = int(np.argmin(counts))
-                raise ValueError(
-                    f"rank {r} holds {counts[r]} training examples, fewer than the {len(self)} batches of an epoch: "
-                    f"use a larger trainer.global_batch_size, fewer ranks, or data.shard_by_user=false"
-                )
+        self.bounds = self._epoch_bounds(equal_shares, rank)
         self.num_uniform_negatives = num_uniform_negatives
         self.seed, self.rank = seed, rank
         self.history_length = history_length
@@ -199,12 +179,7 @@ class TrainBatches:
         self.query_history = query_history
         self.uses_profile = query_history == "profile" and history_length > 0
         self.history_dropout = history_dropout
-        # first row of each row's user and one past its last (rows are sorted by user); O(rows), never O(num_users)
-        users = self.train.user_ids
-        new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
-        starts = np.nonzero(new_user)[0]
-        self.user_start = starts[np.cumsum(new_user) - 1]
-        self.user_end = np.append(starts[1:], len(users))[np.cumsum(new_user) - 1]
+        self.user_start, self.user_end = user_row_bounds(self.train.user_ids)
         # the categories of every training row's item, in row order: a history (rows [s, e)) then
         # has its categories in one contiguous range, and a batch needs no per-item gather (the
         # item -> categories gather was ~5 ms of a 7 ms batch at 2048 x 100 history items)
@@ -215,6 +190,31 @@ class TrainBatches:
         self.row_category_indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
         self.prefetch = prefetch
         self.pin_memory = pin_memory  # GPU: page-locked batches, so the copy to the device can be asynchronous
+
+    def _epoch_bounds(self, equal_shares: bool, rank: int) -> np.ndarray:
+        """The global batches' row bounds in the epoch's order (``batch_bounds``), the per-rank counts checked."""
+        global_batch_size, world_size, counts = self.global_batch_size, self.world_size, self.rank_example_counts
+        total = len(self.example_rows) if counts is None else sum(counts)
+        if total < global_batch_size:
+            raise ValueError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
+        bounds = batch_bounds(total, global_batch_size, world_size)
+        if equal_shares and world_size > 1:
+            if global_batch_size % world_size or counts is not None:
+                raise ValueError(
+                    f"trainer.global_batch_size={global_batch_size}: row-wise sharded tables (model.id_mapping=managed) "
+                    f"need equal rows on every rank: a multiple of the {world_size} ranks, without data.shard_by_user"
+                )
+            bounds[-1] -= (bounds[-1] - bounds[-2]) % world_size
+        if counts is not None:
+            if len(counts) != world_size or counts[rank] != len(self.example_rows):
+                raise ValueError(f"rank_example_counts={counts}: expected {world_size} counts, this rank's = {len(self.example_rows)}")
+            if min(counts) < len(bounds) - 1:
+                r = int(np.argmin(counts))
+                raise ValueError(
+                    f"rank {r} holds {counts[r]} training examples, fewer than the {len(bounds) - 1} batches of an epoch: "
+                    f"use a larger trainer.global_batch_size, fewer ranks, or data.shard_by_user=false"
+                )
+        return bounds
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
@@ -358,6 +358,14 @@ class _Prefetched:
 
     def __del__(self) -> None:
         self._stop.set()
+
+
+def user_row_bounds(users: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(start, end): the first row of each row's user and one past its last (rows sorted by user); O(rows), never
+    O(num_users)."""
+    new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
+    starts = np.nonzero(new_user)[0]
+    return starts[np.cumsum(new_user) - 1], np.append(starts[1:], len(users))[np.cumsum(new_user) - 1]
 
 
 def latest_items(timeline: Interactions, users: np.ndarray, num_users: int, history_length: int) -> Tuple[np.ndarray, np.ndarray]:

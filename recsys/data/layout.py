@@ -119,7 +119,10 @@ class FeatureLayout:
 
     def describe(self) -> str:
         """One line per entry: ``key tower table source`` (the run log's record of it)."""
-        return "\n".join(f"{s.key:<12} {s.tower:<9} {s.table:<12} {s.source}" for s in self.specs)
+        return "\n".join(
+            f"{s.key:<12} {s.tower:<9} {s.table:<12} {s.source}" + (f" (model.features.{s.feature})" if s.feature else "")
+            for s in self.specs
+        )
 
 
 def feature_layout(

@@ -9,6 +9,7 @@ towers are initialised from ``seed``.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -23,6 +24,8 @@ from recsys.model.managed import MANAGED_TABLES, ZCH_SIZE_OF
 from recsys.model.sequence import SequenceEncoder
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
+
+log = logging.getLogger(__name__)
 
 
 def build_retrieval_task(
@@ -136,6 +139,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
             "recsys.run.open_dataset(cfg, root)"
         )
     layout = run_layout(cfg, data)
+    log.info("feature layout (key, tower, table, row source):\n%s", layout.describe())
     num_rows = {t: n for t, n in data.table_num_rows.items() if t in layout.keys()}
     for name in num_rows:  # no category table for data without categories: none is faked
         if name not in tables:
