@@ -50,7 +50,7 @@ SEQUENCE = "sequence"  # the history, oldest first, for the sequence encoder's u
 USER_COLUMN = "user_column"  # model.features: a users.parquet column on the query tower
 HISTORY_COLUMN = "history_column"  # an items.parquet column pooled over the history items
 ITEM_COLUMN = "item_column"  # an items.parquet column of the candidate
-SIDE_SOURCES = {(QUERY, "users"): USER_COLUMN, (QUERY, "items"): HISTORY_COLUMN, (CANDIDATE, "items"): ITEM_COLUMN}
+COLUMN_SOURCES = {(QUERY, "users"): USER_COLUMN, (QUERY, "items"): HISTORY_COLUMN, (CANDIDATE, "items"): ITEM_COLUMN}
 
 # the built-in keys (= tables), in KJT order
 USER, ITEM, CATEGORY, NEIGHBOR, SEQUENCE_KEY = "user", "item", "category", "neighbor", "sequence"
@@ -146,7 +146,7 @@ def feature_layout(
         )
     bag = history_length > 0
     built_in = [
-        (USER, QUERY, USER_ID, user_id or not bag),
+        (USER, QUERY, USER_ID, user_id),
         (ITEM, QUERY, HISTORY, bag and not sequence),
         (ITEM, CANDIDATE, ITEM_ID, True),
         (CATEGORY, QUERY, HISTORY_CATEGORIES, has_categories and bag),
@@ -166,9 +166,9 @@ def side_specs(side: Iterable[SideEntry]) -> list[FeatureSpec]:
     ordered = sorted(entries, key=lambda e: tables.index(e.table))  # stable: a table's features keep their order
     out = []
     for e in ordered:
-        if (e.tower, e.source) not in SIDE_SOURCES:
+        if (e.tower, e.source) not in COLUMN_SOURCES:
             raise ValueError(f"model.features.{e.name}: a {e.source} column cannot feed the {e.tower} tower")
-        out.append(FeatureSpec(e.table, e.tower, e.table, SIDE_SOURCES[(e.tower, e.source)], feature=e.name))
+        out.append(FeatureSpec(e.table, e.tower, e.table, COLUMN_SOURCES[(e.tower, e.source)], feature=e.name))
     return out
 
 
