@@ -21,8 +21,9 @@ from omegaconf import OmegaConf
 
 from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
 from recsys.atomic import replace_dir
-from recsys.config import Config, query_uses_neighbors
+from recsys.config import Config
 from recsys.data.dataset import RetrievalData
+from recsys.data.layout import QUERY, run_layout, side_entries, side_specs
 from recsys.evaluation.ann import build_index, require_faiss
 from recsys.rankers.served import ServedState
 from recsys.refusals import PathTaken, RunRefused
@@ -90,9 +91,9 @@ def check_replaceable(out: Path) -> None:
 
 
 def query_side_features(data: RetrievalData) -> list:
-    """The side features the query encoder reads, in the query tower's order (recsys.model.build)."""
-    order = list(dict.fromkeys(f.table for f in data.side_features))
-    return sorted((f for f in data.side_features if f.tower == "query"), key=lambda f: order.index(f.table))
+    """The side features the query encoder reads, in the query tower's order (the layout's, recsys/data/layout.py)."""
+    by_name = {f.name: f for f in data.side_features}
+    return [by_name[s.feature] for s in side_specs(side_entries(data.side_features)) if s.tower == QUERY]
 
 
 def _side_columns(data: RetrievalData, source: str) -> dict[str, pa.Array]:
@@ -133,7 +134,9 @@ def _manifest(served: ServedState, index: str, data: RetrievalData, cfg: Config,
         "num_items": data.num_items,
         "num_categories": data.num_categories,
         "history_length": cfg.data.history_length,
-        "query_neighbors": query_uses_neighbors(cfg),  # the history bag is pooled through the neighbour table too
+        "query_neighbors": run_layout(
+            cfg, data
+        ).query_neighbors,  # the history bag is pooled through the neighbour table too
         "poolings": {t: c.pooling for t, c in cfg.model.tables.items()},
         "side_features": [
             {

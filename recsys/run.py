@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.atomic import write_json_atomic
-from recsys.bundle_writer import check_replaceable, query_side_features, write_bundle
+from recsys.bundle_writer import check_replaceable, write_bundle
 from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
 from recsys.config import (
     Config,
@@ -42,6 +42,7 @@ from recsys.config import (
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData, load_dataset, with_valid_in_train
+from recsys.data.layout import run_layout
 from recsys.data.neighbors import with_item_neighbors
 from recsys.data.raw_ids import with_raw_ids
 from recsys.data.side_features import with_side_features
@@ -307,9 +308,7 @@ def query_encoder(cfg: Config, data: RetrievalData, tables: dict, two_tower) -> 
         tables,
         {t: c.pooling for t, c in cfg.model.tables.items()},
         two_tower.query_tower.cpu(),
-        with_history=cfg.data.history_length > 0,
-        with_neighbors=query_uses_neighbors(cfg),
-        side_tables=tuple(f.table for f in query_side_features(data)),
+        run_layout(cfg, data).tower_specs("query"),
     ).eval()
 
 

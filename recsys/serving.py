@@ -33,8 +33,9 @@ The served ranker is the run's headline (eval.serve): the two-tower, or its fusi
 (tests/test_served.py): ``bundle.recommend(history, k)``.
 
 Trust: :func:`load_bundle` runs no code from the bundle (weights load with ``torch.load(weights_only=True)``,
-arrays with ``allow_pickle=False``, JSON and parquet as data); it rebuilds QueryEncoder from this module's
-code. A bundle is still only as good as whoever wrote it: it decides which items are recommended.
+arrays with ``allow_pickle=False``, JSON and parquet as data); it rebuilds QueryEncoder from recsys's code
+(recsys/query_encoder.py: its layout from the manifest, recsys/data/layout.py). A bundle is still only as good
+as whoever wrote it: it decides which items are recommended.
 """
 
 from __future__ import annotations
@@ -46,111 +47,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum  # numpy only
 from recsys.data.raw_ids import KEY_SPACE, hash_keys_numpy  # numpy / torch only
+from recsys.query_encoder import QueryEncoder, dynamic_shapes, example_inputs, load_encoder  # noqa: F401 (torch only)
 from recsys.rankers.fusion import spread  # torch only
-from recsys.safe_load import numpy_load, torch_load_weights
+from recsys.safe_load import numpy_load
 
 BUNDLE_FORMAT = "recsys-bundle/3"  # 3: the served ranker (fusions, graph_query.npy, index.faiss); 2: the encoder from query_encoder.pt
-
-
-class QueryEncoder(nn.Module):
-    """The query tower with its own unsharded tables (plain nn.EmbeddingBag).
-
-    forward(user_ids [B], history_item_ids [N], history_offsets [B],
-            history_categories [M], history_category_offsets [B],
-            side [ids_0, offsets_0 [B], ids_1, offsets_1 [B], ...]) -> [B, D], unit norm.
-    Offsets are bag starts (PyTorch EmbeddingBag convention); bags may be empty (pool to 0).
-    ``with_neighbors`` (model.query_neighbors): the history bag is pooled through the neighbour table too.
-    ``side``: one (ids, offsets) pair per table of ``side_tables`` (the query-tower side features,
-    model.features, in the tower's order); None without side features.
-    """
-
-    def __init__(
-        self,
-        tables: dict[str, torch.Tensor],
-        poolings: dict[str, str],
-        tower: nn.Sequential,
-        *,
-        with_history: bool,
-        with_neighbors: bool = False,
-        side_tables: tuple[str, ...] = (),
-    ) -> None:
-        super().__init__()
-        self.with_history = with_history
-        self.with_categories = with_history and "category" in tables  # none for data without categories
-        self.with_user = "user" in tables  # none when the query is its history bag alone (model.query_user_id)
-        if self.with_user:
-            self.user = nn.EmbeddingBag.from_pretrained(tables["user"], mode=poolings["user"], freeze=True)
-        if with_history:
-            self.item = nn.EmbeddingBag.from_pretrained(tables["item"], mode=poolings["item"], freeze=True)
-        if self.with_categories:
-            self.category = nn.EmbeddingBag.from_pretrained(tables["category"], mode=poolings["category"], freeze=True)
-        self.with_neighbors = with_history and with_neighbors
-        if self.with_neighbors:
-            self.neighbor = nn.EmbeddingBag.from_pretrained(tables["neighbor"], mode=poolings["neighbor"], freeze=True)
-        self.side_tables = tuple(side_tables)
-        self.side = nn.ModuleDict(
-            {t: nn.EmbeddingBag.from_pretrained(tables[t], mode=poolings[t], freeze=True) for t in self.side_tables}
-        )
-        self.tower = tower
-
-    def forward(
-        self,
-        user_ids: torch.Tensor,
-        history_item_ids: torch.Tensor,
-        history_offsets: torch.Tensor,
-        history_categories: torch.Tensor,
-        history_category_offsets: torch.Tensor,
-        side: list[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        pooled = []
-        if self.with_user:
-            pooled.append(self.user(user_ids, torch.arange(user_ids.shape[0], device=user_ids.device)))
-        if self.with_history:
-            pooled.append(self.item(history_item_ids, history_offsets))
-        if self.with_categories:
-            pooled.append(self.category(history_categories, history_category_offsets))
-        if self.with_neighbors:  # after the built-in tables, as in recsys.model.build
-            pooled.append(self.neighbor(history_item_ids, history_offsets))
-        for j, table in enumerate(self.side_tables):
-            assert side is not None, "QueryEncoder: side features need the side argument"
-            pooled.append(self.side[table](side[2 * j], side[2 * j + 1]))
-        return F.normalize(self.tower(torch.cat(pooled, dim=1)), dim=-1)
-
-
-def example_inputs(num_side: int = 0) -> tuple:
-    """Inputs used to trace the encoder: 3 users, one with an empty history (sizes >= 2, or
-    torch.export specialises a dynamic size to the constant 0 or 1); ``num_side`` side (ids, offsets) pairs."""
-    inputs: tuple = (
-        torch.tensor([0, 0, 0]),
-        torch.tensor([0, 0, 0, 0]),
-        torch.tensor([0, 2, 4]),
-        torch.tensor([0, 0, 0, 0, 0]),
-        torch.tensor([0, 3, 5]),
-    )
-    if num_side:  # without side features the program keeps its five inputs
-        inputs += ([t for _ in range(num_side) for t in (torch.tensor([0, 0, 0, 0, 0, 0]), torch.tensor([0, 2, 4]))],)
-    return inputs
-
-
-def dynamic_shapes(num_side: int = 0) -> dict:
-    batch = torch.export.Dim("batch", min=1)
-    shapes: dict = {
-        "user_ids": {0: batch},
-        "history_item_ids": {0: torch.export.Dim("history", min=0)},
-        "history_offsets": {0: batch},
-        "history_categories": {0: torch.export.Dim("categories", min=0)},
-        "history_category_offsets": {0: batch},
-    }
-    if num_side:
-        shapes["side"] = [
-            shape for j in range(num_side) for shape in ({0: torch.export.Dim(f"side_{j}", min=0)}, {0: batch})
-        ]
-    return shapes
 
 
 def _offsets(lengths: np.ndarray) -> torch.Tensor:
@@ -364,55 +269,6 @@ def _latest(lengths: np.ndarray, items: np.ndarray, history_length: int) -> tupl
     return kept, gather_ranges(ends - kept, ends, items)[1]
 
 
-def _tower_from_weights(state: dict[str, torch.Tensor], path: Path) -> nn.Sequential:
-    """The query tower's layers from its weights' names and shapes: Linear at each ``tower.<i>``, ReLU
-    between them (recsys.model.two_tower.mlp's layout)."""
-    linear = sorted(int(key.split(".")[1]) for key in state if key.startswith("tower.") and key.endswith(".weight"))
-    if not linear or linear != list(range(0, 2 * len(linear), 2)):
-        raise ValueError(f"{path}: tower layers {linear}: expected Linear layers at 0, 2, 4, ...")
-    layers = []
-    for i in linear:
-        out_dim, in_dim = state[f"tower.{i}.weight"].shape
-        layers += [nn.Linear(in_dim, out_dim)] + ([nn.ReLU()] if i != linear[-1] else [])
-    return nn.Sequential(*layers)
-
-
-def _load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncoder:
-    state = torch_load_weights(path)
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path}: expected a state dict of tensors")
-    poolings = manifest.get("poolings", {})
-    with_history = manifest.get("history_length", 0) > 0
-    with_neighbors = with_history and bool(manifest.get("query_neighbors", False))
-    needed = ("item",) if with_history else ("user",)  # a query is its history bag, its user id, or both
-    needed += ("neighbor",) if with_neighbors else ()
-    tables = [
-        t for t in ("user", "item", "category", "neighbor") if f"{t}.weight" in state
-    ]  # recsys.data.features.ALL_TABLES' pooled ones (not imported: no torchrec here)
-    for table in (*needed, *tables):
-        if f"{table}.weight" not in state:
-            raise ValueError(f"{path}: no weights for table {table!r}")
-        if poolings.get(table) not in ("sum", "mean"):
-            raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
-    side_tables = tuple(f["table"] for f in manifest.get("side_features", []))
-    for table in side_tables:
-        if f"side.{table}.weight" not in state:
-            raise ValueError(f"{path}: no weights for side table {table!r} (manifest side_features)")
-        if poolings.get(table) not in ("sum", "mean"):
-            raise ValueError(f"{manifest_path}: poolings.{table} is {poolings.get(table)!r}, expected 'sum' or 'mean'")
-    weights = {t: state[f"{t}.weight"] for t in tables} | {t: state[f"side.{t}.weight"] for t in side_tables}
-    encoder = QueryEncoder(
-        weights,
-        poolings,
-        _tower_from_weights(state, path),
-        with_history=with_history,
-        with_neighbors=with_neighbors,
-        side_tables=side_tables,
-    )
-    encoder.load_state_dict(state)  # strict: every tensor is used, none is missing
-    return encoder.eval()
-
-
 def load_bundle(path: str | Path) -> ServingBundle:
     root = Path(path)
     manifest_path = root / "manifest.json"
@@ -424,7 +280,7 @@ def load_bundle(path: str | Path) -> ServingBundle:
             f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
             "export the run again (python -m recsys.export run_dir=...)"
         )
-    encoder = _load_encoder(root / "query_encoder.pt", manifest, manifest_path) if manifest["two_tower_dim"] else None
+    encoder = load_encoder(root / "query_encoder.pt", manifest, manifest_path) if manifest["two_tower_dim"] else None
     graph_query = torch.from_numpy(numpy_load(root / "graph_query.npy")) if manifest["graph_dim"] else None
     covariances = None
     if encoder is not None and graph_query is not None:

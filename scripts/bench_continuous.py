@@ -147,6 +147,7 @@ def memory(args: argparse.Namespace) -> dict:
         TableConfig,
     )
     from recsys.data.batch import Batch
+    from recsys.data.layout import feature_layout
     from recsys.distributed.env import destroy_distributed, init_distributed
     from recsys.distributed.managed import managed_stats, sharded_managed
     from recsys.distributed.sharding import shard_model
@@ -163,8 +164,8 @@ def memory(args: argparse.Namespace) -> dict:
     spaces = sorted({args.max_ids // 10, args.max_ids // 5, args.max_ids // 2, args.max_ids})
     # logQ needs a frequency per catalogue item: the one O(id space) array here, data-side (uniform)
     task = build_retrieval_task(
-        model, num_rows={"user": spaces[-1], "item": spaces[-1]}, history_length=0,
-        item_counts=torch.ones(spaces[-1]), has_categories=False, seed=0,
+        model, num_rows={"user": spaces[-1], "item": spaces[-1]}, item_counts=torch.ones(spaces[-1]), seed=0,
+        layout=feature_layout(history_length=0, has_categories=False),
     )  # fmt: skip
     sharded = shard_model(
         task, sharding=ShardingConfig(), sparse=SparseOptimConfig(), dense=DenseOptimConfig(), env=env, seed=0,

@@ -7,7 +7,8 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig, TableShardingConfig
 from recsys.data.batch import Batch
-from recsys.data.features import build_kjt, query_tables
+from recsys.data.features import build_kjt
+from recsys.data.layout import feature_layout
 from recsys.distributed.sharding import shard_model
 from recsys.distributed.table_init import BLOCK_ROWS, fill_rows
 from recsys.model.task import RetrievalTask
@@ -22,7 +23,7 @@ def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_a
     configs = table_configs(num_rows=NUM_ROWS, dims=DIMS, poolings=POOLING)
     torch.manual_seed(0)
     task = RetrievalTask(
-        TwoTower(configs, query_tables=query_tables(history_length=5), tower_dims=[12, 8]),
+        TwoTower(configs, query_tables=feature_layout(history_length=5).tower_keys("query"), tower_dims=[12, 8]),
         item_counts=torch.ones(NUM_ROWS["item"]),
         temperature=0.2,
         logq_correction=True,

@@ -149,7 +149,8 @@ def test_two_tower_reads_the_sequence_before_its_pooled_query_columns(user_id):
     from torchrec.modules.embedding_configs import EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    from recsys.data.features import build_kjt, query_tables
+    from recsys.data.features import build_kjt
+    from recsys.data.layout import feature_layout
     from recsys.model.two_tower import TwoTower, table_configs
 
     num_rows = {"user": 5, "item": 9} if user_id else {"item": 9}
@@ -158,7 +159,9 @@ def test_two_tower_reads_the_sequence_before_its_pooled_query_columns(user_id):
     torch.manual_seed(0)
     model = TwoTower(
         configs,
-        query_tables=query_tables(3, has_categories=False, user_id=user_id, sequence=True),
+        query_tables=feature_layout(history_length=3, has_categories=False, user_id=user_id, sequence=True).tower_keys(
+            "query"
+        ),
         candidate_tables=["item"],
         tower_dims=[7],
         sequence_table=sequence,

@@ -17,7 +17,7 @@ from data_pipelines.synthetic import TINY_SPEC, cache_key, generate
 from recsys.config import query_layout
 from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.data.dataset import load_dataset
-from recsys.data.side_features import side_rows, with_side_features
+from recsys.data.side_features import with_side_features
 from recsys.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config
 from tests.helpers.launch import launch
@@ -105,8 +105,7 @@ def test_out_of_range_ids_are_refused_before_the_lookup(ml_root):
         ValueError,
         match=r"gender \(users.parquet column 'gender'\)': id 1 is out of range for table 'gender' of 1 rows",
     ):
-        side_rows(
-            [small],
+        FeatureBuilder(dataclasses.replace(data, side_features=(small,)), 0).build(
             user_ids=np.arange(10),
             hist_lengths=np.zeros(10, dtype=np.int64),
             hist_items=np.zeros(0, dtype=np.int64),

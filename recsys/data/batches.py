@@ -22,13 +22,12 @@ import numpy as np
 import torch
 
 from recsys.data.batch import Batch
-from recsys.data.dataset import Interactions, RetrievalData
-from recsys.data.features import build_kjt, tables, validate_ids
-from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
-from recsys.data.side_features import side_rows, side_tables
 from recsys.data.batch_bounds import batch_bounds, rank_shares
-
-
+from recsys.data.dataset import Interactions, RetrievalData
+from recsys.data.features import build_kjt, validate_ids
+from recsys.data.layout import CANDIDATE, CATEGORY, QUERY, FeatureLayout, data_layout
+from recsys.data.ragged import gather_ranges, gather_rows
+from recsys.data.row_sources import ROW_SOURCES, BatchArrays
 
 # KJT keys of the managed tables (recsys/model/managed.py) -> whose raw ids their values become
 RAW_ID_KEYS = {"user": "user", "item": "item", "neighbor": "item"}
@@ -41,27 +40,29 @@ def raw_id_values(data: RetrievalData, values: dict) -> dict:
 
 
 class FeatureBuilder:
-    """Builds validated KJT batches (the layout of ``recsys.data.features``) from user / history / item arrays."""
+    """Builds validated KJT batches from user / history / item arrays: one key per key of its ``layout``
+    (recsys/data/layout.py), each tower's rows filled by its entry's row source (recsys/data/row_sources.py)."""
 
     def __init__(
         self,
         data: RetrievalData,
-        history_length: int,
+        history_length: int = 0,
         user_id: bool = True,
         sequence: bool = False,
         query_neighbors: bool = False,
+        *,
+        layout: FeatureLayout | None = None,
     ) -> None:
+        """``layout``: the run's (recsys.data.layout.run_layout); None: the layout of ``history_length`` and the
+        switches (recsys.config.query_layout's keyword arguments) over ``data`` (``data_layout``)."""
         self.data = data
-        self.history_length = history_length
-        self.user_id = user_id  # false: no user key (the model has no user table)
-        # true (model.query_neighbors): the neighbor key's query rows carry the history bag too
-        if query_neighbors and not data.has_neighbors:
-            raise ValueError("FeatureBuilder: query_neighbors needs a dataset loaded with item neighbours")
-        self.query_neighbors = query_neighbors
-        # true (model.query_encoder=sasrec): the history goes to the sequence key, oldest first, and the
-        # item key's query rows are empty (the query tower reads no item bag)
-        self.sequence = sequence
-        self.keys = tables(data.has_categories, user_id, data.has_neighbors, sequence) + list(side_tables(data.side_features))
+        self.layout = layout or data_layout(
+            data, history_length, user_id=user_id, sequence=sequence, query_neighbors=query_neighbors
+        )
+        self.history_length = self.layout.history_length
+        self.keys = self.layout.keys()
+        # each key's (query entry, candidate entry); None: that tower's rows are empty
+        self.slots = [(self.layout.spec(k, QUERY), self.layout.spec(k, CANDIDATE)) for k in self.keys]
 
     def build(
         self,
@@ -76,65 +77,38 @@ class FeatureBuilder:
 
         ``hist_categories``: (per-query lengths, values) of the history items' categories when the
         caller has them already (``TrainBatches``: contiguous ranges of a row-aligned copy);
-        otherwise they are gathered here from the item -> categories CSR.
+        otherwise they are gathered from the item -> categories CSR.
         """
-        # ids first: they index the category table below, and numpy would wrap a negative one
+        # ids first: they index the category and side columns, and numpy would wrap a negative one
         sizes = self.data.table_num_rows
         validate_ids("user_id", user_ids, sizes["user"])
         validate_ids("history_item_ids", hist_items, sizes["item"])
         validate_ids("item_id", candidate_item_ids, sizes["item"])
-        num_queries, num_candidates = len(user_ids), len(candidate_item_ids)
-        ones, zeros = np.ones(num_candidates, dtype=np.int64), np.zeros(num_candidates, dtype=np.int64)
-        if self.history_length <= 0:  # no history feature: empty item / category bags on query rows
-            hist_lengths, hist_items = np.zeros(num_queries, dtype=np.int64), hist_items[:0]
+        if self.history_length <= 0:  # no history feature: empty bags on query rows
+            hist_lengths, hist_items = np.zeros(len(user_ids), dtype=np.int64), hist_items[:0]
             hist_categories = None
-        # each key's values in row order: the queries' (histories), then the candidates'
-        lengths = {
-            "user": np.concatenate([np.ones(num_queries, dtype=np.int64), zeros]),
-            "item": np.concatenate([hist_lengths, ones]),
-        }
-        values = {"user": user_ids, "item": np.concatenate([hist_items, candidate_item_ids])}
-        if self.sequence:
-            lengths["sequence"], values["sequence"] = np.concatenate([hist_lengths, zeros]), hist_items
-            lengths["item"] = np.concatenate([np.zeros(num_queries, dtype=np.int64), ones])
-            values["item"] = candidate_item_ids
-        if not self.user_id:
-            del lengths["user"], values["user"]
-        if self.data.has_categories:
-            indptr, category_ids = self.data.item_category_indptr, self.data.item_category_ids
-            if hist_categories is None:
-                per_item, hist_cats = gather_rows(indptr, category_ids, hist_items)
-                hist_categories = (segment_sum(per_item, hist_lengths), hist_cats)
-            candidate_cat_lengths, candidate_cats = gather_rows(indptr, category_ids, candidate_item_ids)
-            values["category"] = np.concatenate([hist_categories[1], candidate_cats])
-            validate_ids("categories", values["category"], sizes["category"])
-            lengths["category"] = np.concatenate([hist_categories[0], candidate_cat_lengths])
-        if self.data.has_neighbors:  # candidate rows: the neighbours; query rows: the history bag, or empty
-            neighbor_lengths, neighbors = gather_rows(self.data.item_neighbor_indptr, self.data.item_neighbor_ids, candidate_item_ids)
-            validate_ids("item_neighbors", neighbors, sizes["neighbor"])
-            if self.query_neighbors:  # the history ids were validated against the item table, the same size
-                lengths["neighbor"] = np.concatenate([hist_lengths, neighbor_lengths])
-                values["neighbor"] = np.concatenate([hist_items, neighbors])
-            else:
-                lengths["neighbor"] = np.concatenate([np.zeros(num_queries, dtype=np.int64), neighbor_lengths])
-                values["neighbor"] = neighbors
-        if self.data.side_features:  # model.features: one more key per side table
-            side_lengths, side_values = side_rows(
-                self.data.side_features,
-                user_ids=user_ids,
-                hist_lengths=hist_lengths,
-                hist_items=hist_items,
-                candidate_item_ids=candidate_item_ids,
-            )
-            lengths.update(side_lengths)
-            values.update(side_values)
+        arrays = BatchArrays(
+            self.data, user_ids, hist_lengths, hist_items, candidate_item_ids, hist_categories, num_rows=sizes
+        )
+        lengths, values = {}, {}
+        for key, towers in zip(self.keys, self.slots):  # each key's values in row order: queries', candidates'
+            parts = [
+                ROW_SOURCES[spec.source](arrays, spec) if spec is not None else _empty(count)
+                for spec, count in zip(towers, (len(user_ids), len(candidate_item_ids)))
+            ]
+            lengths[key] = np.concatenate([parts[0][0], parts[1][0]])
+            values[key] = np.concatenate([parts[0][1], parts[1][1]])
         if self.data.raw_item_ids is not None:  # model.id_mapping=managed: the managed tables read raw ids
             values = raw_id_values(self.data, values)
         return Batch(
             features=build_kjt(self.keys, lengths, values),
             candidate_item_ids=torch.from_numpy(np.ascontiguousarray(candidate_item_ids, dtype=np.int64)),
-            num_queries=num_queries,
+            num_queries=len(user_ids),
         )
+
+
+def _empty(num_rows: int) -> Tuple[np.ndarray, np.ndarray]:
+    return np.zeros(num_rows, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
 
 class TrainBatches:
@@ -171,6 +145,7 @@ class TrainBatches:
         user_id: bool = True,
         sequence: bool = False,
         query_neighbors: bool = False,
+        layout: Optional[FeatureLayout] = None,
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
@@ -181,39 +156,21 @@ class TrainBatches:
         """``equal_shares``: every rank gets as many rows as the others in every batch (row-wise sharded tables,
         model.id_mapping=managed: torchrec's backward all-gathers equal blocks); the global batch size must divide
         by the world size, and the epoch's last batch drops its last ``len % world_size`` rows (different ones
-        each epoch: the order is reshuffled)."""
+        each epoch: the order is reshuffled). ``layout``: the run's FeatureLayout (recsys/data/layout.py); None: the
+        one of ``history_length`` and the switches ``user_id``, ``sequence``, ``query_neighbors`` (FeatureBuilder)."""
         if global_batch_size < world_size:
             raise ValueError(
                 f"trainer.global_batch_size={global_batch_size} is smaller than the world size {world_size}"
             )
         self.train: Interactions = data.splits["train"]
-        self.builder = FeatureBuilder(data, history_length, user_id, sequence, query_neighbors)
+        self.builder = FeatureBuilder(data, history_length, user_id, sequence, query_neighbors, layout=layout)
+        history_length = self.builder.history_length
         self.num_items = data.num_items
         self.global_batch_size = global_batch_size
         self.world_size = world_size
         self.example_rows = data.example_rows()
         self.rank_example_counts = None if rank_example_counts is None else [int(n) for n in rank_example_counts]
-        total = len(self.example_rows) if rank_example_counts is None else sum(self.rank_example_counts)
-        if total < global_batch_size:
-            raise ValueError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
-        self.bounds = batch_bounds(total, global_batch_size, world_size)
-        if equal_shares and world_size > 1:
-            if global_batch_size % world_size or rank_example_counts is not None:
-                raise ValueError(
-                    f"trainer.global_batch_size={global_batch_size}: row-wise sharded tables (model.id_mapping=managed) "
-                    f"need equal rows on every rank: a multiple of the {world_size} ranks, without data.shard_by_user"
-                )
-            self.bounds[-1] -= (self.bounds[-1] - self.bounds[-2]) % world_size
-        if self.rank_example_counts is not None:
-            counts = self.rank_example_counts
-            if len(counts) != world_size or counts[rank] != len(self.example_rows):
-                raise ValueError(f"rank_example_counts={counts}: expected {world_size} counts, this rank's = {len(self.example_rows)}")
-            if min(counts) < len(self):
-                r = int(np.argmin(counts))
-                raise ValueError(
-                    f"rank {r} holds {counts[r]} training examples, fewer than the {len(self)} batches of an epoch: "
-                    f"use a larger trainer.global_batch_size, fewer ranks, or data.shard_by_user=false"
-                )
+        self.bounds = self._epoch_bounds(equal_shares, rank)
         self.num_uniform_negatives = num_uniform_negatives
         self.seed, self.rank = seed, rank
         self.history_length = history_length
@@ -222,21 +179,42 @@ class TrainBatches:
         self.query_history = query_history
         self.uses_profile = query_history == "profile" and history_length > 0
         self.history_dropout = history_dropout
-        # first row of each row's user and one past its last (rows are sorted by user); O(rows), never O(num_users)
-        users = self.train.user_ids
-        new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
-        starts = np.nonzero(new_user)[0]
-        self.user_start = starts[np.cumsum(new_user) - 1]
-        self.user_end = np.append(starts[1:], len(users))[np.cumsum(new_user) - 1]
+        self.user_start, self.user_end = user_row_bounds(self.train.user_ids)
         # the categories of every training row's item, in row order: a history (rows [s, e)) then
         # has its categories in one contiguous range, and a batch needs no per-item gather (the
         # item -> categories gather was ~5 ms of a 7 ms batch at 2048 x 100 history items)
-        contiguous = history_length > 0 and query_history == "recent" and data.has_categories
+        self.history_categories = self.builder.layout.spec(CATEGORY, QUERY) is not None
+        contiguous = self.history_categories and query_history == "recent"
         rows_with_history = self.train.item_ids if contiguous else self.train.item_ids[:0]
         per_row, self.row_category_ids = gather_rows(data.item_category_indptr, data.item_category_ids, rows_with_history)
         self.row_category_indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
         self.prefetch = prefetch
         self.pin_memory = pin_memory  # GPU: page-locked batches, so the copy to the device can be asynchronous
+
+    def _epoch_bounds(self, equal_shares: bool, rank: int) -> np.ndarray:
+        """The global batches' row bounds in the epoch's order (``batch_bounds``), the per-rank counts checked."""
+        global_batch_size, world_size, counts = self.global_batch_size, self.world_size, self.rank_example_counts
+        total = len(self.example_rows) if counts is None else sum(counts)
+        if total < global_batch_size:
+            raise ValueError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
+        bounds = batch_bounds(total, global_batch_size, world_size)
+        if equal_shares and world_size > 1:
+            if global_batch_size % world_size or counts is not None:
+                raise ValueError(
+                    f"trainer.global_batch_size={global_batch_size}: row-wise sharded tables (model.id_mapping=managed) "
+                    f"need equal rows on every rank: a multiple of the {world_size} ranks, without data.shard_by_user"
+                )
+            bounds[-1] -= (bounds[-1] - bounds[-2]) % world_size
+        if counts is not None:
+            if len(counts) != world_size or counts[rank] != len(self.example_rows):
+                raise ValueError(f"rank_example_counts={counts}: expected {world_size} counts, this rank's = {len(self.example_rows)}")
+            if min(counts) < len(bounds) - 1:
+                r = int(np.argmin(counts))
+                raise ValueError(
+                    f"rank {r} holds {counts[r]} training examples, fewer than the {len(bounds) - 1} batches of an epoch: "
+                    f"use a larger trainer.global_batch_size, fewer ranks, or data.shard_by_user=false"
+                )
+        return bounds
 
     def __len__(self) -> int:
         return len(self.bounds) - 1
@@ -281,7 +259,7 @@ class TrainBatches:
             ends = rows
             starts = np.maximum(self.user_start[rows], rows - self.history_length)
             hist_lengths, hist_items = gather_ranges(starts, ends, t.item_ids)
-            if self.history_length > 0 and self.builder.data.has_categories:
+            if self.history_categories:
                 indptr = self.row_category_indptr
                 hist_categories = gather_ranges(indptr[starts], indptr[ends], self.row_category_ids)
         batch = self.builder.build(
@@ -380,6 +358,14 @@ class _Prefetched:
 
     def __del__(self) -> None:
         self._stop.set()
+
+
+def user_row_bounds(users: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(start, end): the first row of each row's user and one past its last (rows sorted by user); O(rows), never
+    O(num_users)."""
+    new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
+    starts = np.nonzero(new_user)[0]
+    return starts[np.cumsum(new_user) - 1], np.append(starts[1:], len(users))[np.cumsum(new_user) - 1]
 
 
 def latest_items(timeline: Interactions, users: np.ndarray, num_users: int, history_length: int) -> Tuple[np.ndarray, np.ndarray]:

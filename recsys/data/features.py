@@ -17,6 +17,9 @@ rows [0, B_q) carry the queries' ids, rows [B_q, R) the candidates' ids::
                query rows are then empty
     <side>     model.features' tables after these, one key each (recsys/data/side_features.py)
 
+Which keys a run's batches carry, which tower reads each and where their rows come from is its
+FeatureLayout (recsys/data/layout.py), worked out once from the config and the data.
+
 Why not one key per feature (``history_item_ids`` and ``item_id`` both on the item table, stride
 C)? fbgemm's CPU backward takes its fast path (JIT SpMDM + row-wise Adagrad, parallel over rows)
 only for a table looked up by a single feature; a table shared by two features goes through a
@@ -41,33 +44,6 @@ NEIGHBOR_TABLE = "neighbor"
 SEQUENCE_TABLE = "sequence"
 ALL_TABLES: List[str] = [*TABLES, NEIGHBOR_TABLE, SEQUENCE_TABLE]
 CANDIDATE_TABLES: List[str] = ["item", "category"]
-
-
-def tables(
-    has_categories: bool = True, user_id: bool = True, has_neighbors: bool = False, sequence: bool = False
-) -> List[str]:
-    """The tables (= KJT keys) of a model: no category table when items have no categories, no user
-    table when the query does not see the user id, a neighbour table only with ``data.item_neighbors``,
-    a sequence table only with ``model.query_encoder=sasrec``."""
-    wanted = {"user": user_id, "category": has_categories, NEIGHBOR_TABLE: has_neighbors, SEQUENCE_TABLE: sequence}
-    return [t for t in ALL_TABLES if wanted.get(t, True)]
-
-
-def query_tables(
-    history_length: int, has_categories: bool = True, user_id: bool = True, sequence: bool = False
-) -> List[str]:
-    """Tables whose pooled query-row lookups feed the query tower; history ones only when ``history_length > 0``,
-    the user-id table only with ``user_id``; not the item bag with ``sequence`` (the sequence encoder reads the
-    history instead)."""
-    if not user_id and history_length <= 0:
-        raise ValueError("model.query_user_id=false needs a history (data.history_length > 0): the query would see nothing")
-    if history_length <= 0:
-        return ["user"]
-    return [t for t in tables(has_categories, user_id) if not (sequence and t == "item")]
-
-
-def candidate_tables(has_categories: bool = True, has_neighbors: bool = False) -> List[str]:
-    return (CANDIDATE_TABLES if has_categories else ["item"]) + ([NEIGHBOR_TABLE] if has_neighbors else [])
 
 
 # the named arrays the batch builder validates, and the table each indexes (for error messages)

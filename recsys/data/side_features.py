@@ -3,7 +3,8 @@
 A feature reads one column into a CSR over its file's rows (users or items): ``ids[indptr[r]:indptr[r + 1]]``
 are row r's ids, one for an int64 column, a bag for a list<int64> one. Each feature looks up a table
 (its own, or one it shares with another feature on the other tower) that is one more KJT key after the
-built-in ones (recsys/data/features.py), stride B_q + C like theirs::
+built-in ones (recsys/data/features.py), stride B_q + C like theirs; its layout entry (recsys/data/layout.py)
+says which, and recsys/data/row_sources.py fills its rows::
 
     source  tower      rows [0, B_q): query                          rows [B_q, R): candidate
     users   query      the user's ids                                 empty
@@ -24,7 +25,7 @@ would silently train row 0 for an out-of-range id).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,8 +36,7 @@ import pyarrow.parquet as pq
 
 from data_pipelines.dataset_dir import ITEMS_FILE, USERS_FILE
 from recsys.data.dataset import RetrievalData
-from recsys.data.features import TABLES, validate_ids
-from recsys.data.ragged import gather_rows, segment_sum
+from recsys.data.features import TABLES
 
 if TYPE_CHECKING:  # recsys.config imports evaluation code; the data layer needs only the fields
     from recsys.config import FeatureConfig
@@ -145,44 +145,3 @@ def with_side_features(data: RetrievalData, features: Mapping[str, FeatureConfig
     if not features:
         return data
     return replace(data, side_features=resolve_side_features(features, data))
-
-
-def side_tables(features: Sequence[SideFeature]) -> dict[str, int]:
-    """Rows of each side table, in order of first use: the most any of its features' columns needs."""
-    out: dict[str, int] = {}
-    for f in features:
-        out[f.table] = max(out.get(f.table, 0), f.num_ids)
-    return out
-
-
-def side_rows(
-    features: Sequence[SideFeature],
-    *,
-    user_ids: np.ndarray,
-    hist_lengths: np.ndarray,
-    hist_items: np.ndarray,
-    candidate_item_ids: np.ndarray,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(lengths, values) of every side table's KJT key over a batch's query then candidate rows, ids validated."""
-    num_rows = side_tables(features)
-    by_slot = {(f.table, f.tower): f for f in features}
-    lengths: dict[str, np.ndarray] = {}
-    values: dict[str, np.ndarray] = {}
-    for table in num_rows:
-        parts = []
-        for tower, count in (("query", len(user_ids)), ("candidate", len(candidate_item_ids))):
-            f = by_slot.get((table, tower))
-            if f is None:
-                parts.append((np.zeros(count, dtype=np.int64), np.zeros(0, dtype=np.int64)))
-            elif tower == "candidate":
-                parts.append(gather_rows(f.indptr, f.ids, candidate_item_ids))
-            elif f.source == "users":
-                parts.append(gather_rows(f.indptr, f.ids, user_ids))
-            else:  # the history items' ids, one bag per query
-                per_item, ids = gather_rows(f.indptr, f.ids, hist_items)
-                parts.append((segment_sum(per_item, hist_lengths), ids))
-            if f is not None:
-                validate_ids(f.label, parts[-1][1], num_rows[table], table=table)
-        lengths[table] = np.concatenate([parts[0][0], parts[1][0]])
-        values[table] = np.concatenate([parts[0][1], parts[1][1]])
-    return lengths, values

@@ -9,91 +9,63 @@ towers are initialised from ``seed``.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-from recsys.config import (
-    Config,
-    IdMapping,
-    ModelConfig,
-    QueryEncoderKind,
-    query_uses_neighbors,
-    query_uses_user_id,
-)
+from recsys.config import Config, IdMapping, ModelConfig, QueryEncoderKind
 from recsys.data.dataset import RetrievalData
-from recsys.data.features import ALL_TABLES, NEIGHBOR_TABLE, SEQUENCE_TABLE, candidate_tables, query_tables
+from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE
+from recsys.data.layout import CANDIDATE, QUERY, FeatureLayout, SideEntry, feature_layout, run_layout
 from recsys.model.managed import MANAGED_TABLES, ZCH_SIZE_OF
 from recsys.model.sequence import SequenceEncoder
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
+
+log = logging.getLogger(__name__)
 
 
 def build_retrieval_task(
     model: ModelConfig,
     *,
     num_rows: Mapping[str, int],
-    history_length: int,
     item_counts: torch.Tensor,
-    has_categories: bool = True,
-    has_neighbors: bool = False,
-    query_neighbors: bool = False,
-    user_id: bool = True,
+    layout: FeatureLayout | None = None,
+    history_length: int = 0,
+    side_towers: Mapping[str, Sequence[str]] | None = None,
     seed: int | None = None,
     device: torch.device | None = None,
     extra_tables: Sequence[EmbeddingBagConfig] = (),
-    side_towers: Mapping[str, Sequence[str]] | None = None,
 ) -> RetrievalTask:
     """The model (``num_rows`` tables, towers ``model.tower_dims``) wrapped in its loss.
 
-    ``query_neighbors``: the query tower also reads the history bag pooled through the neighbour table
-    (model.query_neighbors), after the built-in query tables. ``item_counts``: [num_items] training
-    frequencies for logQ. ``seed``: torch's seed before the towers are built (None: as it stands).
-    ``device``: where the towers and buffers go (``meta`` for a dry run). ``extra_tables``: further
-    query-side tables, one KJT key each (the bench's side features).
-    ``side_towers``: the side tables of ``num_rows`` (model.features) -> the towers they feed ("query",
-    "candidate"), each tower reading them after its built-in tables in this order.
+    ``layout``: the keys each tower reads, in order (recsys/data/layout.py; a run's: ``run_layout``). None: a
+    model without a dataset (the planner's dry run, the benches): ``default_layout(model, history_length,
+    side_towers)``. ``item_counts``: [num_items] training frequencies for logQ. ``seed``: torch's seed before the
+    towers are built (None: as it stands). ``device``: where the towers and buffers go (``meta`` for a dry run).
+    ``extra_tables``: further query-side tables, one KJT key each (the bench's side features).
     With ``model.id_mapping=managed`` the user / item / neighbour tables get model.managed.zch_size rows whatever
     ``num_rows`` says (recsys/model/managed.py).
     """
+    layout = layout or default_layout(model, history_length, side_towers or {})
     if seed is not None:
         torch.manual_seed(seed)
-    tables = model.tables
-    managed_tables: list[str] = []
-    if model.id_mapping == IdMapping.managed:
-        managed_tables = [t for t in MANAGED_TABLES if t in num_rows]
-        num_rows = {**num_rows, **{t: model.managed.zch_size[ZCH_SIZE_OF[t]] for t in managed_tables}}
+    managed_tables = [t for t in MANAGED_TABLES if t in num_rows] if model.id_mapping == IdMapping.managed else []
+    num_rows = {**num_rows, **{t: model.managed.zch_size[ZCH_SIZE_OF[t]] for t in managed_tables}}
     configs = table_configs(
         num_rows=num_rows,
-        dims={t: c.embedding_dim for t, c in tables.items()},
-        poolings={t: c.pooling for t, c in tables.items()},
+        dims={t: c.embedding_dim for t, c in model.tables.items()},
+        poolings={t: c.pooling for t, c in model.tables.items()},
     ) + list(extra_tables)
-    side = dict(side_towers or {})
-    side_query = [t for t, towers in side.items() if "query" in towers]
-    side_candidate = [t for t, towers in side.items() if "candidate" in towers]
-    sequence = model.query_encoder == QueryEncoderKind.sasrec
     with torch.device(device) if device is not None else contextlib.nullcontext():
-        sequence_table = sequence_encoder = None
-        if sequence:  # an item-sized table of its own, looked up per position (recsys.model.sequence)
-            sq = model.sasrec
-            sequence_table = EmbeddingConfig(
-                name=SEQUENCE_TABLE,
-                num_embeddings=int(num_rows["item"]),
-                embedding_dim=sq.dim,
-                feature_names=[SEQUENCE_TABLE],
-            )
-            sequence_encoder = SequenceEncoder(
-                sq.dim, history_length, num_layers=sq.num_layers, num_heads=sq.num_heads, dropout=sq.dropout
-            )
+        sequence_table, sequence_encoder = sequence_lookup(model, layout, int(num_rows["item"]))
         two_tower = TwoTower(
             configs,
-            query_tables=query_tables(history_length, has_categories, user_id, sequence)
-            + ([NEIGHBOR_TABLE] if query_neighbors else [])
-            + side_query
-            + [c.name for c in extra_tables],
-            candidate_tables=candidate_tables(has_categories, has_neighbors) + side_candidate,
+            query_tables=layout.tower_keys(QUERY) + [c.name for c in extra_tables],
+            candidate_tables=layout.tower_keys(CANDIDATE),
             tower_dims=model.tower_dims,
             sequence_table=sequence_table,
             sequence_encoder=sequence_encoder,
@@ -117,21 +89,44 @@ def build_retrieval_task(
         )
 
 
+def default_layout(model: ModelConfig, history_length: int, side_towers: Mapping[str, Sequence[str]]) -> FeatureLayout:
+    """The layout of a model built without a dataset: the user id, the history with its categories (through the
+    sequence encoder with model.query_encoder=sasrec), no neighbours; ``side_towers``: side tables -> the towers
+    they feed (each a feature named after its table; a query one reads a users column, which the model cannot tell
+    from an items one)."""
+    side = [
+        SideEntry(table, table, tower, "users" if tower == QUERY else "items")
+        for table, towers in side_towers.items()
+        for tower in towers
+    ]
+    sequence = model.query_encoder == QueryEncoderKind.sasrec
+    return feature_layout(history_length=history_length, sequence=sequence, side=side)
+
+
+def sequence_lookup(
+    model: ModelConfig, layout: FeatureLayout, num_items: int
+) -> tuple[EmbeddingConfig | None, SequenceEncoder | None]:
+    """The sequence key's table (item-sized, looked up per position) and encoder (recsys.model.sequence), or
+    (None, None) when the layout has no sequence key."""
+    if not layout.sequence:
+        return None, None
+    sq = model.sasrec
+    table = EmbeddingConfig(
+        name=SEQUENCE_TABLE, num_embeddings=num_items, embedding_dim=sq.dim, feature_names=[SEQUENCE_TABLE]
+    )
+    encoder = SequenceEncoder(
+        sq.dim, layout.history_length, num_layers=sq.num_layers, num_heads=sq.num_heads, dropout=sq.dropout
+    )
+    return table, encoder
+
+
 def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None = None) -> RetrievalTask:
-    """A run's model for ``data``: its tables checked against the config, towers seeded by ``trainer.seed``.
+    """A run's model for ``data``: its tables checked against the config, towers seeded by ``trainer.seed``; its
+    keys and towers those of the run's layout (``run_layout``).
 
     ``item_counts``: the items' training frequencies for logQ; None = ``data.example_item_counts()``.
     """
     tables = cfg.model.tables
-    user_id = query_uses_user_id(cfg)
-    query_neighbors = query_uses_neighbors(cfg)
-    num_rows = {t: n for t, n in data.table_num_rows.items() if user_id or t != "user"}
-    for name in num_rows:  # no category table for data without categories: none is faked
-        if name not in tables:
-            raise ValueError(f"model.tables.{name}: missing (tables given: {sorted(tables)})")
-    side_towers: dict[str, list[str]] = {}
-    for feature in data.side_features:  # model.features, read by recsys.data.side_features.with_side_features
-        side_towers.setdefault(feature.table, []).append(feature.tower)
     if set(cfg.model.features) != {f.name for f in data.side_features}:
         raise ValueError(
             f"model.features {sorted(cfg.model.features)}: the data carries {sorted(f.name for f in data.side_features)}"
@@ -143,7 +138,13 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
             f"{'with' if data.has_neighbors else 'without'} item neighbours: open it with "
             "recsys.run.open_dataset(cfg, root)"
         )
-    unknown = set(tables) - set(ALL_TABLES) - set(side_towers)
+    layout = run_layout(cfg, data)
+    log.info("feature layout (key, tower, table, row source):\n%s", layout.describe())
+    num_rows = {t: n for t, n in data.table_num_rows.items() if t in layout.keys()}
+    for name in num_rows:  # no category table for data without categories: none is faked
+        if name not in tables:
+            raise ValueError(f"model.tables.{name}: missing (tables given: {sorted(tables)})")
+    unknown = set(tables) - set(ALL_TABLES) - {s.table for s in layout.side_specs()}
     if unknown:
         raise ValueError(
             f"model.tables: unknown tables {sorted(unknown)}; expected {', '.join(ALL_TABLES)} "
@@ -151,14 +152,5 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
         )
     counts = data.example_item_counts() if item_counts is None else item_counts
     return build_retrieval_task(
-        cfg.model,
-        num_rows=num_rows,
-        history_length=cfg.data.history_length,
-        item_counts=torch.from_numpy(counts),
-        has_categories=data.has_categories,
-        has_neighbors=data.has_neighbors,
-        query_neighbors=query_neighbors,
-        user_id=user_id,
-        seed=cfg.trainer.seed,
-        side_towers=side_towers,
+        cfg.model, layout=layout, num_rows=num_rows, item_counts=torch.from_numpy(counts), seed=cfg.trainer.seed
     )
