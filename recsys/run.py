@@ -32,7 +32,6 @@ from recsys.config import (
     ExportConfig,
     IdMapping,
     SparseOptimConfig,
-    query_layout,
     query_uses_neighbors,
     read_config_file,
     resolved_rankers,
@@ -357,7 +356,7 @@ def export_run(ecfg: ExportConfig) -> Path:
         data, two_tower = trained.data, trained.sharded.two_tower
         two_tower.eval()
         if served is None:
-            builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
+            builder = FeatureBuilder(data, layout=run_layout(cfg, data))
             item_emb = embed(
                 two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
                 batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size,

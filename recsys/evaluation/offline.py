@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from recsys.config import FUSED_RANKER, Config, EvaluateConfig, query_layout, resolved_rankers
+from recsys.config import FUSED_RANKER, Config, EvaluateConfig, resolved_rankers
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData
+from recsys.data.layout import run_layout
 from recsys.distributed.collectives import all_gather_rows
 from recsys.distributed.env import DistEnv
 from recsys.distributed.rank_data import rank_user_range
@@ -99,7 +100,7 @@ def evaluate_trained(
     user_range = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
     two_tower = sharded.two_tower
     two_tower.eval()
-    builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
+    builder = FeatureBuilder(data, layout=run_layout(cfg, data))
     evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)
     common = dict(batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
 

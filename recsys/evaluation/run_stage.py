@@ -20,9 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from recsys.config import Config, query_layout, resolved_rankers, served_ranker
+from recsys.config import Config, resolved_rankers, served_ranker
 from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData
+from recsys.data.layout import run_layout
 from recsys.distributed.env import DistEnv
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
 from recsys.evaluation.stage import evaluate_rankers
@@ -60,7 +61,7 @@ def rank_after_training(
     ecfg = cfg.eval
     evaluator = Evaluator(
         data,
-        FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg)),
+        FeatureBuilder(data, layout=run_layout(cfg, data)),
         ks=ecfg.ks,
         batch_size=ecfg.batch_size,
         chunk_size=ecfg.chunk_size,
