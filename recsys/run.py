@@ -25,6 +25,7 @@ from data_pipelines.prepare import prepare_dataset
 from recsys.atomic import write_json_atomic
 from recsys.bundle_writer import check_replaceable, query_side_features, write_bundle
 from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
+from recsys.checkpoint_manager import CheckpointManager
 from recsys.config import (
     Config,
     DataConfig,
@@ -40,7 +41,7 @@ from recsys.config import (
     uses_sequence_encoder,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
-from recsys.data.batches import FeatureBuilder
+from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset, with_valid_in_train
 from recsys.data.neighbors import with_item_neighbors
 from recsys.data.raw_ids import with_raw_ids
@@ -54,7 +55,7 @@ from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
-from recsys.evaluation.sharded import embed
+from recsys.evaluation.sharded import Evaluator, embed
 from recsys.fingerprint import config_fingerprint
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
@@ -62,7 +63,7 @@ from recsys.rankers.registry import check_ranker_names
 from recsys.rankers.served import SERVED_DIR, load_served, two_tower_state
 from recsys.refusals import MissingPath, RunRefused
 from recsys.run_checks import note_dropped_rows, note_export_stage, warn_ks_beyond_catalogue
-from recsys.run_dir import RESULTS_FILE
+from recsys.run_dir import RESULTS_FILE, result_ks
 from recsys.run_lock import lock_run_dir
 from recsys.run_outputs import format_results_table
 from recsys.serving import QueryEncoder
@@ -193,6 +194,37 @@ def refit_config(cfg: Config, best_epoch: int) -> Config:
     return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim)
 
 
+def train_batches(cfg: Config, data: RetrievalData, env: DistEnv, example_counts: list[int] | None) -> TrainBatches:
+    """This rank's share of every epoch's seeded global batches (``example_counts``: ``RunData``'s)."""
+    return TrainBatches(
+        data,
+        history_length=cfg.data.history_length,
+        global_batch_size=cfg.trainer.global_batch_size,
+        num_uniform_negatives=cfg.model.num_uniform_negatives,
+        seed=cfg.trainer.seed,
+        query_history=cfg.data.query_history,
+        history_dropout=cfg.data.history_dropout,
+        **query_layout(cfg),
+        rank=env.rank,
+        world_size=env.world_size,
+        pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
+        rank_example_counts=example_counts,
+        equal_shares=cfg.model.id_mapping == IdMapping.managed,
+    )
+
+
+def two_tower_evaluator(cfg: Config, data: RetrievalData) -> Evaluator:
+    """The two-tower's validation each epoch (eval.valid_metric picks the best epoch)."""
+    return Evaluator(
+        data,
+        FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg)),
+        ks=cfg.eval.ks,
+        batch_size=cfg.eval.batch_size,
+        chunk_size=cfg.eval.chunk_size,
+        per_rank_users=cfg.data.shard_by_user,
+    )
+
+
 def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | None = None) -> dict[str, Any]:
     """Train (``Trainer``), then the evaluation stage on the best epoch's weights; writes results.json."""
     sharded: ShardedModel | None = None
@@ -202,10 +234,17 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
         sharded = shard_for_training(cfg, data, env)
         if env.is_main:
             warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")
-        trainer = Trainer(cfg, run_dir, env, data, sharded, example_counts)
-        trained = trainer.fit()
-        if trained.finished_before:
-            return trained.results
+        checkpoints = CheckpointManager(cfg, run_dir, env, sharded, data)
+        start = checkpoints.start()
+        if start.finished is not None:  # a finished run is not trained again
+            if env.is_main:
+                print(format_results_table(start.finished, result_ks(start.finished)), flush=True)
+            return start.finished
+        batches, evaluator = train_batches(cfg, data, env, example_counts), two_tower_evaluator(cfg, data)
+        trainer = Trainer(
+            cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator
+        )
+        trained = trainer.fit(start.resume_from)
         ranked = rank_after_training(
             cfg, env, data, trainer.two_tower, run_dir, chosen=chosen, per_rank_users=cfg.data.shard_by_user
         )
@@ -215,7 +254,7 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
             "valid": ranked["valid"],
             "headline": {**headline, "test": ranked["test"][headline["ranker"]]},
             "rankers": ranked["rankers"],
-            **trained.results,
+            **trained,
         }
         if env.is_main:
             write_json_atomic(run_dir / RESULTS_FILE, results)

@@ -89,7 +89,7 @@ class ShardedModel:
     @property
     def two_tower(self):
         """The sharded two-tower model (its forward embeds queries and candidates, for evaluation and export)."""
-        return self.module.module.model
+        return self.task.model
 
 
 def sparse_fused_params(cfg: SparseOptimConfig) -> dict[str, Any] | None:
