@@ -24,8 +24,6 @@ import torch.distributed as dist
 from data_pipelines.prepare import prepare_dataset
 from recsys.atomic import write_json_atomic
 from recsys.bundle_writer import check_replaceable, query_side_features, write_bundle
-from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
-from recsys.checkpoint_manager import CheckpointManager
 from recsys.config import (
     Config,
     DataConfig,
@@ -35,7 +33,6 @@ from recsys.config import (
     SparseOptimConfig,
     query_layout,
     query_uses_neighbors,
-    read_config_file,
     resolved_rankers,
     served_ranker,
     uses_sequence_encoder,
@@ -56,16 +53,18 @@ from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
 from recsys.evaluation.sharded import Evaluator, embed
-from recsys.fingerprint import config_fingerprint
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names
 from recsys.rankers.served import SERVED_DIR, load_served, two_tower_state
-from recsys.refusals import MissingPath, RunRefused
+from recsys.refusals import RunRefused
 from recsys.run_checks import note_dropped_rows, note_export_stage, warn_ks_beyond_catalogue
-from recsys.run_dir import RESULTS_FILE, result_ks
-from recsys.run_lock import lock_run_dir
-from recsys.run_outputs import format_results_table
+from recsys.rundir.checkpoint import load_checkpoint
+from recsys.rundir.config import checkpoint_dir, load_run_config
+from recsys.rundir.dir import RESULTS_FILE, result_ks
+from recsys.rundir.lock import lock_run_dir
+from recsys.rundir.manager import CheckpointManager
+from recsys.rundir.outputs import format_results_table
 from recsys.serving import QueryEncoder
 from recsys.trainer import Trainer
 
@@ -262,34 +261,6 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
         return results
     finally:
         del sharded  # before the group goes: torchrec's threads otherwise abort the exit
-
-
-def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:
-    return Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"
-
-
-def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
-    """The config the checkpoint's weights were trained with: its own copy (``config.yaml``) when it has
-    one, else the run's ``.hydra/config.yaml`` (which a later, refused ``recsys.train`` in the same run
-    dir rewrites at start-up)."""
-    ckpt = checkpoint_dir(run_dir, checkpoint)
-    path = ckpt / CONFIG_FILE
-    if not path.is_file():
-        path = run_dir / ".hydra" / "config.yaml"
-    if not path.is_file():
-        raise MissingPath(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
-    cfg = read_config_file(path)
-    # the weights' own record of their data / model config: a config that differs would build another
-    # model or split (and report numbers for a protocol the weights never saw)
-    if (ckpt / STATE_FILE).is_file():
-        saved, now = read_trainer_state(ckpt).fingerprint, config_fingerprint(cfg)
-        if saved and saved != now:
-            raise RunRefused(
-                f"{path}: another data/model config (fingerprint {now}) than the weights in {ckpt} were "
-                f"trained with ({saved}, its {STATE_FILE}); was it edited, or rewritten by a later "
-                "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to"
-            )
-    return cfg
 
 
 class TrainedRun(NamedTuple):

@@ -27,8 +27,6 @@ import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
-from recsys.checkpoint import TrainerState
-from recsys.checkpoint_manager import CheckpointManager
 from recsys.config import Config
 from recsys.data.batch import Batch
 from recsys.data.batches import TrainBatches
@@ -39,8 +37,11 @@ from recsys.distributed.managed import managed_stats
 from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.sharded import Evaluator
 from recsys.lr_schedule import LrSchedule
-from recsys.preemption import Preempted, PreemptionHandler
-from recsys.run_outputs import MetricsLog, training_results
+from recsys.rundir.checkpoint import TrainerState
+from recsys.rundir.manager import CheckpointManager
+from recsys.rundir.outputs import MetricsLog
+from recsys.rundir.preemption import Preempted, PreemptionHandler
+from recsys.rundir.results import training_results
 
 log = logging.getLogger(__name__)
 

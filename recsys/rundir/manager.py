@@ -6,7 +6,7 @@
     save           a step checkpoint (trainer.keep_last_checkpoints kept) or ``best/`` (weights only)
     restore_best   the best epoch's weights before testing: ``best/``, else the step checkpoint of that epoch's end
 
-The Trainer owns the loop and its :class:`~recsys.checkpoint.TrainerState`; this class owns the files.
+The Trainer owns the loop and its :class:`~recsys.rundir.checkpoint.TrainerState`; this class owns the files.
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ from typing import Any, NamedTuple
 import torch
 from omegaconf import OmegaConf
 
-from recsys.checkpoint import (
+from recsys.config import Config
+from recsys.continuous import check_managed, check_slice_order, checkpoint_config, init_checkpoint, saved_world_size
+from recsys.data.dataset import RetrievalData
+from recsys.distributed.env import DistEnv
+from recsys.distributed.sharding import ShardedModel
+from recsys.fingerprint import config_fingerprint, weights_fingerprint
+from recsys.refusals import MissingPath, RunRefused
+from recsys.rundir.checkpoint import (
     STATE_FILE,
     TrainerState,
     complete_checkpoints,
@@ -30,14 +37,7 @@ from recsys.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
-from recsys.config import Config
-from recsys.continuous import check_managed, check_slice_order, checkpoint_config, init_checkpoint, saved_world_size
-from recsys.data.dataset import RetrievalData
-from recsys.distributed.env import DistEnv
-from recsys.distributed.sharding import ShardedModel
-from recsys.fingerprint import config_fingerprint, weights_fingerprint
-from recsys.refusals import MissingPath, RunRefused
-from recsys.run_dir import completed_results, set_aside_earlier_run, tidy_earlier_logs
+from recsys.rundir.dir import completed_results, set_aside_earlier_run, tidy_earlier_logs
 
 log = logging.getLogger(__name__)
 

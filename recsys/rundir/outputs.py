@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from recsys.atomic import write_json_atomic, write_text_atomic
 from recsys.markdown import markdown_table
 
-if TYPE_CHECKING:
-    from recsys.checkpoint import TrainerState
-    from recsys.data.dataset import RetrievalData
-
-__all__ = ["MetricsLog", "drop_records_after", "format_results_table", "training_results", "write_json_atomic"]
+__all__ = ["MetricsLog", "drop_records_after", "format_results_table", "write_json_atomic"]
 
 
 def _step(line: str) -> float:
@@ -99,39 +95,3 @@ def format_results_table(results: dict[str, Any], ks: Sequence[int]) -> str:
         f"\ntrain: {train['steps']} steps in {train['seconds']:.1f} s ({train['samples_per_s']:.0f} samples/s), best epoch {train['best_epoch']}"
     )
     return "\n".join(lines)
-
-
-def training_results(
-    state: TrainerState,
-    data: RetrievalData,
-    world_size: int,
-    best: Path | None,
-    managed: dict[str, dict[str, int]],
-) -> dict[str, Any]:
-    """What results.json holds of the training (the evaluation stage adds valid, test and the rankers):
-    ``best`` is the checkpoint tested (None: the last step's weights), ``managed`` the managed tables' counts."""
-    counts = {s: int(data.meta.get("counts", {}).get(s, len(v))) for s, v in data.splits.items()}
-    return {
-        "train": {
-            "samples_per_s": state.samples / max(state.train_seconds, 1e-9),
-            "samples": state.samples,
-            "seconds": state.train_seconds,
-            "steps": state.step,
-            "best_epoch": state.best_epoch,
-            "world_size": world_size,
-        },
-        "dataset": {
-            **({"given_split": data.meta["given_split"]} if "given_split" in data.meta else {}),  # dropped rows
-            "dir": str(data.dir),
-            "name": data.meta.get("name"),
-            "protocol": data.meta.get("protocol"),
-            "counts": {
-                **counts,
-                "users": data.num_users,
-                "items": data.num_items,
-                "categories": data.num_categories,
-            },
-        },
-        "checkpoint": str(best) if best is not None else "",  # the weights tested ("": the last step's)
-        **({"managed": managed} if managed else {}),  # model.id_mapping=managed
-    }
