@@ -35,7 +35,6 @@ from recsys.config import (
     query_uses_neighbors,
     resolved_rankers,
     served_ranker,
-    uses_sequence_encoder,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import FeatureBuilder, TrainBatches
@@ -56,9 +55,8 @@ from recsys.evaluation.sharded import Evaluator, embed
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names
-from recsys.rankers.served import SERVED_DIR, load_served, two_tower_state
-from recsys.refusals import RunRefused
-from recsys.run_checks import note_dropped_rows, note_export_stage, warn_ks_beyond_catalogue
+from recsys.rankers.served import SERVED_DIR, ServedState, load_served, two_tower_state
+from recsys.run_checks import check_exportable, note_dropped_rows, note_export_stage, warn_ks_beyond_catalogue
 from recsys.rundir.checkpoint import load_checkpoint
 from recsys.rundir.config import checkpoint_dir, load_run_config
 from recsys.rundir.dir import RESULTS_FILE, result_ks
@@ -323,6 +321,25 @@ def query_encoder(cfg: Config, data: RetrievalData, tables: dict, two_tower) -> 
     ).eval()
 
 
+def _served_ranker_state(run_dir: Path, checkpoint: str) -> ServedState | None:
+    """The headline ranker's state as the evaluation stage fit it for test (``<run dir>/served/``), or None:
+    the two-tower alone (``checkpoint`` names other weights, or the run has no served/)."""
+    if not checkpoint and (run_dir / SERVED_DIR).is_dir():
+        served, meta = load_served(run_dir)
+        log.info(
+            "serving bundle of %s (%s, fit on %s), as the run ranked test",
+            served.ranker,
+            meta["point_key"],
+            meta["fit_on"],
+        )
+        return served
+    log.info(
+        "serving bundle of the two-tower alone (%s)",
+        "checkpoint=" + checkpoint if checkpoint else f"no {SERVED_DIR}/ in {run_dir}",
+    )
+    return None
+
+
 def export_run(ecfg: ExportConfig) -> Path:
     """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path.
 
@@ -334,32 +351,8 @@ def export_run(ecfg: ExportConfig) -> Path:
     check_replaceable(out)  # before any work, on every rank
     note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
     cfg = load_run_config(run_dir, ecfg.checkpoint)
-    if cfg.model.id_mapping == IdMapping.managed and query_uses_neighbors(cfg):
-        raise RunRefused(
-            f"{run_dir}: model.id_mapping=managed with model.query_neighbors cannot be exported yet: the bundle's query "
-            "encoder looks the history up in the item and neighbour tables by the same ids, and managed tables give an "
-            "id another row in each; evaluate the run with python -m recsys.evaluate instead"
-        )
-    if uses_sequence_encoder(cfg):
-        raise RunRefused(
-            f"{run_dir}: model.query_encoder=sasrec runs cannot be exported yet: the serving bundle's query encoder "
-            "(recsys/serving.py) pools a history bag and has no sequence encoder; evaluate the run with "
-            "python -m recsys.evaluate instead"
-        )
-    served = None
-    if not ecfg.checkpoint and (run_dir / SERVED_DIR).is_dir():
-        served, meta = load_served(run_dir)
-        log.info(
-            "serving bundle of %s (%s, fit on %s), as the run ranked test",
-            served.ranker,
-            meta["point_key"],
-            meta["fit_on"],
-        )
-    else:
-        log.info(
-            "serving bundle of the two-tower alone (%s)",
-            "checkpoint=" + ecfg.checkpoint if ecfg.checkpoint else f"no {SERVED_DIR}/ in {run_dir}",
-        )
+    check_exportable(cfg, run_dir)
+    served = _served_ranker_state(run_dir, ecfg.checkpoint)
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None
     try:

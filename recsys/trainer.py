@@ -1,13 +1,14 @@
 """The training loop: epochs over seeded global batches, the two-tower's validation each epoch, early stopping,
 then the best epoch's weights restored.
 
-``recsys.run.fit`` assembles a run (data, model, sharding), hands it to :class:`Trainer`, and then ranks
+``recsys.run.fit`` assembles a run (data, model, sharding, batches, evaluator, the run's
+:class:`~recsys.rundir.manager.CheckpointManager`), hands it to :class:`Trainer`, and then ranks
 valid and test with the configured rankers (``recsys.evaluation.run_stage``); tests and scripts call ``fit``
 with a typed :class:`~recsys.config.Config`. Outputs (rank 0 only) in ``run_dir``::
 
     metrics.jsonl   one JSON object per log step and per epoch
     tb/             TensorBoard curves
-    checkpoints/    step checkpoints and best/ (the best epoch's weights)
+    checkpoints/    step checkpoints and best/ (the best epoch's weights), written through the manager
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ from recsys.distributed.managed import admitted_rows, managed_stats
 from recsys.evaluation.sharded import Evaluator, embed
 from recsys.export import ExportConfig, export_run
 from recsys.refusals import RunRefused
-from recsys.run import fit, load_run_config, load_trained
+from recsys.run import fit, load_trained
+from recsys.rundir.config import load_run_config
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
 from tests.helpers.two_rank import continuous_slice

@@ -82,7 +82,7 @@ def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path,
 
 
 def test_planted_config_yaml_is_refused_without_running_it(short_run, tmp_path):
-    from recsys.run import load_run_config
+    from recsys.rundir.config import load_run_config
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
     (run_dir / "checkpoints" / "best" / "config.yaml").write_text(
@@ -388,7 +388,7 @@ def test_no_checkpoint_within_the_grace_period_exits_preempted_anyway(monkeypatc
 
 
 def test_evaluate_refuses_a_run_config_the_weights_were_not_trained_with(short_run, tmp_path):
-    from recsys.run import load_run_config
+    from recsys.rundir.config import load_run_config
 
     run_dir, cfg = copy_run(short_run, tmp_path), short_run[1]
     (run_dir / "checkpoints" / "best" / "config.yaml").unlink()  # a checkpoint from before it carried its config

@@ -275,8 +275,9 @@ def test_a_full_disk_at_the_first_checkpoint_says_there_is_none_to_resume(
 
     import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
-    from recsys.run import load_run_config, load_trained
+    from recsys.run import load_trained
     from recsys.rundir.checkpoint import TrainerState, save_checkpoint
+    from recsys.rundir.config import load_run_config
 
     _, sharded, _ = load_trained(load_run_config(trained_run.run_dir), trained_run.run_dir, "", process_group)
 
