@@ -1,4 +1,4 @@
-"""Values that both the config schema (recsys/config.py) and the code that acts on them name: kept here, at the
+"""Values that both the config schema (recsys/config/) and the code that acts on them name: kept here, at the
 bottom of the import graph, so that the config never imports the evaluation code (and serving never the config)."""
 
 ANN_KINDS = ("flat", "ivf_flat", "hnsw")  # FAISS index kinds (recsys/evaluation/ann.py)

@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from recsys.checkpoint import CONFIG_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint
 from recsys.config import Config, IdMapping, read_config_file
 from recsys.data.dataset import RetrievalData
 from recsys.data.slices import slice_range
 from recsys.refusals import MissingPath, RunRefused
+from recsys.rundir.checkpoint import CONFIG_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint
 
 log = logging.getLogger(__name__)
 

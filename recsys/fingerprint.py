@@ -1,7 +1,7 @@
 """The fingerprint of a run's weights: a hash of the data and model settings they depend on, saved with every
 checkpoint and compared before resuming, initialising from, evaluating or exporting it.
 
-``FIELDS`` lists every field of ``data`` and ``model`` (recsys/config.py) with how it enters the hash:
+``FIELDS`` lists every field of ``data`` and ``model`` (recsys/config/) with how it enters the hash:
 
 - ``HASH``: what is trained depends on it;
 - ``SKIP``: where or how the rows are read, not which (a run may move or read them otherwise and resume);

@@ -24,7 +24,6 @@ import torch.distributed as dist
 from data_pipelines.prepare import prepare_dataset
 from recsys.atomic import write_json_atomic
 from recsys.bundle_writer import check_replaceable, write_bundle
-from recsys.checkpoint import CONFIG_FILE, STATE_FILE, load_checkpoint, read_trainer_state
 from recsys.config import (
     Config,
     DataConfig,
@@ -32,14 +31,11 @@ from recsys.config import (
     ExportConfig,
     IdMapping,
     SparseOptimConfig,
-    query_uses_neighbors,
-    read_config_file,
     resolved_rankers,
     served_ranker,
-    uses_sequence_encoder,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
-from recsys.data.batches import FeatureBuilder
+from recsys.data.batches import FeatureBuilder, TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset, with_valid_in_train
 from recsys.data.layout import run_layout
 from recsys.data.neighbors import with_item_neighbors
@@ -54,17 +50,18 @@ from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
-from recsys.evaluation.sharded import embed
-from recsys.fingerprint import config_fingerprint
+from recsys.evaluation.sharded import Evaluator, embed
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names
-from recsys.rankers.served import SERVED_DIR, load_served, two_tower_state
-from recsys.refusals import MissingPath, RunRefused
-from recsys.run_checks import note_dropped_rows, note_export_stage, warn_ks_beyond_catalogue
-from recsys.run_dir import RESULTS_FILE
-from recsys.run_lock import lock_run_dir
-from recsys.run_outputs import format_results_table
+from recsys.rankers.served import SERVED_DIR, ServedState, load_served, two_tower_state
+from recsys.run_checks import check_exportable, note_dropped_rows, note_export_stage, warn_ks_beyond_catalogue
+from recsys.rundir.checkpoint import load_checkpoint
+from recsys.rundir.config import checkpoint_dir, load_run_config
+from recsys.rundir.dir import RESULTS_FILE, result_ks
+from recsys.rundir.lock import lock_run_dir
+from recsys.rundir.manager import CheckpointManager
+from recsys.rundir.outputs import format_results_table
 from recsys.serving import QueryEncoder
 from recsys.trainer import Trainer
 
@@ -193,6 +190,37 @@ def refit_config(cfg: Config, best_epoch: int) -> Config:
     return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim)
 
 
+def train_batches(cfg: Config, data: RetrievalData, env: DistEnv, example_counts: list[int] | None) -> TrainBatches:
+    """This rank's share of every epoch's seeded global batches (``example_counts``: ``RunData``'s)."""
+    return TrainBatches(
+        data,
+        history_length=cfg.data.history_length,
+        global_batch_size=cfg.trainer.global_batch_size,
+        num_uniform_negatives=cfg.model.num_uniform_negatives,
+        seed=cfg.trainer.seed,
+        query_history=cfg.data.query_history,
+        history_dropout=cfg.data.history_dropout,
+        layout=run_layout(cfg, data),
+        rank=env.rank,
+        world_size=env.world_size,
+        pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
+        rank_example_counts=example_counts,
+        equal_shares=cfg.model.id_mapping == IdMapping.managed,
+    )
+
+
+def two_tower_evaluator(cfg: Config, data: RetrievalData) -> Evaluator:
+    """The two-tower's validation each epoch (eval.valid_metric picks the best epoch)."""
+    return Evaluator(
+        data,
+        FeatureBuilder(data, layout=run_layout(cfg, data)),
+        ks=cfg.eval.ks,
+        batch_size=cfg.eval.batch_size,
+        chunk_size=cfg.eval.chunk_size,
+        per_rank_users=cfg.data.shard_by_user,
+    )
+
+
 def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | None = None) -> dict[str, Any]:
     """Train (``Trainer``), then the evaluation stage on the best epoch's weights; writes results.json."""
     sharded: ShardedModel | None = None
@@ -202,10 +230,17 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
         sharded = shard_for_training(cfg, data, env)
         if env.is_main:
             warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")
-        trainer = Trainer(cfg, run_dir, env, data, sharded, example_counts)
-        trained = trainer.fit()
-        if trained.finished_before:
-            return trained.results
+        checkpoints = CheckpointManager(cfg, run_dir, env, sharded, data)
+        start = checkpoints.start()
+        if start.finished is not None:  # a finished run is not trained again
+            if env.is_main:
+                print(format_results_table(start.finished, result_ks(start.finished)), flush=True)
+            return start.finished
+        batches, evaluator = train_batches(cfg, data, env, example_counts), two_tower_evaluator(cfg, data)
+        trainer = Trainer(
+            cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator
+        )
+        trained = trainer.fit(start.resume_from)
         ranked = rank_after_training(
             cfg, env, data, trainer.two_tower, run_dir, chosen=chosen, per_rank_users=cfg.data.shard_by_user
         )
@@ -215,7 +250,7 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
             "valid": ranked["valid"],
             "headline": {**headline, "test": ranked["test"][headline["ranker"]]},
             "rankers": ranked["rankers"],
-            **trained.results,
+            **trained,
         }
         if env.is_main:
             write_json_atomic(run_dir / RESULTS_FILE, results)
@@ -223,34 +258,6 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
         return results
     finally:
         del sharded  # before the group goes: torchrec's threads otherwise abort the exit
-
-
-def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:
-    return Path(checkpoint) if checkpoint else run_dir / "checkpoints" / "best"
-
-
-def load_run_config(run_dir: Path, checkpoint: str = "") -> Config:
-    """The config the checkpoint's weights were trained with: its own copy (``config.yaml``) when it has
-    one, else the run's ``.hydra/config.yaml`` (which a later, refused ``recsys.train`` in the same run
-    dir rewrites at start-up)."""
-    ckpt = checkpoint_dir(run_dir, checkpoint)
-    path = ckpt / CONFIG_FILE
-    if not path.is_file():
-        path = run_dir / ".hydra" / "config.yaml"
-    if not path.is_file():
-        raise MissingPath(f"{path}: missing; is {run_dir} a run dir written by `python -m recsys.train`?")
-    cfg = read_config_file(path)
-    # the weights' own record of their data / model config: a config that differs would build another
-    # model or split (and report numbers for a protocol the weights never saw)
-    if (ckpt / STATE_FILE).is_file():
-        saved, now = read_trainer_state(ckpt).fingerprint, config_fingerprint(cfg)
-        if saved and saved != now:
-            raise RunRefused(
-                f"{path}: another data/model config (fingerprint {now}) than the weights in {ckpt} were "
-                f"trained with ({saved}, its {STATE_FILE}); was it edited, or rewritten by a later "
-                "recsys.train in this run dir? Restore the run's config, or evaluate the run it belongs to"
-            )
-    return cfg
 
 
 class TrainedRun(NamedTuple):
@@ -311,6 +318,25 @@ def query_encoder(cfg: Config, data: RetrievalData, tables: dict, two_tower) -> 
     ).eval()
 
 
+def _served_ranker_state(run_dir: Path, checkpoint: str) -> ServedState | None:
+    """The headline ranker's state as the evaluation stage fit it for test (``<run dir>/served/``), or None:
+    the two-tower alone (``checkpoint`` names other weights, or the run has no served/)."""
+    if not checkpoint and (run_dir / SERVED_DIR).is_dir():
+        served, meta = load_served(run_dir)
+        log.info(
+            "serving bundle of %s (%s, fit on %s), as the run ranked test",
+            served.ranker,
+            meta["point_key"],
+            meta["fit_on"],
+        )
+        return served
+    log.info(
+        "serving bundle of the two-tower alone (%s)",
+        "checkpoint=" + checkpoint if checkpoint else f"no {SERVED_DIR}/ in {run_dir}",
+    )
+    return None
+
+
 def export_run(ecfg: ExportConfig) -> Path:
     """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path.
 
@@ -322,32 +348,8 @@ def export_run(ecfg: ExportConfig) -> Path:
     check_replaceable(out)  # before any work, on every rank
     note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
     cfg = load_run_config(run_dir, ecfg.checkpoint)
-    if cfg.model.id_mapping == IdMapping.managed and query_uses_neighbors(cfg):
-        raise RunRefused(
-            f"{run_dir}: model.id_mapping=managed with model.query_neighbors cannot be exported yet: the bundle's query "
-            "encoder looks the history up in the item and neighbour tables by the same ids, and managed tables give an "
-            "id another row in each; evaluate the run with python -m recsys.evaluate instead"
-        )
-    if uses_sequence_encoder(cfg):
-        raise RunRefused(
-            f"{run_dir}: model.query_encoder=sasrec runs cannot be exported yet: the serving bundle's query encoder "
-            "(recsys/serving.py) pools a history bag and has no sequence encoder; evaluate the run with "
-            "python -m recsys.evaluate instead"
-        )
-    served = None
-    if not ecfg.checkpoint and (run_dir / SERVED_DIR).is_dir():
-        served, meta = load_served(run_dir)
-        log.info(
-            "serving bundle of %s (%s, fit on %s), as the run ranked test",
-            served.ranker,
-            meta["point_key"],
-            meta["fit_on"],
-        )
-    else:
-        log.info(
-            "serving bundle of the two-tower alone (%s)",
-            "checkpoint=" + ecfg.checkpoint if ecfg.checkpoint else f"no {SERVED_DIR}/ in {run_dir}",
-        )
+    check_exportable(cfg, run_dir)
+    served = _served_ranker_state(run_dir, ecfg.checkpoint)
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None
     try:

@@ -4,7 +4,8 @@
   already in train, duplicates), on the console and in train.log (results.json has them too);
 - a cut-off ``k`` at or beyond the catalogue, where every item is in the top k (Recall@k is 1 by
   construction);
-- which stage of a ``trainer.refit`` run ``recsys.export`` exports, and how to export the other.
+- which stage of a ``trainer.refit`` run ``recsys.export`` exports, and how to export the other;
+- a run whose query encoder the serving bundle cannot serve yet, refused before ``recsys.export`` loads it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from data_pipelines.dataset_dir import dropped_rows_report, read_meta
+from recsys.config import Config, IdMapping, query_uses_neighbors, uses_sequence_encoder
+from recsys.refusals import RunRefused
 
-__all__ = ["note_dropped_rows", "note_export_stage", "warn_ks_beyond_catalogue"]
+__all__ = ["check_exportable", "note_dropped_rows", "note_export_stage", "warn_ks_beyond_catalogue"]
 
 log = logging.getLogger(__name__)
 
@@ -59,4 +62,20 @@ def note_export_stage(run_dir: Path, checkpoint: str, refit_dir: str) -> None:
             "%s: exporting the refit (trained on train + valid); run_dir=%s exports the selection stage (train only)",
             run_dir,
             run_dir.parent,
+        )
+
+
+def check_exportable(cfg: Config, run_dir: Path) -> None:
+    """Refuse the runs whose query encoder the bundle cannot serve yet."""
+    if cfg.model.id_mapping == IdMapping.managed and query_uses_neighbors(cfg):
+        raise RunRefused(
+            f"{run_dir}: model.id_mapping=managed with model.query_neighbors cannot be exported yet: the bundle's query "
+            "encoder looks the history up in the item and neighbour tables by the same ids, and managed tables give an "
+            "id another row in each; evaluate the run with python -m recsys.evaluate instead"
+        )
+    if uses_sequence_encoder(cfg):
+        raise RunRefused(
+            f"{run_dir}: model.query_encoder=sasrec runs cannot be exported yet: the serving bundle's query encoder "
+            "(recsys/serving.py) pools a history bag and has no sequence encoder; evaluate the run with "
+            "python -m recsys.evaluate instead"
         )

@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from recsys.run_outputs import write_json_atomic
+from recsys.rundir.outputs import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
     $ torchrun --standalone --nproc_per_node=2 -m recsys.train   # 2 processes (GPUs if visible, else CPU/gloo)
 
 Outputs land in runs/<run_name>/ (results.json, metrics.jsonl, tb/, train.log). On SIGTERM it checkpoints
-and exits with status 75 (recsys/preemption.py); the same command resumes.
+and exits with status 75 (recsys/rundir/preemption.py); the same command resumes.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import register_configs, to_config
 from recsys.logs import setup_logging
-from recsys.preemption import PREEMPTED_EXIT_CODE, Preempted
 from recsys.refusals import refusals
 from recsys.run import fit
+from recsys.rundir.preemption import PREEMPTED_EXIT_CODE, Preempted
 
 
 @record

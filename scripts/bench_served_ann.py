@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> dict:
     from recsys.evaluation.interactions import UserItemCSR
     from recsys.evaluation.metrics import compute_metrics
     from recsys.evaluation.sharded import sample_users
-    from recsys.run import load_run_config, open_dataset
+    from recsys.run import open_dataset
+    from recsys.rundir.config import load_run_config
     from recsys.serving import load_bundle
 
     args = parse_args(argv)

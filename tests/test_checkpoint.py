@@ -6,9 +6,15 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-import recsys.checkpoint as checkpoint_module
-from recsys.checkpoint import TrainerState, complete_checkpoints, latest_checkpoint, load_checkpoint, save_checkpoint
+import recsys.rundir.checkpoint as checkpoint_module
 from recsys.run import fit
+from recsys.rundir.checkpoint import (
+    TrainerState,
+    complete_checkpoints,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from tests.helpers.checkpoints import assert_same_tensors, full_state
 from tests.helpers.config import tiny_config
 
@@ -53,7 +59,7 @@ def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_gr
     assert saved.model.temperature == 0.5
 
     # a checkpoint missing a DCP file, or holding a truncated one, is named as such before DCP reads it
-    from recsys.checkpoint import check_checkpoint_files
+    from recsys.rundir.checkpoint import check_checkpoint_files
 
     check_checkpoint_files(tmp_path / "checkpoints" / "best")
     for damage in ("delete", "truncate"):

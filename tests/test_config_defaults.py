@@ -1,5 +1,5 @@
 """One value per default: what the config groups' YAML gives a plain run equals the dataclass defaults of
-recsys/config.py, so that a test or script building ``Config()`` trains what ``python -m recsys.train`` trains.
+recsys/config/, so that a test or script building ``Config()`` trains what ``python -m recsys.train`` trains.
 
 The data group is the exception by design: ``data`` picks a dataset and its protocol (synthetic, recbole's
 profile bag), and the dataclass holds the neutral values every dataset starts from. Tables exist only in YAML.
@@ -34,7 +34,7 @@ def test_the_yaml_defaults_are_the_dataclass_defaults():
         for path, value in _leaves(composed)
         if not path.startswith(CHOSEN_BY_GROUPS) and dataclass.get(path, "<missing>") != value
     }
-    assert differ == {}, f"YAML vs recsys/config.py defaults (make them one value): {differ}"
+    assert differ == {}, f"YAML vs recsys/config/ defaults (make them one value): {differ}"
 
 
 def test_a_protocol_changes_the_split_and_only_the_query_features_its_resolution_logs(caplog):

@@ -25,7 +25,8 @@ from recsys.distributed.managed import admitted_rows, managed_stats
 from recsys.evaluation.sharded import Evaluator, embed
 from recsys.export import ExportConfig, export_run
 from recsys.refusals import RunRefused
-from recsys.run import fit, load_run_config, load_trained
+from recsys.run import fit, load_trained
+from recsys.rundir.config import load_run_config
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
 from tests.helpers.two_rank import continuous_slice
@@ -119,7 +120,7 @@ def test_a_two_rank_checkpoint_reshards_to_one_rank_with_its_remapping(
     # every id keeps its row: the one process ranks the next slice as the two did, and holds the same ids
     builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     metrics = Evaluator(data, builder, ks=[20], batch_size=256, chunk_size=256).evaluate(
-        sharded.module.module.model.eval(), "test", device=torch.device("cpu")
+        sharded.two_tower.eval(), "test", device=torch.device("cpu")
     )
     assert metrics["two_tower"]["recall@20"] == pytest.approx(two["test"]["two_tower"]["recall@20"], abs=1e-6)
     held = managed_stats(sharded.module, 1)
@@ -145,7 +146,7 @@ def test_the_bundle_maps_raw_ids_to_the_runs_rows(replay, process_group):
     bundle_dir = export_run(ExportConfig(run_dir=str(run_dir)))
     cfg = load_run_config(run_dir)
     data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
-    two_tower = sharded.module.module.model.eval()
+    two_tower = sharded.two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
     expected = embed(

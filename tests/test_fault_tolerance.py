@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from recsys.checkpoint import latest_checkpoint
+from recsys.rundir.checkpoint import latest_checkpoint
 from tests.helpers.checkpoints import assert_same_tensors, full_state
 from tests.helpers.launch import launch, launch_agents
 from tests.helpers.reload_checkpoint import reload_checkpoint

@@ -13,7 +13,7 @@ import pytest
 
 from recsys.config import Config, QueryEncoderKind, query_uses_neighbors
 from recsys.fingerprint import FIELDS, config_fingerprint
-from recsys.run import load_run_config
+from recsys.rundir.config import load_run_config
 from tests.helpers.config import tiny_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_dir_2026_12_02"  # tiny run, written by main at ffa3d89

@@ -19,7 +19,7 @@ from recsys.data.neighbors import item_neighbors, with_item_neighbors
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
 from recsys.fingerprint import config_fingerprint
-from recsys.run import load_run_config
+from recsys.rundir.config import load_run_config
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
 from tests.test_no_categories import fit_given_split

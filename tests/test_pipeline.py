@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from recsys.checkpoint import latest_checkpoint
 from recsys.run import fit
+from recsys.rundir.checkpoint import latest_checkpoint
 from tests.helpers.checkpoints import assert_same_tensors, full_state
 from tests.helpers.config import tiny_config
 

@@ -3,9 +3,9 @@
 import json
 import logging
 
-from recsys.checkpoint import TrainerState, latest_checkpoint
 from recsys.run import fit
-from recsys.run_dir import is_finished
+from recsys.rundir.checkpoint import TrainerState, latest_checkpoint
+from recsys.rundir.dir import is_finished
 from tests.helpers.config import tiny_config
 
 SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.num_uniform_negatives=8"]

@@ -50,7 +50,8 @@ def copy_run(short_run, tmp_path) -> Path:
 
 
 def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, process_group):
-    from recsys.run import load_run_config, load_trained
+    from recsys.run import load_trained
+    from recsys.rundir.config import load_run_config
     from recsys.safe_load import UnsafeFileError
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
@@ -62,8 +63,9 @@ def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, proce
 
 def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path, process_group):
     """DCP itself reads .metadata with plain pickle.load: every checkpoint load goes through the allow-list."""
-    from recsys.checkpoint import load_checkpoint
-    from recsys.run import load_run_config, load_trained
+    from recsys.run import load_trained
+    from recsys.rundir.checkpoint import load_checkpoint
+    from recsys.rundir.config import load_run_config
     from recsys.safe_load import UnsafeFileError
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
@@ -80,7 +82,7 @@ def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path,
 
 
 def test_planted_config_yaml_is_refused_without_running_it(short_run, tmp_path):
-    from recsys.run import load_run_config
+    from recsys.rundir.config import load_run_config
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
     (run_dir / "checkpoints" / "best" / "config.yaml").write_text(
@@ -202,8 +204,8 @@ def test_a_second_training_in_a_locked_run_dir_fails_at_once_naming_dir_and_owne
     import socket
     import time
 
-    import recsys.run_lock as run_lock_module
-    from recsys.run_lock import RunDirLockedError, RunLock
+    import recsys.rundir.lock as run_lock_module
+    from recsys.rundir.lock import RunDirLockedError, RunLock
 
     run_dir = tmp_path / "run"
     cfg = tiny_config([f"data.root={data_root}", *SHORT])
@@ -314,8 +316,8 @@ def sigterm_at_step(monkeypatch, at: int) -> None:
 def test_sigterm_checkpoints_the_finished_step_and_the_rerun_loses_none(
     tmp_path, data_root, process_group, monkeypatch
 ):
-    from recsys.checkpoint import read_trainer_state
-    from recsys.preemption import Preempted
+    from recsys.rundir.checkpoint import read_trainer_state
+    from recsys.rundir.preemption import Preempted
 
     cfg = tiny_config([f"data.root={data_root}", *SHORT, "trainer.max_steps_per_epoch=6"])
     sigterm_at_step(monkeypatch, 3)
@@ -334,7 +336,7 @@ def test_sigterm_exits_train_with_the_preempted_status(tmp_path, data_root, monk
     import runpy
     import sys
 
-    from recsys.preemption import PREEMPTED_EXIT_CODE
+    from recsys.rundir.preemption import PREEMPTED_EXIT_CODE
 
     sigterm_at_step(monkeypatch, 1)
     monkeypatch.setattr(
@@ -361,7 +363,7 @@ def test_no_checkpoint_within_the_grace_period_exits_preempted_anyway(monkeypatc
     import signal
     import time
 
-    import recsys.preemption as preemption_module
+    import recsys.rundir.preemption as preemption_module
 
     exits = []
     monkeypatch.setattr(preemption_module.os, "_exit", exits.append)
@@ -386,7 +388,7 @@ def test_no_checkpoint_within_the_grace_period_exits_preempted_anyway(monkeypatc
 
 
 def test_evaluate_refuses_a_run_config_the_weights_were_not_trained_with(short_run, tmp_path):
-    from recsys.run import load_run_config
+    from recsys.rundir.config import load_run_config
 
     run_dir, cfg = copy_run(short_run, tmp_path), short_run[1]
     (run_dir / "checkpoints" / "best" / "config.yaml").unlink()  # a checkpoint from before it carried its config
@@ -506,8 +508,9 @@ def test_a_full_disk_during_a_checkpoint_names_the_path(short_run, tmp_path, pro
 
     import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
-    from recsys.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
-    from recsys.run import load_run_config, load_trained
+    from recsys.run import load_trained
+    from recsys.rundir.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
+    from recsys.rundir.config import load_run_config
 
     run_dir = copy_run(short_run, tmp_path)
     _, sharded, _ = load_trained(load_run_config(run_dir), run_dir, "", process_group)

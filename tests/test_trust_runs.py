@@ -275,8 +275,9 @@ def test_a_full_disk_at_the_first_checkpoint_says_there_is_none_to_resume(
 
     import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
-    from recsys.checkpoint import TrainerState, save_checkpoint
-    from recsys.run import load_run_config, load_trained
+    from recsys.run import load_trained
+    from recsys.rundir.checkpoint import TrainerState, save_checkpoint
+    from recsys.rundir.config import load_run_config
 
     _, sharded, _ = load_trained(load_run_config(trained_run.run_dir), trained_run.run_dir, "", process_group)
 
@@ -295,8 +296,8 @@ def test_a_full_disk_at_the_first_checkpoint_says_there_is_none_to_resume(
 def test_run_side_refusals_are_one_line_with_the_traceback_in_train_log(
     short_run, tmp_path, data_root, monkeypatch, capsys, root_logging
 ):
-    import recsys.run_dir_check as run_dir_check
-    from recsys.run_lock import RunLock
+    import recsys.rundir.check as run_dir_check
+    from recsys.rundir.lock import RunLock
 
     run_dir = copy_run(short_run, tmp_path)
     base = ["+experiment=tiny", f"data.root={data_root}", *SHORT, f"hydra.run.dir={run_dir}"]

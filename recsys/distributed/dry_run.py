@@ -30,6 +30,7 @@ import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.types import PlannerError, ShardingOption, Stats
+from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from recsys.config import ClusterConfig, PlanConfig
@@ -271,22 +272,7 @@ def plan_dry_run(cfg: PlanConfig) -> PlanReport:
 
     last = _LastPlan()
     try:
-        with _quiet_dry_run_noise():
-            topology = make_topology(
-                c.world_size,
-                c.local_world_size,
-                c.compute_device,
-                hbm_cap=int(c.hbm_gb * GB),
-                ddr_cap=int(c.ddr_gb * GB),
-            )
-            planner = EmbeddingShardingPlanner(
-                topology=topology,
-                batch_size=c.batch_size_per_rank,
-                constraints=planner_constraints(cfg.sharding, device, set(table_bytes)),
-                stats=[last],
-                debug=False,
-            )
-            plan = planner.plan(task, [EmbeddingBagCollectionSharder()])
+        plan = _plan(cfg, task, device, set(table_bytes), last)
     except PlannerError as e:
         usable = last.reserved_topology.devices[0].storage.hbm if last.reserved_topology else None
         return PlanReport(
@@ -296,12 +282,39 @@ def plan_dry_run(cfg: PlanConfig) -> PlanReport:
             usable_hbm_bytes=usable,
             reason=_no_plan_reason(cfg, e, table_bytes, usable),
         )
-
     report = PlanReport(fits=True, cluster=c, table_bytes=table_bytes, ranks=[RankUse() for _ in range(c.world_size)])
+    _fill_report(report, plan, last, {t.name: t for t in ebc.embedding_bag_configs()})
+    return report
+
+
+def _plan(
+    cfg: PlanConfig, task: RetrievalTask, device: torch.device, table_names: set[str], last: _LastPlan
+) -> ShardingPlan:
+    """The planner's plan for ``cfg.cluster`` (``last`` records its reserved topology and chosen options)."""
+    c = cfg.cluster
+    with _quiet_dry_run_noise():
+        topology = make_topology(
+            c.world_size,
+            c.local_world_size,
+            c.compute_device,
+            hbm_cap=int(c.hbm_gb * GB),
+            ddr_cap=int(c.ddr_gb * GB),
+        )
+        planner = EmbeddingShardingPlanner(
+            topology=topology,
+            batch_size=c.batch_size_per_rank,
+            constraints=planner_constraints(cfg.sharding, device, table_names),
+            stats=[last],
+            debug=False,
+        )
+        return planner.plan(task, [EmbeddingBagCollectionSharder()])
+
+
+def _fill_report(report: PlanReport, plan: ShardingPlan, last: _LastPlan, configs: dict) -> None:
+    """Each table's placement and each rank's memory use, from the plan and the planner's chosen options."""
     if last.reserved_topology is not None:
         report.usable_hbm_bytes = last.reserved_topology.devices[0].storage.hbm
         report.usable_ddr_bytes = last.reserved_topology.devices[0].storage.ddr
-    configs = {t.name: t for t in ebc.embedding_bag_configs()}
     for module_plan in plan.plan.values():
         for name, ps in module_plan.items():  # type: ignore[union-attr]
             report.tables[name] = TablePlan(
@@ -318,4 +331,3 @@ def plan_dry_run(cfg: PlanConfig) -> PlanReport:
             use.ddr_bytes += shard.storage.ddr
             if option.name not in use.tables:
                 use.tables.append(option.name)
-    return report

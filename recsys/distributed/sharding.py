@@ -89,7 +89,7 @@ class ShardedModel:
     @property
     def two_tower(self):
         """The sharded two-tower model (its forward embeds queries and candidates, for evaluation and export)."""
-        return self.module.module.model
+        return self.task.model
 
 
 def sparse_fused_params(cfg: SparseOptimConfig) -> dict[str, Any] | None:
@@ -234,6 +234,110 @@ def inference_sharding(cfg: ShardingConfig, device: torch.device) -> ShardingCon
     return replace(cfg, tables=tables)
 
 
+@dataclass
+class _Tables:
+    """The task's tables before sharding: the pooled bags (EBC, and the managed ones), every table's config."""
+
+    bags: dict[str, nn.Module]  # name -> EmbeddingBag (its weight gets the fused optimizer)
+    configs: dict[str, Any]  # name -> torchrec EmbeddingBagConfig / EmbeddingConfig
+    ec: Any  # the unpooled sequence tables (model.query_encoder=sasrec), or None
+    mc: Any  # the managed-collision EBC (model.id_mapping=managed), or None
+    managed: list[str]  # the tables behind managed collisions
+
+
+def _task_tables(task: nn.Module) -> _Tables:
+    ebc, ec, mc = task.model.ebc, getattr(task.model, "ec", None), getattr(task.model, "mc_ebc", None)
+    bags = dict(ebc.embedding_bags.items()) if ebc is not None else {}
+    configs = {c.name: c for c in ebc.embedding_bag_configs()} if ebc is not None else {}
+    if ec is not None:  # the unpooled sequence table (model.query_encoder=sasrec)
+        configs.update({c.name: c for c in ec.embedding_configs()})
+    managed = []
+    if mc is not None:  # raw-id tables behind managed collisions (model.id_mapping=managed)
+        configs.update({c.name: c for c in mc._embedding_module.embedding_bag_configs()})
+        bags.update(mc._embedding_module.embedding_bags.items())
+        managed = [c.name for c in mc._embedding_module.embedding_bag_configs()]
+    return _Tables(bags, configs, ec, mc, managed)
+
+
+def _check_table_options(tables: _Tables, pretrained: Mapping[str, str], frozen_tables: Collection[str]) -> None:
+    unknown = (set(pretrained) | set(frozen_tables)) - set(tables.configs)
+    if unknown:
+        raise ValueError(
+            f"pretrained / frozen tables {sorted(unknown)} are not in the model ({sorted(set(tables.configs))})"
+        )
+    by_id = sorted((set(pretrained) | set(frozen_tables)) & set(tables.managed))
+    if by_id:
+        raise ValueError(
+            f"model.tables.{by_id[0]}: pretrained_path / frozen need a row per dataset index; with "
+            "model.id_mapping=managed its rows belong to whichever ids hold them"
+        )
+
+
+def _fuse_sparse_optimizer(
+    tables: _Tables, sparse: SparseOptimConfig, device: torch.device, frozen_tables: Collection[str]
+) -> None:
+    """Every table's optimizer, fused into backward (a frozen one's: SGD at lr 0); before planning, which
+    counts its state in each shard's storage."""
+    opt_cls, opt_kwargs = sparse_optimizer_kwargs(sparse, device)
+    for name, bag in tables.bags.items():
+        if name in frozen_tables:
+            apply_optimizer_in_backward(torch.optim.SGD, [bag.weight], {"lr": 0.0})
+        else:
+            apply_optimizer_in_backward(opt_cls, [bag.weight], opt_kwargs)
+    for embedding in tables.ec.embeddings.values() if tables.ec is not None else ():
+        apply_optimizer_in_backward(opt_cls, [embedding.weight], opt_kwargs)
+
+
+def _sharders(task: nn.Module, tables: _Tables, sparse: SparseOptimConfig, env: DistEnv, seed: int) -> list:
+    sharders = [EmbeddingBagCollectionSharder(fused_params=sparse_fused_params(sparse))]
+    if tables.ec is not None:
+        sharders.append(EmbeddingCollectionSharder(fused_params=sparse_fused_params(sparse)))
+    if tables.mc is not None:
+        set_buckets(task, env.world_size)
+        sharders.append(
+            ManagedSharder(EmbeddingBagCollectionSharder(fused_params=sparse_fused_params(sparse)), seed=seed)
+        )
+    return sharders
+
+
+def _load_pretrained(
+    dmp: DistributedModelParallel,
+    readers: Mapping[str, Any],
+    tables: _Tables,
+    pretrained: Mapping[str, str],
+    frozen_tables: Collection[str],
+    env: DistEnv,
+) -> None:
+    for table, read_rows in readers.items():
+        load_pretrained_table(dmp, table, read_rows)
+        if env.is_main:
+            log.info(
+                "table %s: %d x %d loaded from %s, %s",
+                table,
+                tables.configs[table].num_embeddings,
+                tables.configs[table].embedding_dim,
+                pretrained[table],
+                "frozen" if table in frozen_tables else "trainable",
+            )
+
+
+def _dense_optimizer(
+    dmp: DistributedModelParallel, dense: DenseOptimConfig, frozen_tables: Collection[str]
+) -> KeyedOptimizerWrapper:
+    """The towers' optimizer (and any data_parallel table's but a frozen one's)."""
+    if dense.name not in DENSE_OPTIMIZERS:
+        raise ValueError(f"optim.dense.name={dense.name!r}: unknown; choose one of {sorted(DENSE_OPTIMIZERS)}")
+    dense_cls = DENSE_OPTIMIZERS[dense.name]
+    dense_params = {
+        k: p
+        for k, p in in_backward_optimizer_filter(dmp.named_parameters())
+        if not any(k.endswith(f".embedding_bags.{t}.weight") for t in frozen_tables)  # a frozen data_parallel table
+    }
+    return KeyedOptimizerWrapper(
+        dense_params, lambda params: dense_cls(params, lr=dense.lr, weight_decay=dense.weight_decay)
+    )
+
+
 def shard_model(
     task: nn.Module,
     *,
@@ -253,52 +357,22 @@ def shard_model(
     ``frozen_tables`` get a fused SGD with learning rate 0: their rows never move.
     ``batch_size_per_rank`` (examples) sizes the planner's input / output reservations and perf model.
     """
-    ebc, ec, mc = task.model.ebc, getattr(task.model, "ec", None), getattr(task.model, "mc_ebc", None)
-    bags = dict(ebc.embedding_bags.items()) if ebc is not None else {}
-    configs = {c.name: c for c in ebc.embedding_bag_configs()} if ebc is not None else {}
-    if ec is not None:  # the unpooled sequence table (model.query_encoder=sasrec)
-        configs.update({c.name: c for c in ec.embedding_configs()})
-    managed = []
-    if mc is not None:  # raw-id tables behind managed collisions (model.id_mapping=managed)
-        configs.update({c.name: c for c in mc._embedding_module.embedding_bag_configs()})
-        bags.update(mc._embedding_module.embedding_bags.items())
-        managed = [c.name for c in mc._embedding_module.embedding_bag_configs()]
-    table_names = set(configs)
-    unknown = (set(pretrained or {}) | set(frozen_tables)) - table_names
-    if unknown:
-        raise ValueError(f"pretrained / frozen tables {sorted(unknown)} are not in the model ({sorted(table_names)})")
-    by_id = sorted((set(pretrained or {}) | set(frozen_tables)) & set(managed))
-    if by_id:
-        raise ValueError(
-            f"model.tables.{by_id[0]}: pretrained_path / frozen need a row per dataset index; with "
-            "model.id_mapping=managed its rows belong to whichever ids hold them"
-        )
-    opt_cls, opt_kwargs = sparse_optimizer_kwargs(sparse, env.device)
-    for name, bag in bags.items():
-        if name in frozen_tables:
-            apply_optimizer_in_backward(torch.optim.SGD, [bag.weight], {"lr": 0.0})
-        else:
-            apply_optimizer_in_backward(opt_cls, [bag.weight], opt_kwargs)
-    for embedding in ec.embeddings.values() if ec is not None else ():
-        apply_optimizer_in_backward(opt_cls, [embedding.weight], opt_kwargs)
+    pretrained = pretrained or {}
+    tables = _task_tables(task)
+    _check_table_options(tables, pretrained, frozen_tables)
+    _fuse_sparse_optimizer(tables, sparse, env.device, frozen_tables)
+    configs = tables.configs
     readers = {
         t: open_pretrained(path, table=t, num_rows=configs[t].num_embeddings, dim=configs[t].embedding_dim)
-        for t, path in (pretrained or {}).items()
+        for t, path in pretrained.items()
     }  # opened before sharding: a bad file fails fast
 
     planner = EmbeddingShardingPlanner(
         topology=planner_topology(sharding, env),
         batch_size=batch_size_per_rank,
-        constraints=planner_constraints(sharding, env.device, table_names, managed),
+        constraints=planner_constraints(sharding, env.device, set(configs), tables.managed),
     )
-    sharders = [EmbeddingBagCollectionSharder(fused_params=sparse_fused_params(sparse))]
-    if ec is not None:
-        sharders.append(EmbeddingCollectionSharder(fused_params=sparse_fused_params(sparse)))
-    if mc is not None:
-        set_buckets(task, env.world_size)
-        sharders.append(
-            ManagedSharder(EmbeddingBagCollectionSharder(fused_params=sparse_fused_params(sparse)), seed=seed)
-        )
+    sharders = _sharders(task, tables, sparse, env, seed)
     pg = dist.GroupMember.WORLD
     plan = planner.collective_plan(task, sharders, pg)
     dmp = DistributedModelParallel(
@@ -306,29 +380,8 @@ def shard_model(
     )
     init_tables(dmp, seed=seed)
     zero_managed_tables(dmp)  # their rows are drawn from the ids they admit
-    for table, read_rows in readers.items():
-        load_pretrained_table(dmp, table, read_rows)
-        if env.is_main:
-            log.info(
-                "table %s: %d x %d loaded from %s, %s",
-                table,
-                configs[table].num_embeddings,
-                configs[table].embedding_dim,
-                pretrained[table],
-                "frozen" if table in frozen_tables else "trainable",
-            )
-
-    if dense.name not in DENSE_OPTIMIZERS:
-        raise ValueError(f"optim.dense.name={dense.name!r}: unknown; choose one of {sorted(DENSE_OPTIMIZERS)}")
-    dense_cls = DENSE_OPTIMIZERS[dense.name]
-    dense_params = {
-        k: p
-        for k, p in in_backward_optimizer_filter(dmp.named_parameters())
-        if not any(k.endswith(f".embedding_bags.{t}.weight") for t in frozen_tables)  # a frozen data_parallel table
-    }
-    dense_opt = KeyedOptimizerWrapper(
-        dense_params, lambda params: dense_cls(params, lr=dense.lr, weight_decay=dense.weight_decay)
-    )
+    _load_pretrained(dmp, readers, tables, pretrained, frozen_tables, env)
+    dense_opt = _dense_optimizer(dmp, dense, frozen_tables)
     return ShardedModel(
         module=dmp, optimizer=CombinedOptimizer([dmp.fused_optimizer, dense_opt]), dense_optimizer=dense_opt, plan=plan
     )

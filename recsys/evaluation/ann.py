@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -212,14 +213,7 @@ def compare_ann(
         np.random.default_rng(seed).choice(num_queries, size=min(latency_sample, num_queries), replace=False)
     )
     items_t, users_t = torch.from_numpy(items), torch.from_numpy(users)
-
-    def timing(seconds: float, single_ms: float) -> dict:
-        return {
-            "search_s": seconds,
-            "ms_per_query": seconds * 1e3 / max(num_queries, 1),
-            "users_per_s": num_queries / seconds if seconds > 0 else float("inf"),
-            "single_query_ms": single_ms,
-        }
+    timing = partial(_timing, num_queries=num_queries)
 
     def exact_one(u: int):
         return exact_topk(users_t[u : u + 1], items_t, k, exclude=None if exclude is None else exclude.select_rows([u]))
@@ -236,28 +230,55 @@ def compare_ann(
     }
     all_ids = {"exact": exact_ids}
     for kind in kinds:
-        index, build_s = _timed(lambda: build_index(items, kind, params))
-        (_, ids), search_s = _timed(
-            lambda: ann_topk(index, users, k, exclude=exclude, batch_size=chunk_size, ef_search=params.ef_search)
+        summary["indexes"][kind], all_ids[kind] = _compare_index(
+            kind, items, users, k, exclude, params, chunk_size, sample, exact_ids
+        )
+    return summary, all_ids
+
+
+def _timing(seconds: float, single_ms: float, *, num_queries: int) -> dict:
+    """A search's timing over ``num_queries`` queries, and one query's alone (``single_ms``)."""
+    return {
+        "search_s": seconds,
+        "ms_per_query": seconds * 1e3 / max(num_queries, 1),
+        "users_per_s": num_queries / seconds if seconds > 0 else float("inf"),
+        "single_query_ms": single_ms,
+    }
+
+
+def _compare_index(
+    kind: str,
+    items: np.ndarray,
+    users: np.ndarray,
+    k: int,
+    exclude: UserItemCSR | None,
+    params: AnnParams,
+    chunk_size: int,
+    sample: np.ndarray,
+    exact_ids: np.ndarray,
+) -> tuple[dict, np.ndarray]:
+    """One FAISS index against the exact top-k: (its summary entry, its [U, k] top-k ids)."""
+    timing = partial(_timing, num_queries=users.shape[0])
+    index, build_s = _timed(lambda: build_index(items, kind, params))
+    (_, ids), search_s = _timed(
+        lambda: ann_topk(index, users, k, exclude=exclude, batch_size=chunk_size, ef_search=params.ef_search)
+    )
+
+    def ann_one(u: int):
+        return ann_topk(
+            index,
+            users[u : u + 1],
+            k,
+            exclude=None if exclude is None else exclude.select_rows([u]),
+            ef_search=params.ef_search,
         )
 
-        def ann_one(u: int):
-            return ann_topk(
-                index,
-                users[u : u + 1],
-                k,
-                exclude=None if exclude is None else exclude.select_rows([u]),
-                ef_search=params.ef_search,
-            )
-
-        entry = {"recall_vs_exact": recall_vs_exact(ids, exact_ids), "build_s": build_s}
-        entry.update(timing(search_s, _single_query_ms(ann_one, sample)))
-        entry["params"] = _index_params(index, kind, params, items.shape[0])
-        if kind == "ivf_flat" and params.nprobe_sweep:
-            entry["nprobe_sweep"] = _nprobe_sweep(index, users, k, exclude, exact_ids, params, chunk_size, timing)
-        summary["indexes"][kind] = entry
-        all_ids[kind] = ids
-    return summary, all_ids
+    entry = {"recall_vs_exact": recall_vs_exact(ids, exact_ids), "build_s": build_s}
+    entry.update(timing(search_s, _single_query_ms(ann_one, sample)))
+    entry["params"] = _index_params(index, kind, params, items.shape[0])
+    if kind == "ivf_flat" and params.nprobe_sweep:
+        entry["nprobe_sweep"] = _nprobe_sweep(index, users, k, exclude, exact_ids, params, chunk_size, timing)
+    return entry, ids
 
 
 def _nprobe_sweep(index, users, k, exclude, exact_ids, params: AnnParams, chunk_size: int, timing) -> list[dict]:

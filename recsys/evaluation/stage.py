@@ -125,21 +125,7 @@ def evaluate_rankers(
     for ranker in rankers:
         rows[ranker.name]["tuned_on"] = "given" if ranker.name in chosen else "nothing to tune"
     if valid is not None:
-        fits, seconds = _fit_all(order, valid)
-        for ranker in rankers:
-            start = time.perf_counter()
-            grid = [chosen[ranker.name]] if ranker.name in chosen else ranker.grid()
-            by_point = ranking.rank(fits[ranker.name], valid, grid)
-            best = max(grid, key=lambda p: by_point[point_key(p)][1][metric])  # max keeps the first of equal values
-            tuned[ranker.name] = best
-            ids["valid"][ranker.name], out["valid"][ranker.name] = by_point[point_key(best)]
-            _record(rows[ranker.name], valid, fits[ranker.name], seconds[ranker.name] + time.perf_counter() - start)
-            if len(grid) > 1:
-                value = by_point[point_key(best)][1]
-                rows[ranker.name]["grid"] = {key: m[metric] for key, (_, m) in by_point.items()}
-                rows[ranker.name]["tuned_on"] = f"valid {metric}, {int(value.get('num_users_evaluated', 0))} users"
-                log.info("%s: %s chosen on valid %s (%.4f)", ranker.name, point_key(best), metric, value[metric])
-        del fits
+        tuned.update(_tune_on_valid(rankers, order, valid, ranking, chosen, rows, out["valid"], ids["valid"]))
     fits, seconds = _fit_all(order, test)
     for ranker in rankers:
         start = time.perf_counter()
@@ -154,3 +140,34 @@ def evaluate_rankers(
     if keep_ids:
         out["ids"] = ids
     return out
+
+
+def _tune_on_valid(
+    rankers: Sequence[Ranker],
+    order: Sequence[Ranker],
+    valid: EvalSplit,
+    ranking: _Ranking,
+    chosen: Mapping[str, Point],
+    rows: dict[str, dict[str, Any]],
+    metrics: dict[str, Any],
+    ids: dict[str, np.ndarray],
+) -> dict[str, Point]:
+    """Each ranker's point on valid (``chosen``'s, else its grid's best by ``ranking.metric``): fills its
+    valid ``metrics``, top-k ``ids`` and ``rows`` (fit, grid, what tuned it); returns the points."""
+    metric = ranking.metric
+    tuned = {}
+    fits, seconds = _fit_all(order, valid)
+    for ranker in rankers:
+        start = time.perf_counter()
+        grid = [chosen[ranker.name]] if ranker.name in chosen else ranker.grid()
+        by_point = ranking.rank(fits[ranker.name], valid, grid)
+        best = max(grid, key=lambda p: by_point[point_key(p)][1][metric])  # max keeps the first of equal values
+        tuned[ranker.name] = best
+        ids[ranker.name], metrics[ranker.name] = by_point[point_key(best)]
+        _record(rows[ranker.name], valid, fits[ranker.name], seconds[ranker.name] + time.perf_counter() - start)
+        if len(grid) > 1:
+            value = by_point[point_key(best)][1]
+            rows[ranker.name]["grid"] = {key: m[metric] for key, (_, m) in by_point.items()}
+            rows[ranker.name]["tuned_on"] = f"valid {metric}, {int(value.get('num_users_evaluated', 0))} users"
+            log.info("%s: %s chosen on valid %s (%.4f)", ranker.name, point_key(best), metric, value[metric])
+    return tuned

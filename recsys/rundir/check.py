@@ -24,7 +24,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from recsys.run_lock import held_elsewhere
+from recsys.rundir.lock import held_elsewhere
 
 
 def _refuse(message: str) -> None:

@@ -20,8 +20,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from recsys.checkpoint import TrainerState, read_trainer_state
-from recsys.run_outputs import drop_records_after
+from recsys.rundir.checkpoint import TrainerState, read_trainer_state
+from recsys.rundir.outputs import drop_records_after
 
 log = logging.getLogger(__name__)
 

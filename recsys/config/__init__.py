@@ -1,0 +1,161 @@
+"""Typed configuration schemas of every entry point, and their registration with Hydra.
+
+Only the entry points (``recsys.train``, ``recsys.evaluate``, ``recsys.export``,
+``scripts/plan_sharding.py``, ``data_pipelines.prepare``) see a Hydra ``DictConfig``; each calls
+:func:`register_configs` first and turns the composed config into these dataclasses with
+``to_typed`` (:func:`to_config` for the training config, which also checks values). A typo in any
+key (``trainer.epoch=3``) or a name outside its set (``data.protocol=lo``) fails at start-up with
+the key's full path, before any work is done.
+
+Required values are ``???`` (``MISSING``), never ``None``. One module per section, each with its
+checks beside its dataclass::
+
+    model.py         model.*                          check_model
+    training.py      optim.*, sharding.*, trainer.*   check_optim, check_trainer
+    evaluation.py    eval.*                           check_eval
+    run.py           Config (+ data.*: data_pipelines/config.py), what the sections imply together
+                     (the query's features, the rankers), check_data, check_values (every section's
+                     checks), reading a run's saved config
+    need.py          the collector the checks report to
+    entry_points.py  recsys.evaluate / recsys.export / plan schemas, register_configs
+
+Import every name from ``recsys.config``; the modules are its layout, not its interface.
+"""
+
+from data_pipelines.config import (  # the data schema is part of Config
+    Choice,
+    DataConfig,
+    InteractionsDataConfig,
+    MovieLensDataConfig,
+    Protocol,
+    QueryHistory,
+    Source,
+    SyntheticDataConfig,
+    reject_unknown_keys,
+    to_typed,
+)
+from recsys.config.entry_points import (
+    ClusterConfig,
+    EvaluateConfig,
+    ExportConfig,
+    PlanConfig,
+    TableRowsConfig,
+    register_configs,
+)
+from recsys.config.evaluation import (
+    FUSED_RANKER,
+    SERVABLE_RANKERS,
+    VALID_METRICS,
+    EvalConfig,
+    FusionConfig,
+    GraphFilterConfig,
+)
+from recsys.config.model import (
+    FEATURE_SOURCES,
+    POOLINGS,
+    TOWERS,
+    EvictionPolicy,
+    FeatureConfig,
+    IdMapping,
+    ManagedConfig,
+    ModelConfig,
+    QueryEncoderKind,
+    RetrievalLoss,
+    SasrecConfig,
+    TableConfig,
+)
+from recsys.config.run import (
+    PROTOCOL_QUERY,
+    RETIRED_KEYS,
+    Config,
+    check_values,
+    describe_query,
+    drop_retired_keys,
+    query_layout,
+    query_uses_neighbors,
+    query_uses_user_id,
+    read_config_file,
+    resolve_protocol,
+    resolved_rankers,
+    served_ranker,
+    to_config,
+    uses_sequence_encoder,
+)
+from recsys.config.training import (
+    PIPELINES,
+    PRECISIONS,
+    Backend,
+    DenseOptimConfig,
+    DenseOptimizer,
+    Device,
+    OptimConfig,
+    ShardingConfig,
+    SparseOptimConfig,
+    SparseOptimizer,
+    TableShardingConfig,
+    TrainerConfig,
+)
+
+__all__ = [
+    "FEATURE_SOURCES",
+    "FUSED_RANKER",
+    "PIPELINES",
+    "POOLINGS",
+    "PRECISIONS",
+    "PROTOCOL_QUERY",
+    "RETIRED_KEYS",
+    "SERVABLE_RANKERS",
+    "TOWERS",
+    "VALID_METRICS",
+    "Backend",
+    "Choice",
+    "ClusterConfig",
+    "Config",
+    "DataConfig",
+    "DenseOptimConfig",
+    "DenseOptimizer",
+    "Device",
+    "EvalConfig",
+    "EvaluateConfig",
+    "EvictionPolicy",
+    "ExportConfig",
+    "FeatureConfig",
+    "FusionConfig",
+    "GraphFilterConfig",
+    "IdMapping",
+    "InteractionsDataConfig",
+    "ManagedConfig",
+    "ModelConfig",
+    "MovieLensDataConfig",
+    "OptimConfig",
+    "PlanConfig",
+    "Protocol",
+    "QueryEncoderKind",
+    "QueryHistory",
+    "RetrievalLoss",
+    "SasrecConfig",
+    "ShardingConfig",
+    "Source",
+    "SparseOptimConfig",
+    "SparseOptimizer",
+    "SyntheticDataConfig",
+    "TableConfig",
+    "TableRowsConfig",
+    "TableShardingConfig",
+    "TrainerConfig",
+    "check_values",
+    "describe_query",
+    "drop_retired_keys",
+    "query_layout",
+    "query_uses_neighbors",
+    "query_uses_user_id",
+    "read_config_file",
+    "reject_unknown_keys",
+    "register_configs",
+    "resolve_protocol",
+    "resolved_rankers",
+    "served_ranker",
+    "to_config",
+    "to_typed",
+    "uses_sequence_encoder",
+]

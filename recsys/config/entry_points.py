@@ -1,0 +1,106 @@
+"""The schemas of the other entry points (``recsys.evaluate``, ``recsys.export``, ``scripts/plan_sharding.py``)
+and every schema's registration with Hydra."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from recsys.choices import ANN_KINDS, EASE_LAMBDAS
+from recsys.config.model import ModelConfig
+from recsys.config.run import Config
+from recsys.config.training import Device, OptimConfig, ShardingConfig
+
+
+@dataclass
+class EvaluateConfig:
+    """``python -m recsys.evaluate`` (conf/evaluate.yaml): the run's own data / model come from its checkpoint."""
+
+    run_dir: str = MISSING  # the training run to evaluate (holds .hydra/ and checkpoints/)
+    checkpoint: str = ""  # checkpoint dir to load; "" = <run_dir>/checkpoints/best
+    ks: list[int] = field(default_factory=lambda: [10, 20, 50, 100])  # cut-offs reported
+    splits: list[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
+    ease: bool = True  # EASE baseline (float64, else float32 by the memory free, else skipped with the reason; and up to ease_max_items)
+    ease_max_items: int = 50_000  # EASE needs an items x items inverse
+    # λ grid tuned on valid; each value is one O(items³) factorisation (its time: docs/evaluation.md), so
+    # large catalogs may want one or two values
+    ease_lambdas: list[float] = field(default_factory=lambda: list(EASE_LAMBDAS))
+    # EASE is skipped, saying so with the estimate, when its λ sweep would take longer than this (each
+    # λ timed on a probe factorisation and scaled by I³); 0 = no limit
+    ease_max_minutes: float = 60.0
+    ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
+    # GF-CF's graph filter alone and fused with the two-tower (the run's eval.graph_filter grids, tuned on valid)
+    graph_filter: bool = True
+    ann_kinds: list[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
+    max_users: int = (
+        0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed
+    )
+    # where the report goes; "" = <run_dir>/eval, or <run_dir>/eval_sample_<max_users>_seed_<seed> for a
+    # sample (max_users), so that a sampled report never replaces the full one
+    out_dir: str = ""
+    seed: int = 0  # seed of the user sample (max_users)
+    batch_size: int = 4096  # users / items embedded per forward pass
+    chunk_size: int = 4096  # query rows per chunked score matmul
+    device: Device = Device.auto  # where the model is loaded and embeds; auto = cuda if available
+
+
+@dataclass
+class ExportConfig:
+    """``python -m recsys.export`` (conf/export.yaml)."""
+
+    run_dir: str = MISSING  # the training run to export
+    checkpoint: str = ""  # checkpoint dir; "" = <run_dir>/checkpoints/best
+    out_dir: str = (
+        ""  # bundle dir; "" = <run_dir>/export (replaced atomically, and only if it holds a bundle export wrote)
+    )
+    batch_size: int = 4096  # items embedded per forward pass
+    device: Device = Device.auto  # where the tables are loaded to embed the items (the bundle is CPU either way)
+    # the FAISS index written with the bundle (bundle.recommend searches it): flat (exact), ivf_flat, hnsw
+    index: str = "flat"
+
+
+@dataclass
+class ClusterConfig:
+    world_size: int = MISSING  # ranks = devices in the whole cluster
+    local_world_size: int = MISSING  # devices per host; must divide world_size
+    hbm_gb: float = MISSING  # device memory per device, GB (2**30 bytes)
+    ddr_gb: float = MISSING  # host memory per device (the host's RAM / local_world_size), GB
+    compute_device: str = "cuda"  # "cuda" | "cpu": which sharding types and kernels the planner may use
+    batch_size_per_rank: int = 512  # examples per rank per step, for the planner's perf model and input reservation; 512 = torchrec's default; training plans with trainer.global_batch_size / world_size
+
+
+@dataclass
+class TableRowsConfig:
+    user: int = MISSING  # rows of the user table (users)
+    item: int = MISSING  # rows of the item table (items)
+    category: int = MISSING  # rows of the category table (categories)
+    side: dict[str, int] = field(default_factory=dict)  # rows of each table model.features names (ids of its column)
+
+
+@dataclass
+class PlanConfig:
+    """``scripts/plan_sharding.py`` (conf/plan.yaml): a planner dry run for a declared cluster."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)  # table dims / poolings and towers (the `model` group)
+    sharding: ShardingConfig = field(
+        default_factory=ShardingConfig
+    )  # per-table constraints (the `sharding` group); its device / backend / hbm_cap_gb / ddr_cap_gb are ignored: the cluster says
+    optim: OptimConfig = field(
+        default_factory=OptimConfig
+    )  # the fused sparse optimizer's state is part of each shard's storage
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # the cluster planned for (the `cluster` group)
+    num_rows: TableRowsConfig = field(default_factory=TableRowsConfig)  # rows per table
+    history_length: int = (
+        20  # as data.history_length: 0 drops the query-side history features (fewer inputs to reserve for)
+    )
+
+
+def register_configs() -> None:
+    """Every entry point's schema, by the name its conf/*.yaml lists first; called by each entry point before Hydra runs."""
+    store = ConfigStore.instance()
+    store.store(name="config_schema", node=Config)
+    store.store(name="evaluate_schema", node=EvaluateConfig)
+    store.store(name="export_schema", node=ExportConfig)
+    store.store(name="plan_schema", node=PlanConfig)

@@ -1,0 +1,233 @@
+"""The ``model`` section of the training config (conf/model/*.yaml): tables, side features, towers, the loss,
+the query's encoder and the ids' mapping; ``check_model`` refuses values no run can use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from data_pipelines.config import Choice, DataConfig
+from recsys.config.need import Need
+
+
+class RetrievalLoss(Choice):
+    """The training loss of recsys.model.task.RetrievalTask."""
+
+    softmax = "softmax"  # in-batch sampled softmax with temperature and logQ correction
+    ccl = "ccl"  # SimpleX's cosine contrastive loss (margin, negative weight)
+
+
+class QueryEncoderKind(Choice):
+    """How the query tower reads the user's history (model.query_encoder)."""
+
+    bag = "bag"  # the mean-pooled bag of history items from the item table (every protocol)
+    sasrec = "sasrec"  # SASRec: the recent items in order through transformer blocks (data.query_history=recent)
+
+
+POOLINGS = ("sum", "mean")  # model.tables.<name>.pooling
+FEATURE_SOURCES = ("users", "items")  # model.features.<name>.source
+TOWERS = ("query", "candidate")  # model.features.<name>.tower
+
+
+@dataclass
+class TableConfig:
+    embedding_dim: int = 64  # columns of the table
+    pooling: str = "mean"  # "sum" | "mean" (POOLINGS): how a bag of ids becomes one vector
+    pretrained_path: str = ""  # initial rows from a .npy (num_rows x dim) or parquet (id, vector); "" = random init
+    frozen: bool = False  # true: the rows never change (the table's fused optimizer gets lr 0)
+
+
+@dataclass
+class FeatureConfig:
+    """A categorical column of users.parquet / items.parquet fed to one tower (recsys/data/side_features.py).
+
+    An items column on the query tower is pooled over the query's history items (as ``category`` is);
+    a users column can only feed the query tower. The table's size comes from the dataset dir.
+    """
+
+    source: str = MISSING  # "users" | "items": the dataset dir file holding the column
+    column: str = MISSING  # integer ids (int64), or several per row (list<int64>); 0.. contiguous, by prepare
+    tower: str = "query"  # "query" | "candidate"
+    table: str = ""  # the model.tables entry it looks up; "" = its own, named after the feature
+
+
+@dataclass
+class SasrecConfig:
+    """model.query_encoder=sasrec: the history's items (oldest -> newest, at most data.history_length) are looked
+    up per position in a table of their own (``sequence``: item-sized, fused optimizer like the others), plus a
+    learned embedding of each item's recency, and go through pre-LN transformer blocks; the newest item's output
+    (a learned vector for a user without history) joins the query tower's other inputs (recsys/model/sequence.py)."""
+
+    dim: int = 64  # columns of the sequence table = the blocks' width
+    num_layers: int = 2  # transformer encoder blocks
+    num_heads: int = 1  # attention heads per block; must divide dim
+    dropout: float = 0.2  # on the inputs and inside each block (SASRec's 0.2 for dense data); 0 disables
+
+
+class IdMapping(Choice):
+    """How user / item ids reach their tables (model.id_mapping; docs/continuous-training.md)."""
+
+    vocab = "vocab"  # the dataset dir's contiguous indices: one row per id the vocabulary holds
+    managed = "managed"  # raw 64-bit ids through torchrec's managed-collision modules: zch_size rows, evicted by policy
+
+
+class EvictionPolicy(Choice):
+    """Which ids a full managed table gives up for new ones (torchrec's MCH eviction policies)."""
+
+    lru = "lru"  # least recently seen first (LRU_EvictionPolicy)
+    lfu = "lfu"  # least often seen first (LFU_EvictionPolicy); new ids rarely win against old counts
+    distance_lfu = "distance_lfu"  # counts / (steps since last seen)^decay_exponent (DistanceLFU_EvictionPolicy)
+
+
+@dataclass
+class ManagedConfig:
+    """model.id_mapping=managed: the user and item tables (and the neighbour table, keyed by item ids) take raw ids
+    through torchrec's MCHManagedCollisionModule (recsys/model/managed.py). A table keeps at most zch_size - 1 ids
+    (its last row is the shared row of ids it does not hold); a new id is admitted at the step it is first trained
+    on, replacing the policy's least valuable id when the table is full; an admitted row is re-initialised from the
+    id (and its optimizer state zeroed). Category and side-feature tables stay vocabulary tables."""
+
+    # rows per managed table ("user", "item"; "neighbor" uses item's); divisible by the number of ranks
+    zch_size: dict[str, int] = field(default_factory=lambda: {"user": 65536, "item": 65536})
+    eviction_policy: EvictionPolicy = EvictionPolicy.lru  # which held id gives up its row when a new one arrives
+    # training steps between admissions / evictions; 1 = every step (an id gets its row the step it is first seen;
+    # with more, ids seen in between share the last row until then)
+    eviction_interval: int = 1
+    decay_exponent: float = 1.0  # lru / distance_lfu: how fast the value of an unseen id decays with its age in steps
+
+
+@dataclass
+class ModelConfig:
+    tables: dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables + side tables
+    # side features by name, beside the built-in user / item / category ones; {} = none (today's model)
+    features: dict[str, FeatureConfig] = field(default_factory=dict)
+    tower_dims: list[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
+    temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
+    logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
+    # the correction subtracts this times log q(i): 1 = the unbiased estimate; w shifts the learned
+    # scores by (w - 1) log q(i), so < 1 favours tail items and > 1 head items (Gowalla: 1 won both ways)
+    logq_weight: float = 1.0
+    num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
+    loss: RetrievalLoss = (
+        RetrievalLoss.softmax
+    )  # softmax: in-batch sampled softmax (temperature, logQ); ccl: SimpleX's cosine contrastive loss
+    margin: float = 0.9  # ccl: negatives with cosine below this cost nothing
+    negative_weight: float = 150.0  # ccl: weight of the mean negative term
+    # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
+    # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)
+    query_user_id: bool | None = None
+    # the query also pools its history bag through the neighbour table (the table of the candidates'
+    # co-occurrence neighbours), so a history item meets a candidate's neighbours in one space: an
+    # item-kNN-like term at the cost of one more bag lookup per query (chosen on Gowalla: docs/quality.md).
+    # null = whenever that table exists (data.item_neighbors > 0) and the query pools a history bag
+    query_neighbors: bool | None = None
+    # how the query reads its history: bag (the mean-pooled item bag) | sasrec (the recent items in order through
+    # transformer blocks, model.sasrec; needs data.query_history=recent)
+    query_encoder: QueryEncoderKind = QueryEncoderKind.bag
+    sasrec: SasrecConfig = field(default_factory=SasrecConfig)  # model.query_encoder=sasrec only
+    # vocab: the user / item tables have a row per dataset index; managed: raw 64-bit ids, model.managed
+    id_mapping: IdMapping = IdMapping.vocab
+    managed: ManagedConfig = field(default_factory=ManagedConfig)  # model.id_mapping=managed only
+
+
+def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
+    """model.* (with the data settings it reads): the loss, towers, tables, side features, the query's
+    neighbours and sequence encoder, the managed ids."""
+    need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")
+    need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
+    need(-1.0 <= m.margin < 1.0, "model.margin", m.margin, "must be a cosine in [-1, 1)")
+    need(m.negative_weight >= 0, "model.negative_weight", m.negative_weight, "must be >= 0")
+    need(
+        all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0,
+        "model.tower_dims",
+        m.tower_dims,
+        "must be widths >= 1",
+    )
+    for name, table in m.tables.items():
+        need(table.embedding_dim >= 1, f"model.tables.{name}.embedding_dim", table.embedding_dim, "must be >= 1")
+        need(table.pooling in POOLINGS, f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")
+    for name, feature in m.features.items():
+        _check_feature(name, feature, m, d, need)
+    if m.query_neighbors:
+        need(
+            d.item_neighbors > 0 and d.history_length > 0 and m.query_encoder == QueryEncoderKind.bag,
+            "model.query_neighbors",
+            m.query_neighbors,
+            "pools the query's history bag through the neighbour table: needs data.item_neighbors > 0, "
+            f"data.history_length > 0 and model.query_encoder=bag (got {d.item_neighbors}, {d.history_length}, "
+            f"{str(m.query_encoder)}); null turns it on where it applies",
+        )
+    if m.query_encoder == QueryEncoderKind.sasrec:
+        _check_sasrec(m, d, need)
+    if m.id_mapping == IdMapping.managed:
+        _check_managed(m, d, need)
+
+
+def _check_feature(name: str, feature: FeatureConfig, m: ModelConfig, d: DataConfig, need: Need) -> None:
+    key, tables = f"model.features.{name}", m.tables
+    need(feature.source in FEATURE_SOURCES, f"{key}.source", feature.source, "expected 'users' or 'items'")
+    need(feature.tower in TOWERS, f"{key}.tower", feature.tower, "expected 'query' or 'candidate'")
+    need(
+        not (feature.source == "users" and feature.tower == "candidate"),
+        f"{key}.tower",
+        feature.tower,
+        "a users column can only feed the query tower (a candidate is an item)",
+    )
+    need(
+        not (feature.source == "items" and feature.tower == "query" and d.history_length <= 0),
+        f"{key}.tower",
+        feature.tower,
+        "an items column on the query tower is pooled over the history items: needs data.history_length > 0",
+    )
+    table = feature.table or name
+    need(
+        table in tables,
+        f"{key}.table",
+        table,
+        f"no such table in model.tables ({', '.join(sorted(tables))}); add model.tables.{table}",
+    )
+
+
+def _check_sasrec(m: ModelConfig, d: DataConfig, need: Need) -> None:
+    need(
+        d.query_history == "recent" and d.history_length > 0,
+        "model.query_encoder",
+        str(m.query_encoder),
+        f"reads the history in time order: needs data.query_history=recent and data.history_length > 0 "
+        f"(got data.query_history={str(d.query_history)!r}, data.history_length={d.history_length})",
+    )
+    sq = m.sasrec
+    need(sq.dim >= 1, "model.sasrec.dim", sq.dim, "must be >= 1")
+    need(sq.num_layers >= 1, "model.sasrec.num_layers", sq.num_layers, "must be >= 1")
+    need(
+        sq.num_heads >= 1 and sq.dim % max(sq.num_heads, 1) == 0,
+        "model.sasrec.num_heads",
+        sq.num_heads,
+        f"must be >= 1 and divide model.sasrec.dim={sq.dim}",
+    )
+    need(0.0 <= sq.dropout < 1.0, "model.sasrec.dropout", sq.dropout, "must be in [0, 1)")
+
+
+def _check_managed(m: ModelConfig, d: DataConfig, need: Need) -> None:
+    """model.id_mapping=managed (docs/continuous-training.md): values no run can use."""
+    mc = m.managed
+    for table in ("user", "item"):
+        size = mc.zch_size.get(table, 0)
+        need(size >= 2, f"model.managed.zch_size.{table}", size, "must be >= 2 (the last row is the shared one)")
+    extra = sorted(set(mc.zch_size) - {"user", "item"})
+    need(not extra, "model.managed.zch_size", dict(mc.zch_size), "has entries for user and item only")
+    need(mc.eviction_interval >= 1, "model.managed.eviction_interval", mc.eviction_interval, "must be >= 1")
+    need(mc.decay_exponent > 0, "model.managed.decay_exponent", mc.decay_exponent, "must be > 0")
+    need(
+        not d.shard_by_user,
+        "data.shard_by_user",
+        d.shard_by_user,
+        "model.id_mapping=managed shards its tables row-wise, which needs equal rows per rank in every batch",
+    )
+    need(
+        m.query_encoder == QueryEncoderKind.bag,
+        "model.query_encoder",
+        str(m.query_encoder),
+        "model.id_mapping=managed has no managed sequence table yet: use model.query_encoder=bag",
+    )

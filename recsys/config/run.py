@@ -1,0 +1,226 @@
+"""The training config's root (``Config``): what its sections imply together (the query's features, the
+protocol's defaults), ``check_values`` over every section, and reading a run's saved config."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from data_pipelines.config import DataConfig, Protocol, QueryHistory, to_typed
+from data_pipelines.errors import ConfigError
+from recsys.config.evaluation import FUSED_RANKER, SERVABLE_RANKERS, EvalConfig, check_eval
+from recsys.config.model import IdMapping, ModelConfig, QueryEncoderKind, check_model
+from recsys.config.need import Need
+from recsys.config.training import OptimConfig, ShardingConfig, TrainerConfig, check_optim, check_trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)  # the dataset and its split: groups data, data/protocol
+    model: ModelConfig = field(default_factory=ModelConfig)  # tables, features, towers, loss: group model
+    optim: OptimConfig = field(default_factory=OptimConfig)  # the tables' and the towers' optimizers: optim/*
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)  # where tables go: group sharding
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the training loop: group trainer
+    eval: EvalConfig = field(default_factory=EvalConfig)  # validation and the evaluation stage: group eval
+    run_name: str = "default"  # names the run dir: runs/<run_name>
+
+
+def query_uses_user_id(cfg: Config) -> bool:
+    """Whether the query tower sees the user id: ``model.query_user_id``, or by the history choice when null.
+
+    With a profile bag the user-id table overfitted Gowalla within two epochs (valid recall fell from
+    epoch 1), while the bag alone kept improving for eight (docs/quality.md)."""
+    if cfg.model.query_user_id is not None:
+        return cfg.model.query_user_id
+    return cfg.data.query_history != "profile" or cfg.data.history_length <= 0
+
+
+def uses_sequence_encoder(cfg: Config) -> bool:
+    """Whether the query reads its history through the SASRec encoder (a ``sequence`` KJT key and table)."""
+    return cfg.model.query_encoder == QueryEncoderKind.sasrec
+
+
+def query_uses_neighbors(cfg: Config) -> bool:
+    """Whether the query pools its history bag through the neighbour table too: ``model.query_neighbors``, or
+    whenever there is such a table and a pooled history bag when null."""
+    if cfg.model.query_neighbors is not None:
+        return cfg.model.query_neighbors
+    return cfg.data.item_neighbors > 0 and cfg.data.history_length > 0 and not uses_sequence_encoder(cfg)
+
+
+def query_layout(cfg: Config) -> dict[str, bool]:
+    """What the query rows of a batch carry (keyword arguments of recsys.data.batches' FeatureBuilder and
+    TrainBatches): the user id, the history as a sequence, the history bag through the neighbour table."""
+    return {
+        "user_id": query_uses_user_id(cfg),
+        "sequence": uses_sequence_encoder(cfg),
+        "query_neighbors": query_uses_neighbors(cfg),
+    }
+
+
+def resolved_rankers(cfg: Config) -> list[str]:
+    """``eval.rankers``, or when null: the two-tower and popularity, and the two-tower fused with the graph
+    filter where the data is a profile-bag graph (data.item_neighbors > 0: the random-split protocols) and the ids
+    are the vocabulary's, outside data.slices; the run logs what this gave (recsys.run)."""
+    if cfg.eval.rankers is not None:
+        return list(cfg.eval.rankers)
+    # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md
+    fused = cfg.data.item_neighbors > 0 and cfg.model.id_mapping == IdMapping.vocab and not cfg.data.slices
+    return ["two_tower", "popularity"] + ([FUSED_RANKER] if fused else [])
+
+
+def served_ranker(cfg: Config) -> str:
+    """The ranker results.json's headline and recsys.export's bundle are: ``eval.serve``, else the last servable
+    one of the resolved rankers (servable: two_tower, graph_filter and their fusions)."""
+    if cfg.eval.serve:
+        return cfg.eval.serve
+    servable = [n for n in resolved_rankers(cfg) if all(p in SERVABLE_RANKERS for p in n.split("+"))]
+    return servable[-1] if servable else "two_tower"
+
+
+def check_values(cfg: Config) -> None:
+    """Refuse values no run can use, naming the key, before any work (types are Hydra's job); each section's
+    rules sit beside its dataclass."""
+    cfg = resolve_protocol(cfg)[0]  # the values a run would use
+    problems = []
+
+    def need(ok: bool, key: str, value: Any, rule: str) -> None:
+        if not ok:
+            problems.append(f"{key}={value!r}: {rule}")
+
+    check_trainer(cfg.trainer, cfg.model, cfg.data, need)
+    check_optim(cfg.optim, need)
+    check_model(cfg.model, cfg.data, need)
+    check_data(cfg, need)
+    check_eval(cfg.eval, resolved_rankers(cfg), served_ranker(cfg), need)
+    if problems:
+        raise ConfigError("bad config values: " + "; ".join(problems))
+
+
+def check_data(cfg: Config, need: Need) -> None:
+    """data.* as the model reads it (the split settings are data_pipelines' to check), and data.slices
+    (docs/continuous-training.md)."""
+    d, m = cfg.data, cfg.model
+    need(d.history_length >= 0, "data.history_length", d.history_length, "must be >= 0 (0 disables history)")
+    need(0.0 <= d.history_dropout < 1.0, "data.history_dropout", d.history_dropout, "must be in [0, 1)")
+    need(d.item_neighbors >= 0, "data.item_neighbors", d.item_neighbors, "must be >= 0 (0 disables the feature)")
+    need(
+        d.item_neighbors == 0 or "neighbor" in m.tables,
+        "data.item_neighbors",
+        d.item_neighbors,
+        "needs a table model.tables.neighbor (embedding_dim, pooling)",
+    )
+    if not d.slices:
+        return
+    need(d.slices >= 2, "data.slices", d.slices, "must be 0 (off) or >= 2 (a slice and the next one to test on)")
+    need(
+        0 <= d.slice <= d.slices - 2,
+        "data.slice",
+        d.slice,
+        f"must be in 0..{d.slices - 2}: each slice is tested on the next one of data.slices={d.slices}",
+    )
+    need(d.slice_window >= 0, "data.slice_window", d.slice_window, "must be >= 0 (0: every slice so far)")
+    need(
+        d.train_on_valid,
+        "data.train_on_valid",
+        d.train_on_valid,
+        f"data.slices={d.slices} holds nothing out for validation (a slice is tested on the next one): set "
+        "data.train_on_valid=true, or +experiment=daily",
+    )
+    need(not d.shard_by_user, "data.shard_by_user", d.shard_by_user, "is not supported with data.slices")
+    need(
+        d.protocol != Protocol.strong_generalization,
+        "data.protocol",
+        str(d.protocol),
+        "data.slices re-splits the whole log by time: use recbole or loo",
+    )
+    need(
+        not cfg.trainer.refit,
+        "trainer.refit",
+        cfg.trainer.refit,
+        "data.slices trains each slice for trainer.epochs: no refit",
+    )
+
+
+# eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
+RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
+
+
+def drop_retired_keys(saved_cfg) -> None:
+    """Remove keys an older run's config holds that this code no longer has (none changes what was trained)."""
+    for section, keys in RETIRED_KEYS.items():
+        node = OmegaConf.select(saved_cfg, section)
+        if node is not None:
+            for key in keys:
+                node.pop(key, None)
+
+
+def read_config_file(path) -> Config:
+    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
+    saved_cfg = OmegaConf.load(path)
+    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
+        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
+        saved_cfg.model.query_neighbors = False
+    drop_retired_keys(saved_cfg)
+    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
+
+
+# What each split protocol implies for the query's features when the data config leaves them null: the one
+# place a protocol reaches the model (the split protocols' own files hold split settings only).
+_PROFILE_BAG = {
+    "query_history": QueryHistory.profile,
+    "history_length": 200,
+    "history_dropout": 0.25,
+    "item_neighbors": 20,
+}
+PROTOCOL_QUERY: dict[Protocol, dict[str, Any]] = {
+    # random held-out items: a bag of the user's other training items (a cap of 200 holds most users' whole
+    # profile), a quarter of it left out per example, and each candidate's 20 co-occurrence neighbours
+    Protocol.recbole: _PROFILE_BAG,
+    Protocol.given: _PROFILE_BAG,
+    Protocol.strong_generalization: _PROFILE_BAG,
+    # the next item follows the history in time: the 20 items just before the target, no neighbours (not
+    # measured on a temporal split; the sequence is this protocol's signal)
+    Protocol.loo: {
+        "query_history": QueryHistory.recent,
+        "history_length": 20,
+        "history_dropout": 0.0,
+        "item_neighbors": 0,
+    },
+}
+
+
+def resolve_protocol(cfg: Config) -> tuple[Config, dict[str, Any]]:
+    """``cfg`` with the data fields left null taken from ``PROTOCOL_QUERY[data.protocol]``, and those values."""
+    implied = PROTOCOL_QUERY[cfg.data.protocol]
+    filled = {key: value for key, value in implied.items() if getattr(cfg.data, key) is None}
+    return (replace(cfg, data=replace(cfg.data, **filled)) if filled else cfg), filled
+
+
+def describe_query(cfg: Config, filled: dict[str, Any] | None = None) -> str:
+    """One line: the query and candidate features a resolved config trains, and which came from the protocol."""
+    d = cfg.data
+    if d.history_length == 0:
+        query = "no history"
+    elif d.query_history == QueryHistory.profile:
+        query = f"a profile bag of up to {d.history_length} of the user's other training items (dropout {d.history_dropout:g})"
+    else:
+        query = f"the {d.history_length} items just before the target"
+    candidate = f"the item and its {d.item_neighbors} co-occurrence neighbours" if d.item_neighbors else "the item"
+    source = f"; from the protocol: {', '.join(f'data.{k}' for k in filled)}" if filled else ""
+    return f"query: {query}; candidate: {candidate} (protocol {str(d.protocol)}{source})"
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """The training config: ``to_typed`` on the ``Config`` schema, the protocol's query features resolved (and
+    logged), then the values checked."""
+    obj, filled = resolve_protocol(to_typed(cfg, Config))
+    if filled:
+        log.info("%s", describe_query(obj, filled))
+    check_values(obj)
+    return obj
