@@ -130,7 +130,17 @@ def evaluate_trained(
         extra={"run_dir": str(run_dir.resolve()), "world_size": env.world_size},
         graphs={split: evaluator.csr(evaluator.protocol(split).timeline) for split in names},
     )
-    options = ReportOptions(
+    options = _report_options(ecfg, cfg, env)
+    out_dir = report_dir(ecfg, run_dir)
+    report = evaluate_and_report(inputs, run_dir, options, out_dir=out_dir)
+    print((out_dir / "report.md").read_text(), flush=True)
+    log.info("report written to %s", out_dir)
+    return report
+
+
+def _report_options(ecfg: EvaluateConfig, cfg: Config, env: DistEnv) -> ReportOptions:
+    """The report's settings: the entry point's, and the run's rankers and their ``eval`` settings."""
+    return ReportOptions(
         ease=ecfg.ease,
         ease_max_items=ecfg.ease_max_items,
         ease_max_minutes=ecfg.ease_max_minutes,
@@ -143,8 +153,3 @@ def evaluate_trained(
         chunk_size=ecfg.chunk_size,
         device=env.device.type,
     )
-    out_dir = report_dir(ecfg, run_dir)
-    report = evaluate_and_report(inputs, run_dir, options, out_dir=out_dir)
-    print((out_dir / "report.md").read_text(), flush=True)
-    log.info("report written to %s", out_dir)
-    return report

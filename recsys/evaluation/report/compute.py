@@ -103,10 +103,8 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
     if not ks or ks[0] < 1:
         raise ValueError(f"ks must be positive cut-offs, got {list(inputs.ks)}")
     kmax = max(ks)
-    headline_k = options.headline_k if options.headline_k in ks else kmax
-    device = options.device
     num_items = int(inputs.train.num_items)
-    items = _tensor(inputs.item_emb, device)
+    items = _tensor(inputs.item_emb, options.device)
     if items.shape[0] != num_items:
         raise ValueError(f"item_emb has {items.shape[0]} rows, train has {num_items} items")
     item_counts = (
@@ -114,60 +112,23 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         if inputs.item_train_counts is None
         else np.asarray(inputs.item_train_counts)
     )
-    user_train_items = inputs.train.lengths()
-    model = inputs.model_name
-
     ease_b, ease_info = fit_ease(inputs, options, num_items)
     ials_model, ials_info = fit_ials(inputs, options)
-    graph_ids, gf_info = rank_stage_rankers(inputs, options)
-
-    splits_out: dict[str, Any] = {}
-    curves: dict[str, dict[str, np.ndarray]] = {}
-    model_top: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # split -> the model's (ids, scores)
-    counts_t = torch.from_numpy(item_counts).to(device)
-    for name, split in inputs.splits.items():
-        log.info(
-            "%s: ranking %d users (%s), metrics, breakdowns",
-            name,
-            split.relevant.num_users,
-            ", ".join([model, "popularity"] + (["EASE"] if ease_b is not None else [])),
-        )
-        others = {}
-        if ease_b is not None:
-            others["ease"] = lambda split=split: ease_topk(
-                ease_b, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size
-            )
-        if ials_model is not None:
-            others["ials"] = lambda split=split: ials_topk(
-                ials_model, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size, device=device
-            )
-        for ranker, ids in graph_ids.get(name, {}).items():  # ranked by the evaluation stage already
-            others[ranker] = lambda ids=ids: (torch.zeros(ids.shape), torch.from_numpy(ids))
-        ranked, metrics = rank_and_score(
-            _tensor(split.user_emb, device),
-            items,
-            kmax,
-            exclude=split.exclude,
-            relevant=split.relevant,
-            ks=ks,
-            chunk_size=options.chunk_size,
-            item_counts=counts_t,
-            model=model,
-            others=others,
-        )
-        ids = {m: r[1].cpu().numpy() for m, r in ranked.items()}
-        model_top[name] = (ids[model], ranked[model][0].cpu().numpy())
-        splits_out[name] = _split_section(split, ids, metrics, ks, user_train_items, item_counts, options)
-        curves[name] = {m: recall_curve(i, split.relevant) for m, i in ids.items()}
-        splits_out[name]["recall_curve"] = {m: c.tolist() for m, c in curves[name].items()}
-    ease_b = ials_model = graph_ids = None  # free B (I x I), the iALS factors and the rankings before ANN
-
-    ann = _ann_section(inputs, options, kmax, ks, num_items)
+    stage_ids, stage_info = rank_stage_rankers(inputs, options)
+    baselines = _Baselines(ease_b, ials_model, stage_ids)
+    ranked = {
+        name: _rank_split(name, split, items, item_counts, baselines, inputs, options, ks)
+        for name, split in inputs.splits.items()
+    }
+    del baselines, ease_b, ials_model, stage_ids  # free B (I x I), the iALS factors and the rankings before ANN
+    splits_out = {name: r.section for name, r in ranked.items()}
+    headline_k = options.headline_k if options.headline_k in ks else kmax
     names = _load_names(inputs.dataset_dir, inputs.train.num_users, num_items)
     rec_split = _pick(options.recommend_split, inputs.splits)
-    recommendations = _recommendations(inputs, rec_split, *model_top[rec_split], options.recommend_k or kmax, names)
+    top_ids, top_scores = ranked[rec_split].model_top
+    recommendations = _recommendations(inputs, rec_split, top_ids, top_scores, options.recommend_k or kmax, names)
     report = {
-        "model": model,
+        "model": inputs.model_name,
         "checkpoint": inputs.checkpoint,
         "dataset": _dataset_section(inputs, names, num_items),
         "protocol": describe_protocol(inputs),
@@ -176,9 +137,9 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         "splits": splits_out,
         "ease": ease_info,
         "ials": ials_info,
-        "graph_filter": gf_info,
-        "ann": ann,
-        "gaps": _gap_statements(splits_out, model, headline_k, ease_info, ials_info),
+        "graph_filter": stage_info,
+        "ann": _ann_section(inputs, options, kmax, ks, num_items),
+        "gaps": _gap_statements(splits_out, inputs.model_name, headline_k, ease_info, ials_info),
         "more_like_this": _more_like_this(items, item_counts, names, options),
         "breakdown_definitions": _breakdown_definitions(options),
         "recommendations": {
@@ -188,7 +149,72 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         },
         "run": dict(inputs.extra),
     }
+    curves = {name: r.curves for name, r in ranked.items()}
     return EvalReport(report=report, recommendations=recommendations, curves=curves)
+
+
+@dataclass
+class _Baselines:
+    """What the report ranks beside the model: EASE's B, iALS's factors (None: not fit) and the top-k ids the
+    evaluation stage ranked ({split: {ranker: ids}})."""
+
+    ease_b: Any
+    ials_model: Any
+    stage_ids: dict[str, dict[str, np.ndarray]]
+
+    def rankers(self, name: str, split: SplitInputs, kmax: int, options: ReportOptions) -> dict[str, Any]:
+        """Ranker name -> a function returning its (scores, ids) of ``split``'s users."""
+        others: dict[str, Any] = {}
+        if self.ease_b is not None:
+            others["ease"] = lambda: ease_topk(
+                self.ease_b, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size
+            )
+        if self.ials_model is not None:
+            others["ials"] = lambda: ials_topk(
+                self.ials_model, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size,
+                device=options.device,
+            )  # fmt: skip
+        for ranker, ids in self.stage_ids.get(name, {}).items():  # ranked by the evaluation stage already
+            others[ranker] = lambda ids=ids: (torch.zeros(ids.shape), torch.from_numpy(ids))
+        return others
+
+
+@dataclass
+class _RankedSplit:
+    section: dict[str, Any]  # the split's block of report.json
+    curves: dict[str, np.ndarray]  # ranker -> recall@1..kmax
+    model_top: tuple[np.ndarray, np.ndarray]  # the model's (ids, scores)
+
+
+def _rank_split(
+    name: str,
+    split: SplitInputs,
+    items: torch.Tensor,
+    item_counts: np.ndarray,
+    baselines: _Baselines,
+    inputs: EvalInputs,
+    options: ReportOptions,
+    ks: list[int],
+) -> _RankedSplit:
+    """The model, popularity and every baseline on one split: metrics, breakdowns and recall curves."""
+    kmax, model = max(ks), inputs.model_name
+    others = baselines.rankers(name, split, kmax, options)
+    log.info(
+        "%s: ranking %d users (%s), metrics, breakdowns",
+        name,
+        split.relevant.num_users,
+        ", ".join([model, "popularity", *(["EASE"] if "ease" in others else [])]),
+    )
+    ranked, metrics = rank_and_score(
+        _tensor(split.user_emb, options.device), items, kmax, exclude=split.exclude, relevant=split.relevant, ks=ks,
+        chunk_size=options.chunk_size, item_counts=torch.from_numpy(item_counts).to(options.device), model=model,
+        others=others,
+    )  # fmt: skip
+    ids = {m: r[1].cpu().numpy() for m, r in ranked.items()}
+    section = _split_section(split, ids, metrics, ks, inputs.train.lengths(), item_counts, options)
+    curves = {m: recall_curve(i, split.relevant) for m, i in ids.items()}
+    section["recall_curve"] = {m: c.tolist() for m, c in curves.items()}
+    return _RankedSplit(section, curves, (ids[model], ranked[model][0].cpu().numpy()))
 
 
 def _breakdown_definitions(options: ReportOptions) -> dict[str, str]:
