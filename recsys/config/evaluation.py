@@ -13,7 +13,10 @@ class GraphFilterConfig:
     """The ``graph_filter`` ranker (recsys/rankers/graph_filter.py): GF-CF's filter sharpened as BSPM, over the top
     ``rank`` eigenpairs of the user-item graph, so that it is a dot product the serving bundle ships."""
 
-    alphas: list[float] = field(default_factory=lambda: [0.1, 0.2])  # weights of the low-pass filter, chosen on valid
+    # weights of the low-pass filter, chosen on valid when more than one; one by default, BSPM's 0.2: valid's
+    # filter is fit without valid's rows (and the towers never see them), so valid under-weights the filter
+    # and chose 0.1 where 0.2 ranks test better (docs/quality.md, "The low-pass weight")
+    alphas: list[float] = field(default_factory=lambda: [0.2])
     # BSPM's sharpening times (one RK4 step of dU/dt = -U R~'R~; 0: GF-CF unsharpened), chosen on valid; BSPM's
     # 2.5 won over 0 on every Gowalla grid (docs/quality.md)
     sharpen: list[float] = field(default_factory=lambda: [2.5])
