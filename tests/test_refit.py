@@ -22,7 +22,10 @@ from tests.test_no_categories import fit_given_split
 
 @pytest.fixture(scope="module")
 def refit_run(tmp_path_factory, process_group):
-    return fit_given_split(tmp_path_factory.mktemp("refit"), ["trainer.refit=true", "data.item_neighbors=4"])
+    return fit_given_split(
+        tmp_path_factory.mktemp("refit"),
+        ["trainer.refit=true", "data.item_neighbors=4", "eval.graph_filter.alphas=[0.1,0.2]"],
+    )
 
 
 def test_refit_trains_on_train_and_valid_for_the_selected_epochs(refit_run):

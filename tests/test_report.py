@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from recsys.config import FUSED_RANKER as FUSED_MODEL
+from recsys.config import EvalConfig, GraphFilterConfig
 from recsys.evaluation.ease import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
 from recsys.evaluation.ials import fit_ials, ials_topk
 from recsys.evaluation.interactions import UserItemCSR
@@ -86,6 +87,8 @@ def _dataset_dir(tmp_path):
 OPTIONS = ReportOptions(
     ease_lambdas=(1.0, 30.0), ann_kinds=("flat", "hnsw"), num_seed_items=3, num_similar_items=4,
     ials_regularizations=(0.1, 10.0), ials_alphas=(3.0, 30.0), ials_factors=8, ials_iterations=5,
+    # two low-pass weights (the default is one): the graph filter alone has a grid for valid to choose from
+    ranker_config=EvalConfig(graph_filter=GraphFilterConfig(alphas=[0.1, 0.2])),
 )  # fmt: skip
 
 
