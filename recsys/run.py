@@ -14,6 +14,7 @@ is released first: torchrec's threads otherwise abort the exit).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -48,6 +49,7 @@ from recsys.distributed.managed import full_id_maps, zero_miss_rows
 from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
+from recsys.evaluation.ease import available_memory_bytes
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
 from recsys.evaluation.sharded import Evaluator, embed
@@ -55,7 +57,13 @@ from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names
 from recsys.rankers.served import SERVED_DIR, ServedState, load_served, two_tower_state
-from recsys.run_checks import check_exportable, note_dropped_rows, note_export_stage, warn_ks_beyond_catalogue
+from recsys.run_checks import (
+    check_exportable,
+    check_graph_filter_memory,
+    note_dropped_rows,
+    note_export_stage,
+    warn_ks_beyond_catalogue,
+)
 from recsys.rundir.checkpoint import load_checkpoint
 from recsys.rundir.config import checkpoint_dir, load_run_config
 from recsys.rundir.dir import RESULTS_FILE, result_ks
@@ -227,6 +235,13 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         data, example_counts = load_data(cfg, env)
+        check_graph_filter_memory(
+            cfg,
+            data.num_items,
+            sum(len(data.splits[s]) for s in ("train", "valid") if s in data.splits),
+            fits_per_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.data.shard_by_user else 1,
+            available=available_memory_bytes("cpu"),  # the fit runs on the host, whatever the device
+        )
         sharded = shard_for_training(cfg, data, env)
         if env.is_main:
             warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")

@@ -16,7 +16,7 @@ from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.rankers.base import EvalSplit, point_key
 from recsys.rankers.fusion import FusionFit, FusionRanker
-from recsys.rankers.graph_filter import GraphFilterFit, GraphFilterRanker, GraphFilterVectors
+from recsys.rankers.graph_filter import GraphFilterFit, GraphFilterRanker, GraphFilterVectors, fit_peak_bytes
 from recsys.rankers.spectral import fit_spectrum
 from recsys.rankers.two_tower import TwoTowerFit, TwoTowerRanker
 from tests.helpers.config import tiny_config
@@ -205,3 +205,21 @@ def test_graph_filter_config_refusals():
     assert "eval.serve='popularity': must be one of eval.rankers" in str(e.value)
     with pytest.raises(ValueError, match="eval.rankers=.*must list two_tower"):
         check_values(replace(base, eval=EvalConfig(rankers=["popularity"])))
+
+
+def test_the_fit_memory_estimate_brackets_the_measured_peaks():
+    # peak RSS growth of scripts/bench_graph_filter.py (2026-12-03, docs/performance.md): (items, interactions,
+    # rank, GiB); the estimate may over-state (a refusal too early costs a lower rank) but not under-state by much
+    measured = [
+        (10_000, 195_704, 2048, 0.50),
+        (100_000, 1_998_880, 2048, 3.47),
+        (100_000, 1_998_880, 256, 1.00),
+        (1_000_000, 20_149_193, 256, 9.57),
+    ]
+    for items, interactions, rank, gib in measured:
+        estimate = fit_peak_bytes(items, interactions, rank=rank, low_rank=256, oversample=64) / 2**30
+        assert 0.94 * gib <= estimate <= 1.45 * gib, (items, rank, estimate, gib)
+    # a rank beyond the catalogue is cut to it, as the fit does
+    assert fit_peak_bytes(100, 1000, rank=2048, low_rank=256, oversample=64) == fit_peak_bytes(
+        100, 1000, rank=100, low_rank=100, oversample=0
+    )

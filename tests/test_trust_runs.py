@@ -332,3 +332,22 @@ def test_run_side_refusals_are_one_line_with_the_traceback_in_train_log(
     (run_dir / ".hydra" / "config.yaml").write_text(edited)
     assert run_module(monkeypatch, "recsys.evaluate", [f"run_dir={run_dir}", *QUIET]) == 1
     assert "another data/model config (fingerprint" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_graph_filter_too_big_for_the_host_is_refused_before_training(
+    tmp_path, data_root, process_group, monkeypatch
+):
+    import recsys.run as run
+    from data_pipelines.errors import ConfigError
+
+    cfg = tiny_config([f"data.root={data_root}", *SHORT, "eval.rankers=[two_tower,two_tower+graph_filter]"])
+    monkeypatch.setattr(run, "available_memory_bytes", lambda device: 2**20)  # 1 MiB free
+    with pytest.raises(ConfigError) as e:
+        fit(cfg, tmp_path / "run")
+    said = str(e.value)
+    assert said.startswith("eval.graph_filter.rank=2048: the graph filter's fit after training over ")
+    assert "more than the 0.0 GiB available: lower eval.graph_filter.rank" in said
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first step
+    # without the graph filter the same host trains
+    cfg = tiny_config([f"data.root={data_root}", *SHORT, "eval.rankers=[two_tower,popularity]"])
+    assert fit(cfg, tmp_path / "run2")["headline"]["ranker"] == "two_tower"
