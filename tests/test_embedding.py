@@ -208,3 +208,58 @@ def test_planner_sees_this_hosts_memory_unless_configured():
     assert all(d.storage.hbm == 0 for d in measured.devices)  # a CPU topology has no HBM
     configured = planner_topology(ShardingConfig(ddr_cap_gb=1.5), env)
     assert [d.storage.ddr for d in configured.devices] == [int(1.5 * GB)] * 4
+
+
+@pytest.mark.parametrize(
+    "query_keys, candidate_keys",
+    [
+        (["user", "item", "category"], ["item", "category"]),  # the default layout: adjacent runs, views
+        (["item", "neighbor"], ["item", "neighbor"]),  # Gowalla's: both towers read every column
+        (["category", "user", "side"], ["neighbor", "item"]),  # out of order, across two KeyedTensors
+        ([], ["item"]),  # the sequence encoder alone: no pooled query columns
+    ],
+)
+def test_tower_inputs_equal_torchrecs_regroup_forward_and_backward(query_keys, candidate_keys):
+    """The towers' inputs are the rows and columns KeyedTensor.regroup gives, and so are the gradients the
+    pooled lookups get back (managed ids: a second KeyedTensor of other keys)."""
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    from recsys.model.two_tower import tower_inputs
+
+    num_queries, num_candidates = 5, 7
+    dims = {"user": 3, "item": 4, "neighbor": 2, "category": 5, "side": 1}
+
+    def pooled(seed):
+        g = torch.Generator().manual_seed(seed)
+        first, second = ["user", "item", "category"], ["neighbor", "side"]
+        values = [
+            torch.randn(num_queries + num_candidates, sum(dims[k] for k in ks), generator=g) for ks in (first, second)
+        ]
+        values = [v.requires_grad_() for v in values]
+        kts = [
+            KeyedTensor(keys=ks, length_per_key=[dims[k] for k in ks], values=v)
+            for ks, v in zip((first, second), values)
+        ]
+        return kts, values
+
+    ours, our_leaves = pooled(0)
+    query_in, candidate_in = tower_inputs(ours, query_keys, candidate_keys, num_queries)
+    theirs, their_leaves = pooled(0)
+    if query_keys:
+        expected_query, expected_candidate = KeyedTensor.regroup(theirs, [query_keys, candidate_keys])
+    else:
+        (expected_candidate,) = KeyedTensor.regroup(theirs, [candidate_keys])
+        expected_query = expected_candidate[:, :0]
+    expected_query, expected_candidate = expected_query[:num_queries], expected_candidate[num_queries:]
+    assert query_in.shape == (num_queries, sum(dims[k] for k in query_keys))
+    assert torch.equal(query_in, expected_query) and torch.equal(candidate_in, expected_candidate)
+
+    g = torch.Generator().manual_seed(1)
+    weights = [torch.randn(t.shape, generator=g) for t in (query_in, candidate_in)]
+    sum((t * w).sum() for t, w in zip((query_in, candidate_in), weights)).backward()
+    sum((t * w).sum() for t, w in zip((expected_query, expected_candidate), weights)).backward()
+    for mine, reference in zip(our_leaves, their_leaves):
+        if reference.grad is None:  # a KeyedTensor neither tower reads
+            assert mine.grad is None or not mine.grad.any()
+        else:
+            assert torch.equal(mine.grad, reference.grad)
