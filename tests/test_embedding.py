@@ -263,3 +263,33 @@ def test_tower_inputs_equal_torchrecs_regroup_forward_and_backward(query_keys, c
             assert mine.grad is None or not mine.grad.any()
         else:
             assert torch.equal(mine.grad, reference.grad)
+
+
+def test_bench_run_step_times_each_variant_and_puts_the_towers_split_back(data_root, tiny_data, process_group):
+    """scripts/bench_run_step.py on the tiny run: a figure per variant, and recsys's own split restored after
+    timing torchrec's regroup (the script swaps it in module-wide)."""
+    import importlib.util
+    from pathlib import Path
+
+    import recsys.model.two_tower as two_tower
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_run_step.py"
+    spec = importlib.util.spec_from_file_location("bench_run_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ours = two_tower.tower_inputs
+    out = bench.main(
+        [
+            "+experiment=tiny",
+            f"data.root={data_root}",
+            "--variants",
+            "split=tower_inputs,split=regroup,precision=bf16+threads=1+loader=live",
+        ]
+        + ["--batches", "3", "--rounds", "2", "--warmup", "1"]
+    )
+    assert two_tower.tower_inputs is ours
+    for variant in ("split=tower_inputs", "split=regroup", "precision=bf16+threads=1+loader=live"):
+        assert out[variant]["wall_ms"] > 0 and out[variant]["cpu_ms"] > 0
+    assert out["split=tower_inputs"]["paired_ratio"] == 1.0 and 0 <= out["steal_share"] <= 1
+    with pytest.raises(SystemExit, match="split=permute"):
+        bench.main(["+experiment=tiny", f"data.root={data_root}", "--variants", "split=permute"])

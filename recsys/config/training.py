@@ -135,7 +135,7 @@ class TrainerConfig:
     # accumulation, the softmax and every weight and optimizer state in fp32; evaluation in fp32). bf16 pays only
     # with native bf16 GEMMs (AVX512-BF16 / AMX CPUs, Ampere+ GPUs): a CPU without them emulates it, far slower
     # than fp32. "auto": bf16 where the device has them, else fp32 (the log says which)
-    precision: str = "fp32"
+    precision: str = "auto"
 
 
 def check_trainer(t: TrainerConfig, m: ModelConfig, d: DataConfig, need: Need) -> None:
