@@ -15,7 +15,8 @@ there yet), pre-builds ``--batches`` batches of epoch 1 without the prefetch thr
 A variant is settings joined by ``+`` (the others stay the run's): ``precision=fp32|bf16`` (trainer.precision of
 the step), ``split=tower_inputs|regroup`` (how the pooled lookups become the towers' inputs: recsys's row split and
 column views, or torchrec's ``KeyedTensor.regroup``, which this module keeps only to measure against),
-``threads=N`` (torch's intra-op threads) and ``loader=prebuilt|live`` (live: the step takes its batches from the
+``threads=N`` (torch's intra-op threads), ``switch=MS`` (Python's GIL switch interval, sys.setswitchinterval) and
+``loader=prebuilt|live`` (live: the step takes its batches from the
 trainer's prefetching loader, whose thread then competes for the cores, as in a run).
 
 On a shared virtual machine the host may take CPU time from the guest ("steal"): the script prints the share of
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -53,18 +55,20 @@ SPLITS = {"tower_inputs": two_tower.tower_inputs, "regroup": regroup}
 
 def parse_variant(variant: str, run_precision: str) -> dict:
     """``precision=bf16+threads=1`` -> every setting of the variant, the run's where it names none."""
-    settings = {"precision": run_precision, "split": "tower_inputs", "threads": 0, "loader": "prebuilt"}
+    settings = {"precision": run_precision, "split": "tower_inputs", "threads": 0, "loader": "prebuilt", "switch": 0.0}
     allowed = {"precision": ("fp32", "bf16"), "split": tuple(SPLITS), "loader": ("prebuilt", "live")}
     for part in variant.split("+"):
         key, _, value = part.partition("=")
         if key == "threads" and value.isdigit() and int(value) > 0:
             settings[key] = int(value)
+        elif key == "switch" and value.replace(".", "", 1).isdigit() and float(value) > 0:
+            settings[key] = float(value)
         elif value in allowed.get(key, ()):
             settings[key] = value
         else:
             raise SystemExit(
                 f"--variants: {part!r} in {variant!r}: expected precision=fp32|bf16, split=tower_inputs|regroup, "
-                "threads=N or loader=prebuilt|live, joined by '+'"
+                "threads=N, switch=MS or loader=prebuilt|live, joined by '+'"
             )
     return settings
 
@@ -85,6 +89,10 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=int, default=40, help="pre-built batches, each stepped once per round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--warmup", type=int, default=8, help="steps before timing")
+    p.add_argument(
+        "--profile", type=int, default=0, help="after timing, torch.profiler over this many steps of the first variant"
+    )
+    p.add_argument("--profile-rows", type=int, default=15, help="operators listed, by self CPU time")
     return p.parse_args(argv)
 
 
@@ -115,7 +123,7 @@ def main(argv=None) -> dict:
         settings = {v: parse_variant(v, run_precision) for v in args.variants.split(",")}
         steps = {v: make_train_step("none", sharded, env, st["precision"]).step for v, st in settings.items()}
         names = list(steps)
-        threads = torch.get_num_threads()
+        threads, switch = torch.get_num_threads(), sys.getswitchinterval()
         for batch in prebuilt[: args.warmup]:
             steps[names[0]](iter([batch]))
         times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
@@ -125,6 +133,7 @@ def main(argv=None) -> dict:
                 st = settings[name]
                 two_tower.tower_inputs = SPLITS[st["split"]]
                 torch.set_num_threads(st["threads"] or threads)
+                sys.setswitchinterval(st["switch"] / 1e3 if st["switch"] else switch)
                 batches.prefetch = 2 if st["loader"] == "live" else 0
                 source = batches.epoch(2 + r) if st["loader"] == "live" else iter(prebuilt)
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -140,6 +149,7 @@ def main(argv=None) -> dict:
                     source.close()  # the live loader's thread stops here, not at the epoch's end
         two_tower.tower_inputs = SPLITS["tower_inputs"]
         torch.set_num_threads(threads)
+        sys.setswitchinterval(switch)
         ticks1 = cpu_ticks()
         steal = (ticks1[1] - ticks0[1]) / max(1, ticks1[0] - ticks0[0])
         batch_size = prebuilt[0].num_queries
@@ -155,6 +165,17 @@ def main(argv=None) -> dict:
             )
             out[name] = {"wall_ms": round(wall, 1), "cpu_ms": round(cpu, 1), "paired_ratio": round(ratio, 3)}
         print(f"steal: {steal:.0%} of this machine's CPU time went to other guests while timing")
+        if args.profile:
+            from torch.profiler import profile
+
+            first = settings[names[0]]
+            two_tower.tower_inputs = SPLITS[first["split"]]
+            with profile() as prof:
+                for batch in prebuilt[: args.profile]:
+                    steps[names[0]](iter([batch]))
+            two_tower.tower_inputs = SPLITS["tower_inputs"]
+            print(f"{names[0]}, {args.profile} steps (prebuilt batches):")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_rows))
         print(json.dumps(out))
         return out
     finally:
