@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from recsys.data.batches import TrainBatches
 from tests.helpers.config import tiny_config
@@ -95,3 +96,33 @@ def test_a_query_with_nothing_to_see_is_refused(tiny_data):
 
     with pytest.raises(ValueError, match=r"model.query_user_id=false needs a history"):
         build_task(tiny_config(["model.query_user_id=false", "data.history_length=0"]), tiny_data)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+def test_profile_bags_and_their_categories_equal_the_per_item_gathers(tiny_data, dropout):
+    """The epoch's profile order hands each bag out as at most two ranges of its arrays: the items are the
+    rows following the target's in its user's shuffled block, wrapping around (the per-row reference below),
+    and the categories of those items, in bag order, as the item -> categories CSR gives them."""
+    from recsys.data.ragged import gather_rows, segment_sum
+
+    batches = TrainBatches(
+        tiny_data, history_length=7, global_batch_size=64, num_uniform_negatives=0, seed=2,
+        query_history="profile", history_dropout=dropout, prefetch=0,
+    )  # fmt: skip
+    train, order = tiny_data.splits["train"], batches.profile_order(1)
+    rows = batches.example_rows
+    lengths, items = batches.profile_bags(rows, order)
+    expected = []
+    for row, n in zip(rows, lengths):
+        s, e = batches.user_start[row], batches.user_end[row]
+        p = order.position[row]
+        expected += [train.item_ids[order.shuffled[s + (p - s + k) % (e - s)]] for k in range(1, n + 1)]
+    assert np.array_equal(items, expected) and lengths.sum() > 0 and (lengths < 7).any()
+    cat_lengths, cats = batches.profile_categories(rows, order)
+    per_item, want = gather_rows(tiny_data.item_category_indptr, tiny_data.item_category_ids, items)
+    assert np.array_equal(cats, want) and np.array_equal(cat_lengths, segment_sum(per_item, lengths))
+    batch = batches.batch(rows[:64], np.zeros(0, dtype=np.int64), profile_order=order)
+    category = batch.features["category"]
+    assert torch.equal(
+        category.values()[: int(cat_lengths[:64].sum())], torch.from_numpy(cats[: int(cat_lengths[:64].sum())])
+    )

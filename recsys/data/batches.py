@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Iterator, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -111,6 +111,16 @@ def _empty(num_rows: int) -> Tuple[np.ndarray, np.ndarray]:
     return np.zeros(num_rows, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
 
+class ProfileOrder(NamedTuple):
+    """An epoch's order of the training rows for profile bags (``TrainBatches.profile_order``)."""
+
+    shuffled: np.ndarray  # training rows, each user's block in a random order
+    position: np.ndarray  # each training row's position in ``shuffled``
+    items: np.ndarray  # the item of each position
+    category_indptr: Optional[np.ndarray]  # CSR of the items' categories by position (None: not read)
+    category_ids: Optional[np.ndarray]
+
+
 class TrainBatches:
     """This rank's share of every global batch of an epoch, in a seeded order.
 
@@ -186,7 +196,9 @@ class TrainBatches:
         self.history_categories = self.builder.layout.spec(CATEGORY, QUERY) is not None
         contiguous = self.history_categories and query_history == "recent"
         rows_with_history = self.train.item_ids if contiguous else self.train.item_ids[:0]
-        per_row, self.row_category_ids = gather_rows(data.item_category_indptr, data.item_category_ids, rows_with_history)
+        per_row, self.row_category_ids = gather_rows(
+            data.item_category_indptr, data.item_category_ids, rows_with_history
+        )
         self.row_category_indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
         self.prefetch = prefetch
         self.pin_memory = pin_memory  # GPU: page-locked batches, so the copy to the device can be asynchronous
@@ -207,7 +219,9 @@ class TrainBatches:
             bounds[-1] -= (bounds[-1] - bounds[-2]) % world_size
         if counts is not None:
             if len(counts) != world_size or counts[rank] != len(self.example_rows):
-                raise ValueError(f"rank_example_counts={counts}: expected {world_size} counts, this rank's = {len(self.example_rows)}")
+                raise ValueError(
+                    f"rank_example_counts={counts}: expected {world_size} counts, this rank's = {len(self.example_rows)}"
+                )
             if min(counts) < len(bounds) - 1:
                 r = int(np.argmin(counts))
                 raise ValueError(
@@ -219,35 +233,63 @@ class TrainBatches:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
-    def profile_order(self, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
-        """(shuffled, position): the training rows with each user's rows in a random order drawn from
-        (seed, epoch) (users stay in their contiguous blocks), and each row's position in it."""
+    def profile_order(self, epoch: int) -> ProfileOrder:
+        """The epoch's profile order: the training rows with each user's rows in a random order drawn from
+        (seed, epoch) (users stay in their contiguous blocks), each row's position in it, and the items (and, when
+        the query reads the history's categories, their categories) in that order, so that a bag is at most two
+        contiguous ranges of them."""
         n = len(self.train)
         keys = np.random.default_rng([self.seed, epoch, 0x9E37]).random(n)
         shuffled = np.lexsort((keys, self.train.user_ids))
         position = np.empty(n, dtype=np.int64)
         position[shuffled] = np.arange(n, dtype=np.int64)
-        return shuffled, position
+        items = self.train.item_ids[shuffled]
+        category_indptr = category_ids = None
+        if self.history_categories:  # once an epoch, instead of a per-item gather in every batch
+            per_row, category_ids = gather_rows(
+                self.builder.data.item_category_indptr, self.builder.data.item_category_ids, items
+            )
+            category_indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
+        return ProfileOrder(shuffled, position, items, category_indptr, category_ids)
 
-    def profile_bags(self, rows: np.ndarray, order: Tuple[np.ndarray, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
-        """Each row's profile: up to ``history_length`` of its user's other rows' items, (lengths, items).
+    def profile_ranges(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
+        """Each row's profile as two ranges of positions in ``order`` (the second possibly empty), interleaved:
+        (starts, ends) of length 2 x len(rows).
 
-        The items that follow the row in its user's shuffled block, wrapping around: distinct rows,
-        never the row itself, a different subset each epoch when the user has more than the cap.
+        The positions that follow the row's in its user's shuffled block, wrapping around to the block's start:
+        up to ``history_length`` distinct rows, never the row itself, a different subset each epoch when the user
+        has more than the cap.
         """
-        shuffled, position = order
         start, end = self.user_start[rows], self.user_end[rows]
         lengths = np.minimum(self.history_length, end - start - 1)
         if self.history_dropout > 0:  # keep a share of the bag, at least one item when there is one
-            lengths = np.minimum(lengths, np.maximum(1, np.floor((1.0 - self.history_dropout) * (end - start - 1)).astype(np.int64)))
-        step = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
-        start_r, size_r = np.repeat(start, lengths), np.repeat(end - start, lengths)
-        index = start_r + (np.repeat(position[rows], lengths) - start_r + step) % size_r
-        return lengths, self.train.item_ids[shuffled[index]]
+            lengths = np.minimum(
+                lengths, np.maximum(1, np.floor((1.0 - self.history_dropout) * (end - start - 1)).astype(np.int64))
+            )
+        first = order.position[rows] + 1
+        first_end = np.minimum(first + lengths, end)
+        wrap = lengths - (first_end - first)
+        return np.stack([first, start], axis=1).reshape(-1), np.stack([first_end, start + wrap], axis=1).reshape(-1)
+
+    def profile_bags(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
+        """Each row's profile (``profile_ranges``): (lengths, items)."""
+        starts, ends = self.profile_ranges(rows, order)
+        lengths, items = gather_ranges(starts, ends, order.items)
+        return lengths.reshape(-1, 2).sum(axis=1), items
+
+    def profile_categories(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
+        """The categories of each row's profile items, in bag order: (per-row lengths, values)."""
+        starts, ends = self.profile_ranges(rows, order)
+        lengths, values = gather_ranges(order.category_indptr[starts], order.category_indptr[ends], order.category_ids)
+        return lengths.reshape(-1, 2).sum(axis=1), values
 
     def batch(
-        self, rows: np.ndarray, negatives: np.ndarray, global_num_queries: int = 0, rank_sizes: Optional[Tuple[int, ...]] = None,
-        profile_order: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+        self,
+        rows: np.ndarray,
+        negatives: np.ndarray,
+        global_num_queries: int = 0,
+        rank_sizes: Optional[Tuple[int, ...]] = None,
+        profile_order: Optional[ProfileOrder] = None,
     ) -> Batch:
         t = self.train
         hist_categories = None
@@ -255,6 +297,8 @@ class TrainBatches:
             if profile_order is None:
                 raise ValueError("TrainBatches.batch: query_history='profile' needs the epoch's profile_order")
             hist_lengths, hist_items = self.profile_bags(rows, profile_order)
+            if self.history_categories:
+                hist_categories = self.profile_categories(rows, profile_order)
         else:
             ends = rows
             starts = np.maximum(self.user_start[rows], rows - self.history_length)
@@ -304,7 +348,9 @@ class TrainBatches:
             negatives = np.random.default_rng([self.seed, epoch, b]).integers(
                 0, self.num_items, self.num_uniform_negatives, dtype=np.int64
             )
-            batch = self.batch(rows, negatives, global_num_queries=global_size, rank_sizes=rank_sizes, profile_order=profile)
+            batch = self.batch(
+                rows, negatives, global_num_queries=global_size, rank_sizes=rank_sizes, profile_order=profile
+            )
             yield batch.pin_memory() if self.pin_memory else batch
 
 
@@ -368,7 +414,9 @@ def user_row_bounds(users: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     return starts[np.cumsum(new_user) - 1], np.append(starts[1:], len(users))[np.cumsum(new_user) - 1]
 
 
-def latest_items(timeline: Interactions, users: np.ndarray, num_users: int, history_length: int) -> Tuple[np.ndarray, np.ndarray]:
+def latest_items(
+    timeline: Interactions, users: np.ndarray, num_users: int, history_length: int
+) -> Tuple[np.ndarray, np.ndarray]:
     """Each user's ``history_length`` latest items in ``timeline``: (lengths, items), oldest first."""
     bounds = timeline.user_bounds(num_users)
     ends = bounds[users + 1]
@@ -396,4 +444,6 @@ def item_batches(builder: FeatureBuilder, item_ids: np.ndarray, batch_size: int)
     """Candidate-only batches (no queries) for ``item_ids``."""
     empty = np.zeros(0, dtype=np.int64)
     for lo in range(0, len(item_ids), batch_size):
-        yield builder.build(user_ids=empty, hist_lengths=empty, hist_items=empty, candidate_item_ids=item_ids[lo : lo + batch_size])
+        yield builder.build(
+            user_ids=empty, hist_lengths=empty, hist_items=empty, candidate_item_ids=item_ids[lo : lo + batch_size]
+        )
