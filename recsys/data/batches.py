@@ -121,6 +121,16 @@ class ProfileOrder(NamedTuple):
     category_ids: Optional[np.ndarray]
 
 
+def _per_row(lengths: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """A gather over ``profile_ranges``' two ranges per row -> (per-row lengths, values)."""
+    return lengths.reshape(-1, 2).sum(axis=1), values
+
+
+def _categories_in(starts: np.ndarray, ends: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
+    """The categories of the items at positions [starts, ends) of ``order``, per row (two ranges each)."""
+    return _per_row(*gather_ranges(order.category_indptr[starts], order.category_indptr[ends], order.category_ids))
+
+
 class TrainBatches:
     """This rank's share of every global batch of an epoch, in a seeded order.
 
@@ -273,15 +283,11 @@ class TrainBatches:
 
     def profile_bags(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
         """Each row's profile (``profile_ranges``): (lengths, items)."""
-        starts, ends = self.profile_ranges(rows, order)
-        lengths, items = gather_ranges(starts, ends, order.items)
-        return lengths.reshape(-1, 2).sum(axis=1), items
+        return _per_row(*gather_ranges(*self.profile_ranges(rows, order), order.items))
 
     def profile_categories(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
         """The categories of each row's profile items, in bag order: (per-row lengths, values)."""
-        starts, ends = self.profile_ranges(rows, order)
-        lengths, values = gather_ranges(order.category_indptr[starts], order.category_indptr[ends], order.category_ids)
-        return lengths.reshape(-1, 2).sum(axis=1), values
+        return _categories_in(*self.profile_ranges(rows, order), order)
 
     def batch(
         self,
@@ -296,9 +302,10 @@ class TrainBatches:
         if self.uses_profile:
             if profile_order is None:
                 raise ValueError("TrainBatches.batch: query_history='profile' needs the epoch's profile_order")
-            hist_lengths, hist_items = self.profile_bags(rows, profile_order)
+            starts, ends = self.profile_ranges(rows, profile_order)  # once for the items and their categories
+            hist_lengths, hist_items = _per_row(*gather_ranges(starts, ends, profile_order.items))
             if self.history_categories:
-                hist_categories = self.profile_categories(rows, profile_order)
+                hist_categories = _categories_in(starts, ends, profile_order)
         else:
             ends = rows
             starts = np.maximum(self.user_start[rows], rows - self.history_length)
