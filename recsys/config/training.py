@@ -110,7 +110,7 @@ PRECISIONS = ("fp32", "bf16", "auto")  # trainer.precision
 
 @dataclass
 class TrainerConfig:
-    epochs: int = 10  # passes over the training split (upper bound with early stopping)
+    epochs: int = 8  # passes over the training split (upper bound with early stopping)
     global_batch_size: int = 1024  # examples per step summed over all ranks (shares differ by at most one row)
     seed: int = 0  # seeds table / tower init, shuffling and negative sampling
     early_stopping_patience: int = 2  # epochs without a better valid recall@20 before stopping; 0 disables
