@@ -111,6 +111,12 @@ def _empty(num_rows: int) -> Tuple[np.ndarray, np.ndarray]:
     return np.zeros(num_rows, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
 
+def _gathered_csr(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``gather_rows`` as a CSR of its own: (indptr int64 [len(rows) + 1], values)."""
+    per_row, gathered = gather_rows(indptr, values, rows)
+    return np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64), gathered
+
+
 class ProfileOrder(NamedTuple):
     """An epoch's order of the training rows for profile bags (``TrainBatches.profile_order``)."""
 
@@ -206,10 +212,9 @@ class TrainBatches:
         self.history_categories = self.builder.layout.spec(CATEGORY, QUERY) is not None
         contiguous = self.history_categories and query_history == "recent"
         rows_with_history = self.train.item_ids if contiguous else self.train.item_ids[:0]
-        per_row, self.row_category_ids = gather_rows(
+        self.row_category_indptr, self.row_category_ids = _gathered_csr(
             data.item_category_indptr, data.item_category_ids, rows_with_history
         )
-        self.row_category_indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
         self.prefetch = prefetch
         self.pin_memory = pin_memory  # GPU: page-locked batches, so the copy to the device can be asynchronous
 
@@ -256,10 +261,8 @@ class TrainBatches:
         items = self.train.item_ids[shuffled]
         category_indptr = category_ids = None
         if self.history_categories:  # once an epoch, instead of a per-item gather in every batch
-            per_row, category_ids = gather_rows(
-                self.builder.data.item_category_indptr, self.builder.data.item_category_ids, items
-            )
-            category_indptr = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
+            data = self.builder.data
+            category_indptr, category_ids = _gathered_csr(data.item_category_indptr, data.item_category_ids, items)
         return ProfileOrder(shuffled, position, items, category_indptr, category_ids)
 
     def profile_ranges(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
