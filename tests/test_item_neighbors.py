@@ -59,6 +59,34 @@ def test_ties_go_to_the_lower_item_id():
     assert _lists(*item_neighbors(train, num_users=2, num_items=8, k=1))[5] == [6]
 
 
+def _brute_force(train, num_users, num_items, k):
+    """Each item's k best by c_ij / sqrt(d_i d_j), lower id on ties, from the dense co-occurrence matrix."""
+    x = np.zeros((num_users, num_items))
+    x[train.user_ids, train.item_ids] = 1.0
+    cooc, degree = x.T @ x, x.sum(axis=0)
+    lists = []
+    for i in range(num_items):
+        cols = [j for j in range(num_items) if j != i and cooc[i, j] > 0]
+        cols.sort(key=lambda j: (-cooc[i, j] / np.sqrt(degree[i] * degree[j]), j))
+        lists.append(cols[:k])
+    return lists
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_long_rows_keep_exactly_the_best_k(k):
+    """Rows longer than the sampled floor's 8k entries (_score_floors) sort only their contenders: the lists
+    must be the brute force's, ties at the k-th score included (binary data with equal degrees ties a lot)."""
+    rng = np.random.default_rng(k)
+    num_users, num_items = 60, 90
+    pairs = {(int(u), int(i)) for u, i in zip(rng.integers(0, num_users, 1500), rng.integers(0, num_items, 1500))}
+    pairs |= {(u, 0) for u in range(num_users)} | {(u, 1) for u in range(0, num_users, 2)}  # two hub items
+    train = _interactions(sorted(pairs))
+    expected = _brute_force(train, num_users, num_items, k)
+    assert max(len(row) for row in _brute_force(train, num_users, num_items, num_items)) > 8 * k
+    for budget in (2_000_000, 50):  # one chunk, and many
+        assert _lists(*item_neighbors(train, num_users, num_items, k, max_chunk_pairs=budget)) == expected
+
+
 def test_k_must_be_positive():
     with pytest.raises(ValueError, match="data.item_neighbors=0"):
         item_neighbors(_interactions(PAIRS), num_users=4, num_items=5, k=0)

@@ -23,6 +23,7 @@ import scipy.sparse as sp
 from recsys.data.dataset import Interactions, RetrievalData, read_split
 
 DEFAULT_MAX_CHUNK_PAIRS = 2_000_000  # ~100 MB of transient arrays per chunk
+SAMPLE_PER_K = 8  # a long row's score floor comes from 8k of its entries (_score_floors)
 
 
 def item_neighbors(
@@ -55,16 +56,37 @@ def item_neighbors(
 
 def _top_k_rows(cooc: sp.csr_matrix, first_item: int, degree: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
     """(per-row count, ids) of each row's ``k`` best-scored columns, the row's own item left out."""
-    cooc = cooc.tocoo()
+    cooc = cooc.tocoo()  # from CSR: the rows ascending, each row's entries together
     rows, cols = cooc.row.astype(np.int64), cooc.col.astype(np.int64)
     keep = cols != rows + first_item
     rows, cols, counts = rows[keep], cols[keep], cooc.data[keep].astype(np.float64)
     scores = counts / np.sqrt(degree[rows + first_item] * degree[cols])
+    contenders = scores >= _score_floors(rows, scores, cooc.shape[0], k)[rows]
+    rows, cols, scores = rows[contenders], cols[contenders], scores[contenders]
     order = np.lexsort((cols, -scores, rows))  # by row, best score first, lower id on ties
     rows, cols = rows[order], cols[order]
     rank = np.arange(len(rows)) - np.searchsorted(rows, rows)
     best = rank < k
     return np.bincount(rows[best], minlength=cooc.shape[0]), cols[best]
+
+
+def _score_floors(rows: np.ndarray, scores: np.ndarray, num_rows: int, k: int) -> np.ndarray:
+    """float64 [num_rows]: a score each row's ``k`` best reach, so that only entries at or above it need sorting.
+
+    A row of more than ``SAMPLE_PER_K * k`` entries takes the k-th best of ``SAMPLE_PER_K * k`` of them, evenly
+    spaced: never above the row's own k-th best (a subset's k-th best cannot beat the whole row's), so every
+    entry of the top k, ties at its edge included, stays; the sort then sees ~1/SAMPLE_PER_K of a long row
+    (the whole sort was ~90% of the neighbours' time on Gowalla). Shorter rows keep every entry (-inf)."""
+    floors = np.full(num_rows, -np.inf)
+    lengths = np.bincount(rows, minlength=num_rows)
+    sample = SAMPLE_PER_K * k
+    long_rows = np.flatnonzero(lengths > sample)
+    if len(long_rows) == 0:
+        return floors
+    starts = (np.cumsum(lengths) - lengths)[long_rows]
+    picks = starts[:, None] + np.arange(sample)[None, :] * lengths[long_rows][:, None] // sample
+    floors[long_rows] = np.partition(scores[picks], sample - k, axis=1)[:, sample - k]
+    return floors
 
 
 def with_item_neighbors(data: RetrievalData, k: int) -> RetrievalData:
