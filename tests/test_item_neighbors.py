@@ -201,3 +201,20 @@ def test_a_model_and_a_dataset_that_disagree_are_refused(tiny_data):
     bare = dataclasses.replace(tiny_data, item_neighbor_indptr=None, item_neighbor_ids=None)
     with pytest.raises(ValueError, match="data.item_neighbors=20 but the dataset was loaded without"):
         build_task(cfg, bare)
+
+
+def test_the_bench_script_finds_the_same_lists_both_ways(tiny_data):
+    """scripts/bench_item_neighbors.py times the sampled floors against sorting every co-occurrence, on a
+    prepared dataset dir, and refuses to report when their lists differ."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "scripts/bench_item_neighbors.py", str(tiny_data.dir), "--k", "2", "--rounds", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    result = json.loads(out.splitlines()[-1])
+    assert result["same_lists"] is True and result["k"] == 2
+    assert result["items"] == tiny_data.num_items and result["floors_s"] > 0 and result["full_sort_s"] > 0

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.interactions import UserItemCSR, sorted_unique
 from recsys.evaluation.metrics import (
     compute_metrics,
     hit_matrix,
@@ -232,3 +232,10 @@ def test_csr_union_and_select_rows(seed):
     assert sel.num_users == 30 and sel.num_items == 15
     for j, u in enumerate(users):
         np.testing.assert_array_equal(sel.row(j), union.row(u))
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 1000])
+def test_sorted_unique_is_np_unique(size):
+    values = np.random.default_rng(size).integers(0, max(size // 3, 1), size)  # many repeats
+    np.testing.assert_array_equal(sorted_unique(values), np.unique(values))
+    assert sorted_unique(values).dtype == values.dtype

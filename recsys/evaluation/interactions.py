@@ -18,6 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` of a 1-d array by a sort and a neighbour comparison: numpy 2.4's ``np.unique`` hashes
+    first and took 1.4 s on 800k int64 keys where this takes 0.03 s (the evaluation stage builds several CSRs)."""
+    out = np.sort(values)
+    if out.size > 1:
+        out = out[np.concatenate(([True], out[1:] != out[:-1]))]
+    return out
+
+
 @dataclass(frozen=True)
 class UserItemCSR:
     """Sorted, deduplicated item ids per user (see the module docstring for the layout).
@@ -71,7 +80,7 @@ class UserItemCSR:
                 raise ValueError(f"user ids must be in [0, {num_users})")
             if item_ids.min() < 0 or item_ids.max() >= num_items:
                 raise ValueError(f"item ids must be in [0, {num_items})")
-        keys = np.unique(user_ids * num_items + item_ids)  # sorted: by user, then by item
+        keys = sorted_unique(user_ids * num_items + item_ids)  # by user, then by item
         return cls._from_sorted_keys(keys, num_users=num_users, num_items=num_items)
 
     @classmethod

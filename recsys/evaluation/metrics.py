@@ -103,7 +103,7 @@ def item_coverage_at_k(topk_ids: np.ndarray, k: int, num_items: int) -> float:
     if num_items <= 0:
         raise ValueError(f"num_items must be >= 1, got {num_items}")
     top = topk_ids[:, :k]
-    return float(np.unique(top[top >= 0]).shape[0] / num_items)
+    return float(np.count_nonzero(np.bincount(top[top >= 0], minlength=num_items)) / num_items)
 
 
 PER_USER_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr")
