@@ -39,6 +39,14 @@ median step time; ratios are of those medians, and ``paired_ratio_*`` is the med
 of the per-round ratio (robust to background load that comes and goes). Peak RSS is the process's ``ru_maxrss`` (all three models live in one process);
 ``*_state_mb`` is each way's parameters + optimizer state.
 
+Devices (``--device cuda``: one GPU, NCCL): every way trains on the bench's device. The pre-built batches are
+copied there once, before timing, from page-locked memory with ``non_blocking`` (the trainer's batches are pinned
+too, and under ``trainer.pipeline=sparse_dist`` the next batch's copy overlaps the current step, so a step's time
+holds no copy); the plain way's (ids, offsets) per table and the candidates' item ids are copied the same way. Before
+timing, every tensor each way's step reads (its inputs, its model's parameters and buffers) is checked to be on the
+device (a SystemExit names any that is not). Each timed step is bracketed by ``torch.cuda.synchronize``: it counts
+its kernels, not just their launch.
+
 The loader is measured apart: ``TrainBatches.epoch`` (what the trainer iterates; built here
 without its prefetch thread) over the same synthetic dataset, batches per second after the first
 batch (which also draws the epoch's permutation) vs. recsys's steps per second (target >= 5x).
@@ -182,15 +190,74 @@ def with_side_features(batch: Batch, shape: Shape, rng: np.random.Generator) -> 
     return Batch(features=features, candidate_item_ids=batch.candidate_item_ids, num_queries=n)
 
 
-def to_plain_inputs(batch: Batch) -> dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]:
-    """KJT -> {(side, table): (ids, offsets)} for nn.EmbeddingBag: query rows and candidate rows apart,
-    as a user without torchrec would hold them (history ids and candidate ids as separate tensors)."""
+@dataclass
+class PlainInputs:
+    """One batch as a user without torchrec holds it: nn.EmbeddingBag's (ids, offsets) per (side, table), query rows
+    and candidate rows apart (history ids and candidate ids as separate tensors), and the candidates' item ids
+    (logQ, accidental hits). Everything the plain way's step reads."""
+
+    tables: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]
+    candidate_item_ids: torch.Tensor
+    num_queries: int
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> PlainInputs:
+        return PlainInputs(
+            {
+                k: (v.to(device, non_blocking=non_blocking), o.to(device, non_blocking=non_blocking))
+                for k, (v, o) in self.tables.items()
+            },
+            self.candidate_item_ids.to(device, non_blocking=non_blocking),
+            self.num_queries,
+        )
+
+    def pin_memory(self) -> PlainInputs:
+        return PlainInputs(
+            {k: (v.pin_memory(), o.pin_memory()) for k, (v, o) in self.tables.items()},
+            self.candidate_item_ids.pin_memory(),
+            self.num_queries,
+        )
+
+
+def to_plain_inputs(batch: Batch) -> PlainInputs:
+    """KJT -> PlainInputs (on the batch's device)."""
     n = batch.num_queries
-    out = {}
+    tables = {}
     for key, jt in batch.features.to_dict().items():
         values, offsets = jt.values().long(), jt.offsets().long()
-        out[("query", key)] = (values[: offsets[n]], offsets[:n])
-        out[("candidate", key)] = (values[offsets[n] :], offsets[n:-1] - offsets[n])
+        tables[("query", key)] = (values[: offsets[n]], offsets[:n])
+        tables[("candidate", key)] = (values[offsets[n] :], offsets[n:-1] - offsets[n])
+    return PlainInputs(tables, batch.candidate_item_ids, n)
+
+
+def named_tensors(x) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor a step reads from ``x`` (a Batch or PlainInputs), by name."""
+    if isinstance(x, PlainInputs):
+        out = [
+            (f"{side}.{key}.{part}", t)
+            for (side, key), pair in x.tables.items()
+            for part, t in zip(("ids", "offsets"), pair)
+        ]
+        return out + [("candidate_item_ids", x.candidate_item_ids)]
+    kjt = x.features
+    parts = {
+        "values": kjt.values(),
+        "lengths": kjt.lengths_or_none(),
+        "offsets": kjt.offsets_or_none(),
+        "weights": kjt.weights_or_none(),
+    }
+    return [(f"features.{k}", t) for k, t in parts.items() if t is not None] + [
+        ("candidate_item_ids", x.candidate_item_ids)
+    ]
+
+
+def to_device(host: list, device: torch.device) -> list:
+    """Each pre-built batch (Batch or PlainInputs) copied to ``device``, once, before timing. On CUDA the trainer's
+    way: from page-locked memory with non_blocking (recsys.run pins its batches), then one synchronize, so that no
+    copy is still in flight when the first step is timed."""
+    if device.type != "cuda":
+        return [b.to(device) for b in host]
+    out = [b.pin_memory().to(device, non_blocking=True) for b in host]
+    torch.cuda.synchronize(device)
     return out
 
 
@@ -264,9 +331,9 @@ class PlainTwoTower(nn.Module):
         self.query_tower = mlp(sum(dim[t] for t in query_tables), TOWER_DIMS)
         self.candidate_tower = mlp(sum(dim[t] for t in candidate_tables), TOWER_DIMS)
 
-    def forward(self, inputs, num_queries: int):
-        q = torch.cat([self.tables[t](*inputs[("query", t)]) for t in self.query_tables], dim=1)
-        c = torch.cat([self.tables[t](*inputs[("candidate", t)]) for t in self.candidate_tables], dim=1)
+    def forward(self, inputs: PlainInputs):
+        q = torch.cat([self.tables[t](*inputs.tables[("query", t)]) for t in self.query_tables], dim=1)
+        c = torch.cat([self.tables[t](*inputs.tables[("candidate", t)]) for t in self.candidate_tables], dim=1)
         return F.normalize(self.query_tower(q), dim=-1), F.normalize(self.candidate_tower(c), dim=-1)
 
 
@@ -303,18 +370,18 @@ def parse_args(argv=None):
         "--device",
         default="cpu",
         choices=["cpu", "cuda"],
-        help="cuda: one GPU (NCCL), batches moved there before timing, each step synchronised",
+        help="cuda: one GPU (NCCL), batches copied there (pinned, non_blocking) before timing, each step synchronised",
     )
     return p.parse_args(argv)
 
 
 @dataclass
 class Inputs:
-    """The pre-built batches every way trains on, on the bench's device, and the loader they came from."""
+    """The pre-built batches every way trains on, copied to the bench's device before timing, and their loader."""
 
     source: TrainBatches
-    batches: list[Batch]  # recsys / unfused input: one KJT
-    plain: list[dict]  # the same batches as nn.EmbeddingBag (ids, offsets) per (side, table)
+    batches: list[Batch]  # recsys / unfused input: one KJT each
+    plain: list[PlainInputs]  # the same batches as the plain way holds them
 
 
 def prepare_inputs(shape: Shape, data: RetrievalData, args, device: torch.device) -> Inputs:
@@ -322,31 +389,52 @@ def prepare_inputs(shape: Shape, data: RetrievalData, args, device: torch.device
         data, history_length=shape.history_length, global_batch_size=shape.batch_size, num_uniform_negatives=0, seed=0
     )
     rng = np.random.default_rng(1)
-    batches = [with_side_features(b, shape, rng) for _, b in zip(range(args.num_batches), source.epoch(0))]
-    plain_inputs = [{k: (v.to(device), o.to(device)) for k, (v, o) in to_plain_inputs(b).items()} for b in batches]
-    batches = [b.to(device) for b in batches]  # once, before timing (the trainer overlaps the copy)
+    host = [with_side_features(b, shape, rng) for _, b in zip(range(args.num_batches), source.epoch(0))]
     B = shape.batch_size
-    mean_hist = batches[0].features["item"].lengths()[:B].float().mean().item() if shape.history_length else 0.0
+    mean_hist = host[0].features["item"].lengths()[:B].float().mean().item() if shape.history_length else 0.0
     print(
         f"shape {args.shape}: {shape}; mean history bag {mean_hist:.1f}; torch threads {torch.get_num_threads()}",
         flush=True,
     )
-    return Inputs(source, batches, plain_inputs)
+    return Inputs(source, to_device(host, device), to_device([to_plain_inputs(b) for b in host], device))
 
 
-def recsys_way(sharded, inputs: Inputs, env, precision: str = "fp32") -> Callable[[int], torch.Tensor]:
+@dataclass
+class Way:
+    """One way of training: ``step(i)`` trains on pre-built batch ``i`` (cycled) and reads only ``inputs`` (a Batch or
+    PlainInputs per batch) and ``module``'s parameters and buffers (its optimizers' state follows them)."""
+
+    step: Callable[[int], torch.Tensor]
+    inputs: list
+    module: nn.Module
+
+
+def misplaced(way: Way, device: torch.device) -> list[str]:
+    """What ``way``'s step reads that is not on ``device``: "NAME on DEVICE" per tensor (empty: nothing)."""
+    found = [
+        f"inputs[{i}].{name} on {t.device}"
+        for i, x in enumerate(way.inputs)
+        for name, t in named_tensors(x)
+        if t.device != device
+    ]
+    model = list(way.module.named_parameters()) + list(way.module.named_buffers())
+    return found + [f"{name} on {t.device}" for name, t in model if t.device != device]
+
+
+def recsys_way(sharded, inputs: Inputs, env, precision: str = "fp32") -> Way:
     """The trainer's own step (``make_train_step``, at trainer.precision ``precision``) on batch ``i`` of the
-    pre-built ones."""
+    pre-built ones (already on the device: the step's own non_blocking copy is then a no-op)."""
     sharded.module.train()
     _, train_step = make_train_step("none", sharded, env, precision)
-    return lambda i: train_step(iter([inputs.batches[i % len(inputs.batches)]]))
+    return Way(lambda i: train_step(iter([inputs.batches[i % len(inputs.batches)]])), inputs.batches, sharded.module)
 
 
-def plain_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers, log_q, device):
+def plain_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers, log_q, device) -> Way:
     reference = build_task(shape, data).model  # the same tables and towers, read by the plain model
     plain = PlainTwoTower(reference.ebc.embedding_bag_configs(), reference.query_keys, reference.candidate_keys).to(
         device
     )
+    plain.register_buffer("log_q", log_q.to(device), persistent=False)  # logQ of every item, read by the loss
     with torch.no_grad():
         for t, w in weights.items():
             plain.tables[t].weight.copy_(w)
@@ -357,9 +445,9 @@ def plain_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers
     )
 
     def plain_step(i: int) -> torch.Tensor:
-        plain_inputs, batch = inputs.plain[i % len(inputs.batches)], inputs.batches[i % len(inputs.batches)]
-        q, c = plain(plain_inputs, batch.num_queries)
-        loss = plain_loss(q, c, batch.candidate_item_ids, log_q, batch.num_queries)
+        batch = inputs.plain[i % len(inputs.plain)]
+        q, c = plain(batch)
+        loss = plain_loss(q, c, batch.candidate_item_ids, plain.log_q, batch.num_queries)
         loss.backward()
         sparse_opt.step()
         dense_opt.step()
@@ -367,10 +455,10 @@ def plain_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers
         dense_opt.zero_grad()
         return loss.detach()
 
-    return plain_step
+    return Way(plain_step, inputs.plain, plain)
 
 
-def unfused_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers, device):
+def unfused_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towers, device) -> Way:
     task = build_task(shape, data)
     configs = task.model.ebc.embedding_bag_configs()
     task.model.ebc = EmbeddingBagCollection(tables=configs, device=device)
@@ -393,32 +481,36 @@ def unfused_way(shape: Shape, data: RetrievalData, inputs: Inputs, weights, towe
         tower_opt.zero_grad()
         return loss.detach()
 
-    return unfused_step
+    return Way(unfused_step, inputs.batches, task)
 
 
 def build_ways(shape: Shape, data: RetrievalData, inputs: Inputs, ways: list[str], env, precision: str = "fp32"):
-    """(step function per way, parameters + optimizer state in MB per way); every way starts from recsys's weights."""
-    steps: dict[str, Callable[[int], torch.Tensor]] = {}
+    """(Way per way, parameters + optimizer state in MB per way); every way starts from recsys's weights, and its
+    step reads nothing off the bench's device (checked here: SystemExit naming the tensors otherwise)."""
+    built: dict[str, Way] = {}
     state_mb: dict[str, float] = {}
     sharded = build_recsys(shape, data, env)
     weights = table_weights(sharded)
     towers = {k: v for k, v in sharded.two_tower.state_dict().items() if "_tower." in k}
     if "recsys" in ways:
-        steps["recsys"] = recsys_way(sharded, inputs, env, precision)
+        built["recsys"] = recsys_way(sharded, inputs, env, precision)
         # weights + row-wise Adagrad's one float per row
         state_mb["recsys"] = sum(w.numel() * 4 + w.shape[0] * 4 for w in weights.values()) / 2**20
     else:
         del sharded
-    log_q = build_task(shape, data).candidate_log_q(torch.arange(shape.num_items), shape.batch_size).to(env.device)
+    log_q = build_task(shape, data).candidate_log_q(torch.arange(shape.num_items), shape.batch_size)
     if "plain" in ways:
-        steps["plain"] = plain_way(shape, data, inputs, weights, towers, log_q, env.device)
+        built["plain"] = plain_way(shape, data, inputs, weights, towers, log_q, env.device)
         state_mb["plain"] = 3 * sum(w.numel() * 4 for w in weights.values()) / 2**20  # weights + 2 Adam moments
     if "unfused" in ways:
-        steps["unfused"] = unfused_way(shape, data, inputs, weights, towers, env.device)
+        built["unfused"] = unfused_way(shape, data, inputs, weights, towers, env.device)
         state_mb["unfused"] = 3 * sum(w.numel() * 4 for w in weights.values()) / 2**20  # weights + grads + Adagrad sum
     del weights
     gc.collect()
-    return steps, state_mb
+    for name, way in built.items():
+        if off := misplaced(way, env.device):
+            raise SystemExit(f"bench_train: the {name} way's step reads tensors off {env.device}: {', '.join(off[:5])}")
+    return built, state_mb
 
 
 def time_rounds(steps, args, batch_size: int, sync) -> tuple[dict[str, list[float]], dict[str, float], dict[str, int]]:
@@ -431,6 +523,7 @@ def time_rounds(steps, args, batch_size: int, sync) -> tuple[dict[str, list[floa
         order = names[r % len(names) :] + names[: r % len(names)]
         for w in order:
             for _ in range(args.steps):
+                sync()  # nothing of the previous step (or way) still running on the device
                 t0 = time.perf_counter()
                 loss = steps[w](counters[w])
                 sync()
@@ -542,7 +635,8 @@ def main(argv=None) -> dict:
     data = synthetic_data(shape)
     inputs = prepare_inputs(shape, data, args, device)
     rss_before = current_rss_mb()
-    steps, state_mb = build_ways(shape, data, inputs, args.ways.split(","), env, args.precision)
+    ways, state_mb = build_ways(shape, data, inputs, args.ways.split(","), env, args.precision)
+    steps = {w: way.step for w, way in ways.items()}
     times, _, counters = time_rounds(steps, args, shape.batch_size, sync)
     samples_per_s = {w: shape.batch_size / statistics.median(t[args.warmup :]) for w, t in times.items()}
     paired = paired_ratios(times, args)
@@ -552,6 +646,7 @@ def main(argv=None) -> dict:
     result = summarize(args, shape.batch_size, samples_per_s, paired, state_mb, rss_before, loader, device)
     print(json.dumps(result), flush=True)
     steps.clear()
+    ways.clear()
     gc.collect()
     destroy_distributed(env)
     return result
