@@ -6,6 +6,11 @@ Random embeddings and a random exclusion CSR at MovieLens-20M scale by default
     $ python scripts/bench_eval.py                      # ML-20M scale
     $ python scripts/bench_eval.py --num-users 20000    # quicker
     $ python scripts/bench_eval.py --num-users 20000 --ann   # + FAISS flat / IVF / HNSW vs exact
+    $ python scripts/bench_eval.py --device cuda         # one GPU: masked and ranked on the device
+
+On a GPU, exact_topk takes chunked_topk's device path (recsys/evaluation/device_topk.py: the seen items masked
+there, the k + 1 candidates by groups, no host sync a chunk); ``ratio_vs_matmul_whole_row_topk`` times the same
+path with torch.topk over whole rows, side by side (its ids are checked equal).
 
 Random Gaussian embeddings have no cluster structure, so ANN recall here is a lower bound of what
 trained embeddings get; the latency figures are what the bench is for.
@@ -22,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from recsys.evaluation.device_topk import device_chunked_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.retrieval import exact_topk
 
@@ -59,6 +65,30 @@ def bare_matmuls(queries: torch.Tensor, items: torch.Tensor, chunk_size: int) ->
         torch.mm(queries[lo:hi], items_t, out=buffer[: hi - lo])
     _sync(queries.device)
     return time.perf_counter() - start
+
+
+def whole_row_topk(queries: torch.Tensor, items: torch.Tensor, args, exclude: UserItemCSR, ids: torch.Tensor) -> float:
+    """Seconds of exact_topk's device path with its candidates taken by torch.topk over every whole row
+    (``by_groups=False``) instead of over each row's best groups; its ids are checked equal to ``ids``."""
+    items_t = items.t()
+
+    def score_chunk(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        return torch.mm(queries[start:stop], items_t, out=out)
+
+    def run():
+        return device_chunked_topk(
+            score_chunk, queries.shape[0], items.shape[0], args.k, exclude=exclude, chunk_size=args.chunk_size,
+            device=queries.device, by_groups=False,
+        )  # fmt: skip
+
+    _sync(queries.device)
+    start = time.perf_counter()
+    _, rows_ids = run()
+    _sync(queries.device)
+    seconds = time.perf_counter() - start
+    if not torch.equal(rows_ids, ids):
+        raise SystemExit("bench_eval: the device path's ids differ between whole-row and by-group candidates")
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -103,6 +133,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"(a) bare chunked matmuls: {t_matmul:.3f} s ({args.num_users / t_matmul:,.0f} users/s)")
     print(f"(b) exact_topk + masking: {t_topk:.3f} s ({args.num_users / t_topk:,.0f} users/s)")
     print(f"ratio b/a: {t_topk / t_matmul:.2f}   peak RSS: {peak_rss_mb:,.0f} MB")
+    if device.type != "cpu":  # the device path's candidates by torch.topk over whole rows, side by side
+        t_rows = whole_row_topk(queries, items, args, exclude, ids)
+        result["ratio_vs_matmul_whole_row_topk"] = round(t_rows / t_matmul, 3)
+        print(f"(c) (b) with torch.topk over whole rows: {t_rows:.3f} s, ratio c/a {t_rows / t_matmul:.2f}")
+    if device.type == "cuda":
+        result["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     if args.ann:
         from recsys.evaluation.ann import compare_ann
 

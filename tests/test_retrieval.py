@@ -167,3 +167,58 @@ def test_faiss_selection_and_torch_topk_give_the_same_result(monkeypatch):
     without = exact_topk(queries, items, 20, exclude=exclude, chunk_size=16)
     assert torch.equal(with_faiss[1], without[1]) and torch.equal(with_faiss[0], without[0])
     assert (with_faiss[1] == -1).any()  # the padding case was exercised
+
+
+def _device_path(queries, items, k, exclude, chunk_size, by_groups=True):
+    """chunked_topk's device path (what runs on CUDA), run on the CPU."""
+    from recsys.evaluation.device_topk import device_chunked_topk
+
+    def score_chunk(start, stop, out):
+        return torch.mm(queries[start:stop], items.t(), out=out)
+
+    return device_chunked_topk(
+        score_chunk, queries.shape[0], items.shape[0], k, exclude=exclude, chunk_size=chunk_size, device="cpu",
+        by_groups=by_groups,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("num_items", [60, 1500])  # 1500: the candidates come by groups (47 of 32, the last short)
+@pytest.mark.parametrize("by_groups", [True, False])
+def test_device_path_gives_the_host_paths_ids(seed, num_items, by_groups):
+    """The device path (mask from the CSR's ids on the device, candidates by groups, tie fix-ups decided a chunk
+    late) against the host path: the same ids and scores to the last bit, ties, heavy exclusion and padding included."""
+    rng = np.random.default_rng(seed)
+    queries, items = _tied_embeddings(rng, num_users=45, num_items=num_items, dim=3)
+    exclude = _random_exclude(rng, 45, num_items, max_per_user=num_items - 5)
+    kept_4 = UserItemCSR.from_pairs(np.zeros(num_items - 4), np.arange(4, num_items), num_users=45, num_items=num_items)
+    exclude = exclude.union(kept_4)  # user 0 keeps 4 items: fewer than k
+    for chunk_size in (1, 8, 1000):
+        host = exact_topk(queries, items, 10, exclude=exclude, chunk_size=chunk_size)
+        device = _device_path(queries, items, 10, exclude, chunk_size, by_groups)
+        assert torch.equal(device[1], host[1]) and torch.equal(device[0], host[0])
+    assert (host[1] == -1).any()  # the padding case was exercised
+    # no exclusion, float scores
+    queries, items = torch.randn(20, 8, dtype=torch.float32), torch.randn(num_items, 8, dtype=torch.float32)
+    host, device = exact_topk(queries, items, 7, chunk_size=6), _device_path(queries, items, 7, None, 6, by_groups)
+    assert torch.equal(device[1], host[1]) and torch.equal(device[0], host[0])
+
+
+def test_candidates_by_groups_hold_the_rows_best_values():
+    """top_candidates by groups: the n best values of every row exactly (the ids may differ among equal values),
+    whether the best scores crowd into a few groups or spread, with -inf (masked) entries and a short last group."""
+    from recsys.evaluation.device_topk import top_candidates
+
+    rng = np.random.default_rng(0)
+    scores = torch.from_numpy(rng.integers(0, 50, size=(6, 4000)).astype(np.float32))
+    scores[0, :100] = 1000.0  # the 100 best of row 0 crowd into 4 groups
+    scores[1, ::40] = 1000.0  # row 1's spread over 100 groups
+    scores[2, 3000:] = float("-inf")  # a masked tail
+    scores[3, :] = float("-inf")
+    scores = torch.cat([scores, scores[:, :30]], dim=1)  # 4030 items: 125 groups of 32, then one of 30
+    scores[3, 4029] = 5.0  # row 3's one finite score, in that short last group
+    vals, ids = top_candidates(scores, 11)
+    expected = torch.topk(scores, 11, dim=1).values
+    assert torch.equal(vals, expected)
+    assert torch.equal(torch.gather(scores, 1, ids)[~torch.isneginf(vals)], vals[~torch.isneginf(vals)])
+    assert (ids < scores.shape[1]).all() and (ids >= 0).all()

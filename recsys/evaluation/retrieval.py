@@ -2,7 +2,8 @@
 
 For every query row u: ``scores[u, i] = <queries[u], items[i]>`` over all I items, excluded
 (u, i) pairs set to -inf, then the k best items ranked by (score descending, item id ascending).
-Only ``chunk_size x I`` scores exist at any time, never the full U x I matrix.
+Only ``chunk_size x I`` scores exist at any time, never the full U x I matrix (two such blocks on an accelerator,
+where ``device_topk`` masks and ranks them without a host sync a chunk; the same results to the last id).
 
     $ python scripts/bench_eval.py --num-users 20000   # speed vs the bare matmuls
 """
@@ -14,7 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from recsys.evaluation.device_topk import device_chunked_topk
 from recsys.evaluation.interactions import UserItemCSR
+from recsys.evaluation.topk_ties import apply_tie_rule, pad_topk
 
 
 def exact_topk(
@@ -78,7 +81,8 @@ def chunked_topk(
             (and return), or ignore. The returned tensor is masked in place.
         num_queries: U; num_items: I.
         k, exclude, chunk_size: as in ``exact_topk`` (same tie rule, same -1 / -inf padding).
-        device: where the output tensors and the score buffer live.
+        device: where the output tensors and the score buffer live; other than the CPU, the device path
+            (``device_topk.device_chunked_topk``: mask and candidates on the device, no host sync a chunk).
 
     Returns:
         scores float32 [U, k], ids int64 [U, k], as in ``exact_topk``.
@@ -91,6 +95,10 @@ def chunked_topk(
         raise ValueError(
             f"exclude is ({exclude.num_users} users, {exclude.num_items} items), "
             f"queries/items are ({num_queries}, {num_items})"
+        )
+    if torch.device(device).type != "cpu":  # masked and ranked on the device, no host sync a chunk
+        return device_chunked_topk(
+            score_chunk, num_queries, num_items, k, exclude=exclude, chunk_size=chunk_size, device=device
         )
     out_scores = torch.full((num_queries, k), float("-inf"), dtype=torch.float32, device=device)
     out_ids = torch.full((num_queries, k), -1, dtype=torch.int64, device=device)
@@ -138,13 +146,8 @@ def topk_from_scores(
     if num_candidates == 0 or num_rows == 0:
         out_scores = torch.full((num_rows, k), float("-inf"), dtype=torch.float32, device=scores.device)
         return out_scores, torch.full((num_rows, k), -1, dtype=torch.int64, device=scores.device)
-    vals, ids = _topk_lowest_id_ties(scores, k, num_candidates)
-    ids = torch.where(torch.isneginf(vals), -1, ids)
-    width = vals.shape[1]
-    if width < k:  # fewer items than k: pad
-        vals = torch.nn.functional.pad(vals, (0, k - width), value=float("-inf"))
-        ids = torch.nn.functional.pad(ids, (0, k - width), value=-1)
-    return vals, ids
+    vals, ids = _topk_sorted(scores, num_candidates)
+    return pad_topk(*apply_tie_rule(scores, vals, ids, k), k)
 
 
 def popularity_topk(
@@ -186,34 +189,6 @@ def _mask_excluded(scores: torch.Tensor, exclude: UserItemCSR, start: int, stop:
     scores.index_put_((rows_t, cols_t), torch.tensor(float("-inf"), device=scores.device))
 
 
-def _topk_lowest_id_ties(scores: torch.Tensor, k: int, num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of each row of ``scores`` [C, I] ordered by (score desc, id asc), [C, min(k, I)] each.
-
-    ``torch.topk`` picks an arbitrary subset of the items tied at the k-th score. Taking k + 1
-    candidates finds the rows where that matters (candidate k+1 scores the same as candidate k);
-    only those rows are rescanned to take the lowest ids among the tie. Rows with equal scores
-    inside the chosen set are then put in order by two small stable sorts.
-    """
-    vals, ids = _topk_sorted(scores, num_candidates)
-    if num_candidates > k:
-        kth = vals[:, k - 1]
-        ambiguous = (vals[:, k] == kth) & ~torch.isneginf(kth)  # -inf slots become -1 padding anyway
-        vals, ids = vals[:, :k], ids[:, :k].clone()
-        rows = ambiguous.nonzero().squeeze(1)
-        if rows.numel() > 0:
-            _fix_boundary_ties(scores, vals, ids, rows)
-    # Within the chosen set: order by id, then stably by score (desc), giving (score desc, id asc);
-    # only rows holding equal scores need it (topk already sorted the values).
-    tied = (vals[:, 1:] == vals[:, :-1]).any(dim=1).nonzero().squeeze(1)
-    if tied.numel() > 0:
-        t_vals, t_ids = vals[tied], ids[tied]
-        t_ids, order = torch.sort(t_ids, dim=1, stable=True)
-        t_vals = torch.gather(t_vals, 1, order)
-        t_vals, order = torch.sort(t_vals, dim=1, descending=True, stable=True)
-        vals[tied], ids[tied] = t_vals, torch.gather(t_ids, 1, order)
-    return vals, ids
-
-
 def _topk_sorted(scores: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.topk(scores, n, dim=1, sorted=True)``, on CPU by FAISS's k-selection heaps.
 
@@ -241,20 +216,3 @@ def _topk_sorted(scores: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tens
     heaps.reorder()  # each row sorted, largest first
     vals[ids < 0] = float("-inf")
     return torch.from_numpy(vals), torch.from_numpy(ids)
-
-
-def _fix_boundary_ties(scores: torch.Tensor, vals: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> None:
-    """Replaces, in place, ``ids[r]``'s entries tied at the k-th score by the lowest tied ids of ``scores[r]``.
-
-    ``vals`` [C, k] is sorted descending, so in row r the slots equal to the k-th score are the
-    last ``need`` ones; the row's tied items in ascending id order, first ``need`` of them, fill them.
-    """
-    kth = vals[rows, -1:]  # [R, 1]
-    slot_is_tie = vals[rows] == kth  # [R, k]
-    need = slot_is_tie.sum(dim=1, keepdim=True)  # [R, 1]
-    item_is_tie = scores[rows] == kth  # [R, I]
-    take = item_is_tie & (item_is_tie.cumsum(dim=1) <= need)  # the `need` lowest tied ids per row
-    tied_ids = take.nonzero()[:, 1]  # row-major, so ascending ids within each row, `need` per row
-    row_ids = ids[rows]
-    row_ids[slot_is_tie] = tied_ids  # boolean assignment is row-major as well
-    ids[rows] = row_ids
