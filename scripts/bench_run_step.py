@@ -3,6 +3,7 @@
     $ .venv/bin/python scripts/bench_run_step.py +experiment=gowalla
     $ .venv/bin/python scripts/bench_run_step.py --variants precision=fp32,precision=bf16      # the synthetic default
     $ .venv/bin/python scripts/bench_run_step.py +experiment=gowalla --variants split=regroup,split=tower_inputs
+    $ python scripts/bench_run_step.py +experiment=gowalla --device cuda --profile 20   # one GPU: kernel time vs step
 
 Builds what ``python -m recsys.train <overrides>`` trains (preparing the dataset as the training does, if it is not
 there yet), pre-builds ``--batches`` batches of epoch 1 without the prefetch thread, then times:
@@ -18,6 +19,12 @@ column views, or torchrec's ``KeyedTensor.regroup``, which this module keeps onl
 ``threads=N`` (torch's intra-op threads), ``switch=MS`` (Python's GIL switch interval, sys.setswitchinterval) and
 ``loader=prebuilt|live`` (live: the step takes its batches from the
 trainer's prefetching loader, whose thread then competes for the cores, as in a run).
+
+On a GPU (``--device cuda`` or ``sharding.device=cuda``) the step is the trainer's ``trainer.pipeline=none`` step: the
+pinned batch copied with non_blocking inside it, each round bracketed by torch.cuda.synchronize. ``--profile N`` then
+records CUDA activities too: operators by self device time, the device's busy time per step (kernels and copies) and
+the stall share, the step's wall time the device spent idle (``stall_share`` under the profiler, whose own overhead
+lengthens the step; ``stall_share_unprofiled`` against the timed rounds' step).
 
 On a shared virtual machine the host may take CPU time from the guest ("steal"): the script prints the share of
 CPU time stolen while it timed, since wall times are only comparable at similar steal. The last line is JSON.
@@ -82,6 +89,51 @@ def cpu_ticks() -> tuple[int, int]:
     return sum(fields[:8]), fields[7]
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def busy_ms(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) spans in microseconds, in milliseconds: the device's busy time
+    (kernels and copies that overlap on several streams count once)."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reached:
+            total += end - max(start, reached)
+            reached = end
+    return total / 1e3
+
+
+def profile_steps(step, batches: list, device: torch.device, rows: int) -> dict:
+    """torch.profiler over one step per batch (CPU activities, and CUDA's on a GPU): the operators by self CPU time
+    (and by self device time), the wall time per step under the profiler and, on a GPU, the device's busy time per
+    step (kernels and copies, overlaps once) and the stall share: the share of the step's wall time the device idled."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    sync(device)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        start = time.perf_counter()
+        for batch in batches:
+            step(iter([batch]))
+        sync(device)
+        wall_ms = (time.perf_counter() - start) * 1e3 / len(batches)
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=rows))
+    out = {"steps": len(batches), "wall_ms_per_step": round(wall_ms, 2)}
+    if cuda:
+        print(averages.table(sort_by="self_device_time_total", row_limit=rows))
+        spans = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+        busy = busy_ms(spans) / len(batches)
+        out.update(device_busy_ms_per_step=round(busy, 3), stall_share=round(1 - busy / wall_ms, 3))
+        print(
+            f"device busy {busy:.2f} ms of a {wall_ms:.2f} ms step (under the profiler): stall share {1 - busy / wall_ms:.0%}"
+        )
+    return out
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m recsys.train")
@@ -92,8 +144,14 @@ def parse_args(argv=None):
     p.add_argument(
         "--profile", type=int, default=0, help="after timing, torch.profiler over this many steps of the first variant"
     )
-    p.add_argument("--profile-rows", type=int, default=15, help="operators listed, by self CPU time")
-    return p.parse_args(argv)
+    p.add_argument("--profile-rows", type=int, default=15, help="operators listed, by self CPU (and device) time")
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], default=None, help="sharding.device of the run (default: the config's)"
+    )
+    args = p.parse_args(argv)
+    if args.device:
+        args.overrides.append(f"sharding.device={args.device}")
+    return args
 
 
 def main(argv=None) -> dict:
@@ -136,9 +194,11 @@ def main(argv=None) -> dict:
                 sys.setswitchinterval(st["switch"] / 1e3 if st["switch"] else switch)
                 batches.prefetch = 2 if st["loader"] == "live" else 0
                 source = batches.epoch(2 + r) if st["loader"] == "live" else iter(prebuilt)
+                sync(env.device)
                 wall, cpu = time.perf_counter(), time.process_time()
                 for _ in range(len(prebuilt)):
                     steps[name](source)
+                sync(env.device)  # the steps' kernels, not just their launch
                 times[name].append(
                     (
                         (time.perf_counter() - wall) / len(prebuilt) * 1e3,
@@ -166,16 +226,14 @@ def main(argv=None) -> dict:
             out[name] = {"wall_ms": round(wall, 1), "cpu_ms": round(cpu, 1), "paired_ratio": round(ratio, 3)}
         print(f"steal: {steal:.0%} of this machine's CPU time went to other guests while timing")
         if args.profile:
-            from torch.profiler import profile
-
-            first = settings[names[0]]
-            two_tower.tower_inputs = SPLITS[first["split"]]
-            with profile() as prof:
-                for batch in prebuilt[: args.profile]:
-                    steps[names[0]](iter([batch]))
-            two_tower.tower_inputs = SPLITS["tower_inputs"]
+            two_tower.tower_inputs = SPLITS[settings[names[0]]["split"]]
             print(f"{names[0]}, {args.profile} steps (prebuilt batches):")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_rows))
+            out["profile"] = profile_steps(steps[names[0]], prebuilt[: args.profile], env.device, args.profile_rows)
+            two_tower.tower_inputs = SPLITS["tower_inputs"]
+            if "device_busy_ms_per_step" in out["profile"]:  # against the step's time without the profiler
+                out["profile"]["stall_share_unprofiled"] = round(
+                    1 - out["profile"]["device_busy_ms_per_step"] / out[names[0]]["wall_ms"], 3
+                )
         print(json.dumps(out))
         return out
     finally:
