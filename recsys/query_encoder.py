@@ -31,7 +31,7 @@ SIDE_SOURCES = (USER_COLUMN, HISTORY_COLUMN)  # a side feature's (ids, offsets) 
 class QueryEncoder(nn.Module):
     """The query tower over plain nn.EmbeddingBag tables, one per pooled query entry of the layout.
 
-    forward(user_ids [B], history_item_ids [N], history_offsets [B],
+    forward(user_ids [B] (-1: no user), history_item_ids [N], history_offsets [B],
             history_categories [M], history_category_offsets [B],
             side [ids_0, offsets_0 [B], ids_1, offsets_1 [B], ...]) -> [B, D], unit norm.
     Offsets are bag starts (PyTorch EmbeddingBag convention); bags may be empty (pool to 0).
@@ -76,8 +76,10 @@ class QueryEncoder(nn.Module):
                 assert side is not None, "QueryEncoder: side features need the side argument"
                 pooled.append(self.side[table](side[2 * j], side[2 * j + 1]))
                 j += 1
-            elif source == USER_ID:
-                pooled.append(getattr(self, table)(user_ids, torch.arange(user_ids.shape[0], device=user_ids.device)))
+            elif source == USER_ID:  # a negative id: a query without a user, no row (an empty bag pools to 0)
+                bags = torch.arange(user_ids.shape[0], device=user_ids.device)
+                rows = getattr(self, table)(user_ids.clamp(min=0), bags)
+                pooled.append(rows * (user_ids >= 0).unsqueeze(1).to(rows.dtype))
             elif source == HISTORY:  # the item table's bag, and the neighbour table's with model.query_neighbors
                 pooled.append(getattr(self, table)(history_item_ids, history_offsets))
             else:  # history_categories

@@ -54,6 +54,16 @@ from recsys.data.raw_ids import KEY_SPACE, hash_keys_numpy  # numpy / torch only
 from recsys.query_encoder import QueryEncoder, dynamic_shapes, example_inputs, load_encoder  # noqa: F401 (torch only)
 from recsys.rankers.fusion import spread  # torch only
 from recsys.safe_load import numpy_load
+from recsys.serving_inputs import (
+    as_raw_ids,
+    as_top_k,
+    check_lengths,
+    distinct_latest,
+    history_indices,
+    item_indices,
+    user_index,
+    user_indices,
+)  # fmt: skip (numpy only)
 
 BUNDLE_FORMAT = "recsys-bundle/3"  # 3: the served ranker (fusions, graph_query.npy, index.faiss); 2: the encoder from query_encoder.pt
 
@@ -96,44 +106,56 @@ class ServingBundle:
     id_maps: dict[str, RawIdMap] | None = None
     raw_ids: dict[str, np.ndarray] | None = None  # "users" / "items" -> int64 [num_users] / [num_items]
 
-    def _check_ids(self, name: str, ids: np.ndarray, size: int) -> None:
-        if ids.size and (ids.min() < 0 or ids.max() >= size):
-            raise ValueError(f"{name}: ids must be in [0, {size}), got {int(ids.min())}..{int(ids.max())}")
-
     def encode_two_tower(
-        self, user_ids: np.ndarray, history_lengths: np.ndarray, history_items: np.ndarray
+        self, user_ids: np.ndarray | None, history_lengths: np.ndarray, history_items: np.ndarray
     ) -> torch.Tensor:
-        """The two-tower's query embeddings ``B x D_tt`` (unit norm) from user ids and their history (each user's
-        items concatenated, oldest first; the tower reads each user's latest ``history_length``)."""
-        user_ids = np.asarray(user_ids, dtype=np.int64)
+        """The two-tower's query embeddings ``B x D_tt`` (unit norm) from user ids (None: queries without a user,
+        which use no user row) and their history (each user's items concatenated, oldest first; the tower reads
+        each user's latest ``history_length`` distinct items)."""
+        user_ids, history_lengths, history_items = self._checked_bags(user_ids, history_lengths, history_items)
+        anonymous = user_ids is None
+        users = np.full(len(history_lengths), -1) if user_ids is None else user_ids
         history_lengths, history_items = _latest(history_lengths, history_items, self.manifest.get("history_length", 0))
-        self._check_ids("user_ids", user_ids, self.manifest["num_users"])
         if self.id_maps is not None:  # managed ids: the indices' raw ids, then the tables' rows
             assert self.raw_ids is not None
+            user_keys = users if anonymous else self.raw_ids["users"][users]
             return self._encode_rows(
-                user_ids, history_lengths, history_items,
-                self.raw_ids["users"][user_ids], self.raw_ids["items"][history_items],
+                users, history_lengths, history_items, user_keys, self.raw_ids["items"][history_items],
+                anonymous=anonymous,
             )  # fmt: skip
-        return self._encode_rows(user_ids, history_lengths, history_items, user_ids, history_items)
+        return self._encode_rows(users, history_lengths, history_items, users, history_items, anonymous=anonymous)
+
+    def _checked_bags(self, user_ids, history_lengths, history_items) -> tuple:
+        """(user ids or None, lengths, items), checked against each other and the bundle's counts, each user's
+        items counted once at their latest position (recsys/serving_inputs.py)."""
+        items = item_indices(history_items, self.manifest["num_items"], "history_items")
+        users = user_indices(user_ids, self.manifest["num_users"])
+        num_users = len(np.asarray(history_lengths).reshape(-1)) if users is None else len(users)
+        names = ("queries" if users is None else "user_ids", "history_items")
+        lengths = check_lengths(history_lengths, num_users, len(items), names)
+        return (users, *distinct_latest(lengths, items))
 
     def encode_raw(
-        self, user_raw_ids: np.ndarray, history_lengths: np.ndarray, history_raw_ids: np.ndarray
+        self, user_raw_ids: np.ndarray | None, history_lengths: np.ndarray, history_raw_ids: np.ndarray
     ) -> torch.Tensor:
         """The two-tower's query embeddings from raw ids (model.id_mapping=managed): any 64-bit ids, the dataset's
-        or new ones; a history item the catalogue lacks counts with its row but no categories."""
+        or new ones (None: queries without a user); a history item the catalogue lacks counts with its row but no
+        categories."""
         if self.id_maps is None or self.raw_ids is None:
             raise ValueError(
                 "encode_raw: this bundle's tables are indexed by the dataset's ids (model.id_mapping=vocab)"
             )
-        user_raw = np.asarray(user_raw_ids, dtype=np.int64)
-        lengths, raw_items = _latest(history_lengths, history_raw_ids, self.manifest.get("history_length", 0))
-        raw_items = np.asarray(raw_items, dtype=np.int64)
+        anonymous = user_raw_ids is None
+        raw_items = as_raw_ids(history_raw_ids, "history_raw_ids")
+        user_raw = np.zeros(len(history_lengths), np.int64) if anonymous else as_raw_ids(user_raw_ids, "user_raw_ids")
+        lengths = check_lengths(history_lengths, len(user_raw), len(raw_items), ("user_raw_ids", "history_raw_ids"))
+        lengths, raw_items = _latest(*distinct_latest(lengths, raw_items), self.manifest.get("history_length", 0))
         catalogue = self.raw_ids["items"]
         order = np.argsort(catalogue, kind="stable")
         pos = np.minimum(np.searchsorted(catalogue[order], raw_items), max(len(order) - 1, 0))
         known = catalogue[order][pos] == raw_items
         indices = np.where(known, order[pos], -1)  # -1: an item the catalogue lacks (no categories, no side ids)
-        return self._encode_rows(np.full(len(user_raw), -1), lengths, indices, user_raw, raw_items)
+        return self._encode_rows(np.full(len(user_raw), -1), lengths, indices, user_raw, raw_items, anonymous=anonymous)
 
     def _encode_rows(
         self,
@@ -142,9 +164,12 @@ class ServingBundle:
         history_items: np.ndarray,
         user_keys: np.ndarray,
         item_keys: np.ndarray,
+        *,
+        anonymous: bool = False,
     ) -> torch.Tensor:
         """The encoder on users / history items given by index (categories, side features; -1: unknown) and by
-        what their tables are looked up with (``*_keys``: the indices, or raw ids when managed)."""
+        what their tables are looked up with (``*_keys``: the indices, or raw ids when managed). ``anonymous``:
+        no user row at all (the encoder pools an empty user bag: zeros)."""
         cat_lengths, cats = _gather_known(self.category_indptr, self.category_ids, history_items)
         per_user = segment_sum(cat_lengths, history_lengths)
         side = []
@@ -156,6 +181,8 @@ class ServingBundle:
         if self.id_maps is not None:
             user_keys = self.id_maps["user"].rows_of(user_keys) if "user" in self.id_maps else user_keys
             item_keys = self.id_maps["item"].rows_of(item_keys)
+        if anonymous:
+            user_keys = np.full(len(history_lengths), -1)  # QueryEncoder: a negative user id pools no row
         assert self.encoder is not None
         with torch.no_grad():
             return self.encoder(
@@ -179,16 +206,17 @@ class ServingBundle:
         out.index_add_(0, torch.from_numpy(users), self.graph_query[torch.from_numpy(items)])
         return out
 
-    def encode(self, user_ids: np.ndarray, history_lengths: np.ndarray, history_items: np.ndarray) -> torch.Tensor:
+    def encode(
+        self, user_ids: np.ndarray | None, history_lengths: np.ndarray, history_items: np.ndarray
+    ) -> torch.Tensor:
         """Query vectors ``B x D`` of the served ranker (rank items by <query, item_embeddings>).
 
-        ``user_ids``: dataset indices (vocab/users.parquet maps raw ids); ``history_items``: every user's items,
-        concatenated in user order, oldest first (``history_lengths`` per user). The two-tower reads each user's
-        latest manifest["history_length"]; the graph filter every distinct item.
+        ``user_ids``: dataset indices (vocab/users.parquet maps raw ids), or None: queries without a user (no user
+        row); ``history_items``: every user's items, concatenated in user order, oldest first (``history_lengths``
+        per user), each counted once at its latest position. The two-tower reads each user's latest
+        manifest["history_length"]; the graph filter every distinct item.
         """
-        history_lengths = np.asarray(history_lengths, dtype=np.int64)
-        history_items = np.asarray(history_items, dtype=np.int64)
-        self._check_ids("history_items", history_items, self.manifest["num_items"])
+        user_ids, history_lengths, history_items = self._checked_bags(user_ids, history_lengths, history_items)
         parts = []
         if self.encoder is not None:
             parts.append(("two_tower", self.encode_two_tower(user_ids, history_lengths, history_items)))
@@ -209,38 +237,49 @@ class ServingBundle:
         return queries @ self.item_embeddings.t()
 
     def recommend(
-        self, history: np.ndarray, k: int = 10, *, exclude_seen: bool = True, user_id: int = 0
+        self, history, k: int = 10, *, exclude_seen: bool = True, user_id: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(item indices [k] best first, their scores [k]) for one user from the FAISS index.
+        """(item indices best first, their scores) for one user from the FAISS index: at most ``k``, fewer when
+        fewer items are left to recommend (never padding).
 
-        ``history``: the user's item indices, oldest first (vocab/items.parquet maps raw ids); ``user_id``:
-        their index, read only by a model with a user-id table. ``exclude_seen``: the history is never
-        recommended, as the evaluation masks it. Ties go to the lower item index; -1 / -inf pad the tail
-        when fewer than k items are left.
+        ``history``: the user's item indices, oldest first (vocab/items.parquet maps raw ids), each counted once;
+        ``user_id``: their index, read by a model with a user-id table (None: a query without a user, which uses
+        no user row). ``exclude_seen``: the history is never recommended, as the evaluation masks it. Ties go to
+        the lower item index.
         """
-        history = np.asarray(history, dtype=np.int64).reshape(-1)
-        ids, scores = self.recommend_batch([history], k, exclude_seen=exclude_seen, user_ids=np.array([user_id]))
-        return ids[0], scores[0]
+        items = history_indices(history, self.manifest["num_items"])
+        user = user_index(user_id, self.manifest["num_users"])
+        ids, scores = self.recommend_batch(
+            [items], k, exclude_seen=exclude_seen, user_ids=None if user is None else np.array([user])
+        )
+        found = ids[0] >= 0
+        return ids[0][found], scores[0][found]
 
     def recommend_batch(
-        self, histories: list[np.ndarray], k: int = 10, *, exclude_seen: bool = True, user_ids: np.ndarray | None = None
+        self, histories, k: int = 10, *, exclude_seen: bool = True, user_ids: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``recommend`` for several users at once: (ids [B, k], scores [B, k])."""
+        """``recommend`` for several users at once: (ids [B, k'], scores [B, k']), k' = min(k, the most items left
+        to any of them); a row with fewer items left ends in -1 / -inf padding (-1 is no item: never index with
+        it). ``user_ids``: one index per history, or None (queries without users). No histories: [0, k'] arrays."""
         from recsys.evaluation.ann import ann_topk  # noqa: PLC0415 (faiss only where recommendations are asked for)
         from recsys.evaluation.interactions import UserItemCSR  # noqa: PLC0415
 
-        histories = [np.asarray(h, dtype=np.int64).reshape(-1) for h in histories]
+        k, num_items = as_top_k(k), self.manifest["num_items"]
+        if isinstance(histories, (str, bytes)) or not hasattr(histories, "__len__"):
+            raise ValueError(f"histories: expected a list of histories (one sequence per user), got {histories!r}")
+        histories = [history_indices(h, num_items, f"histories[{i}]") for i, h in enumerate(histories)]
+        users = user_indices(user_ids, self.manifest["num_users"], len(histories))
         lengths = np.array([len(h) for h in histories], dtype=np.int64)
-        items = np.concatenate(histories) if histories else np.zeros(0, dtype=np.int64)
-        users = np.zeros(len(histories), dtype=np.int64) if user_ids is None else np.asarray(user_ids, dtype=np.int64)
+        left = num_items - lengths if exclude_seen else np.full(len(histories), num_items)
+        k = min(k, int(left.max()) if len(histories) else num_items)
+        if k == 0 or not histories:
+            return np.zeros((len(histories), k), dtype=np.int64), np.zeros((len(histories), k), dtype=np.float32)
+        items = np.concatenate(histories)
         queries = self.encode(users, lengths, items)
         exclude = None
         if exclude_seen:
             exclude = UserItemCSR.from_pairs(
-                np.repeat(np.arange(len(histories)), lengths),
-                items,
-                num_users=len(histories),
-                num_items=self.manifest["num_items"],
+                np.repeat(np.arange(len(histories)), lengths), items, num_users=len(histories), num_items=num_items
             )
         scores, ids = ann_topk(self.index, queries, k, exclude=exclude)
         return ids, scores
