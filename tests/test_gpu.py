@@ -124,17 +124,23 @@ def test_exact_topk_on_the_device_gives_the_host_paths_ids():
     host = exact_topk(queries, items, 20, exclude=exclude, chunk_size=64)
     device = exact_topk(queries.cuda(), items.cuda(), 20, exclude=exclude, chunk_size=64)
     assert torch.equal(device[1].cpu(), host[1]) and torch.equal(device[0].cpu(), host[0])
-    # float scores (no ties: no fix-ups), top-100 by groups (20,000 items >= 4 x 101 x 32): not one stream sync
-    queries, items = torch.randn(700, 16), torch.randn(20000, 16)
+    # no tie anywhere (no fix-ups), scores exact in fp32 on both (random floats would round differently in the two
+    # matmuls): score(u, i) = a_u * perm(i) + b_u, a_u != 0; top-100 by groups (20,000 >= 4 x 101 x 32): no stream sync
+    a = torch.from_numpy(rng.choice([-5, -3, -1, 1, 2, 4], 700).astype(np.float32))
+    queries = torch.stack([a, torch.from_numpy(rng.integers(-9, 10, 700).astype(np.float32))], dim=1)
+    items = torch.stack([torch.from_numpy(rng.permutation(20000).astype(np.float32)), torch.ones(20000)], dim=1)
     exclude = UserItemCSR.from_pairs(
         np.repeat(np.arange(700), 50), rng.integers(0, 20000, 35000), num_users=700, num_items=20000
     )
     host = exact_topk(queries, items, 100, exclude=exclude, chunk_size=256)
     queries, items = queries.cuda(), items.cuda()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # the default; TF32 would round perm(i)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # a stream sync (.item(), nonzero, a pageable copy) raises
     try:
         device = exact_topk(queries, items, 100, exclude=exclude, chunk_size=256)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(device[1].cpu(), host[1])
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert torch.equal(device[1].cpu(), host[1]) and torch.equal(device[0].cpu(), host[0])
