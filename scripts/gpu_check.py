@@ -114,9 +114,9 @@ def run_step(argv: list[str], timeout: int, log: Path, env: dict) -> tuple[int |
     """(exit status or None on timeout, seconds, peak device MiB seen by nvidia-smi while it ran)."""
     sampler = None
     if shutil.which("nvidia-smi"):
-        samples = log.with_suffix(".mem")
         query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "250"]
-        sampler = subprocess.Popen(query, stdout=samples.open("w"), stderr=subprocess.DEVNULL)
+        with log.with_suffix(".mem").open("w") as samples:
+            sampler = subprocess.Popen(query, stdout=samples, stderr=subprocess.DEVNULL)
     start = time.perf_counter()
     with log.open("w") as out:
         try:
@@ -129,7 +129,12 @@ def run_step(argv: list[str], timeout: int, log: Path, env: dict) -> tuple[int |
         try:
             rc = proc.wait(timeout=timeout) if proc is not None else 127
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the step and whatever it started (torchrun workers, pytest's runs)
+            try:
+                os.killpg(
+                    proc.pid, signal.SIGKILL
+                )  # the step and whatever it started (torchrun workers, pytest's runs)
+            except ProcessLookupError:  # it ended just now
+                pass
             proc.wait()
             rc = None
     seconds = time.perf_counter() - start
@@ -162,7 +167,7 @@ def failure(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def test_counts(text: str) -> dict:
+def gpu_test_counts(text: str) -> dict:
     """pytest's closing counts, or (a run cut short) the per-test PASSED / FAILED / SKIPPED lines of -v."""
     counts = {k: 0 for k in ("passed", "failed", "skipped", "errors")}
     closing = re.findall(r"(\d+) (passed|failed|skipped|errors?)", text.splitlines()[-1] if text.strip() else "")
@@ -207,7 +212,7 @@ def figures(name: str, text: str, work: Path) -> dict:
     if name == "gpu":
         return {"device": text.strip().splitlines()[0] if text.strip() else ""}
     if name == "gpu_tests":
-        return test_counts(text)
+        return gpu_test_counts(text)
     if name.startswith("synthetic_"):
         return {"samples_per_s": window_samples_per_s(work / name)}
     if name == "gowalla":
