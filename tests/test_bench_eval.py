@@ -1,26 +1,13 @@
 """scripts/bench_eval.py's plumbing on CPU: its figures, and the device path's side-by-side it runs on a GPU."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.retrieval import exact_topk
+from tests.helpers.scripts import load_script
 
-
-def load_bench():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_eval.py"
-    spec = importlib.util.spec_from_file_location("bench_eval", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_eval"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_script("bench_eval")
 
 
 def test_bench_eval_reports_its_ratio():

@@ -1,26 +1,15 @@
 """scripts/bench_run_step.py --profile: the step broken down by torch.profiler, and on a GPU its stall share."""
 
-import importlib.util
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.autograd import DeviceType
 
+from tests.helpers.scripts import load_script
 
-def load_bench():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_run_step.py"
-    spec = importlib.util.spec_from_file_location("bench_run_step", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_run_step"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_script("bench_run_step")
 
 
 def test_busy_ms_counts_overlapping_spans_once():

@@ -5,28 +5,17 @@ GPU here, the meta device stands in for it: a copy that is missed leaves a CPU t
 do not check devices themselves (embedding_bag takes CPU ids with meta weights), so a dispatch mode checks every op.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from tests.helpers.scripts import load_script
+
 META = torch.device("meta")
 
 
-def load_bench():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_train.py"
-    spec = importlib.util.spec_from_file_location("bench_train", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_train"] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_script("bench_train")
 # every feature kind the bench has: user, history bags and their categories, item categories, one side feature
 TINY = bench.Shape(
     batch_size=32,

@@ -128,15 +128,12 @@ def test_a_hung_step_is_killed_at_its_timeout_and_a_broken_stack_skips_the_rest(
 def test_every_training_step_is_a_valid_config_and_every_bench_takes_its_arguments(tmp_path):
     """A typo in an override would cost the GPU machine's minutes: each recsys.train step's overrides compose into a
     config (the batch, epochs and device it means), and bench_train / bench_eval parse theirs."""
-    import importlib.util
-
     from hydra import compose, initialize_config_dir
 
     from recsys.config import register_configs, to_config
+    from tests.helpers.scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = load_script("gpu_check")
     plan = {name: argv for name, _, argv in check.steps(tmp_path)}
     register_configs()
     for name in ("synthetic_8192", "synthetic_32768", "synthetic_131072", "gowalla"):
@@ -152,9 +149,5 @@ def test_every_training_step_is_a_valid_config_and_every_bench_takes_its_argumen
             assert cfg.trainer.epochs == (2 if batch == 8192 else 1)
             assert 800_000 // batch // cfg.trainer.log_every_steps >= 2  # at least two windows an epoch
     for bench in ("bench_train", "bench_eval"):
-        script = ROOT / plan[bench][0]
-        spec = importlib.util.spec_from_file_location(bench, script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[bench] = module
-        spec.loader.exec_module(module)
-        assert module.parse_args(plan[bench][1:]).device == "cuda"
+        assert plan[bench][0] == f"scripts/{bench}.py"
+        assert load_script(bench).parse_args(plan[bench][1:]).device == "cuda"
