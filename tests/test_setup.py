@@ -1,6 +1,7 @@
 """`make setup`: pip's one expected complaint (torchrec's fbgemm-gpu, satisfied by fbgemm-gpu-cpu) never prints."""
 
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -9,12 +10,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Run under `make test`, a child make inherits MAKELEVEL / MAKEFLAGS and prints "make[1]: Entering directory"
+# on stdout: the recipe read here must be the one a user's own `make -n` prints.
+MAKE_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
 
 
 def _setup_commands() -> list:
     # -n: print the recipe without running it; -B: as on a fresh clone (no stamp yet)
     out = subprocess.run(
-        ["make", "-n", "-B", "setup", f"VENV={sys.prefix}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "-n", "-B", "setup", f"VENV={sys.prefix}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=MAKE_ENV,
     )
     return [line for line in out.stdout.splitlines() if not line.startswith("#")]  # the recipe's comments
 
@@ -47,7 +56,7 @@ def _fake_python(tmp_path: Path, version: str | None) -> Path:
 
 
 def _make_n(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-n", "-B", "setup", *args], cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run(["make", "-n", "-B", "setup", *args], cwd=ROOT, capture_output=True, text=True, env=MAKE_ENV)
 
 
 @pytest.mark.parametrize(
