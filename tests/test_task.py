@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from recsys.model.task import RetrievalTask, accidental_hits, masked_logits, sampled_softmax_loss
+from recsys.model.in_batch_softmax import accidental_hits, masked_logits, sampled_softmax_loss
+from recsys.model.task import RetrievalTask
 
 
 def naive_loss(q, c, labels, q_items, c_items, tau, log_q):
@@ -90,15 +91,17 @@ def autograd_reference(q, c, labels, q_items, c_items, tau, log_q):
     return torch.nn.functional.cross_entropy(logits.masked_fill(hits, float("-inf")), labels)
 
 
+@pytest.mark.parametrize("block_rows", [0, 64, 10], ids=["dense", "one-block", "blocks-of-10"])
 @pytest.mark.parametrize("device_variant", [False, True], ids=["cpu-variant", "cuda-variant"])
 @pytest.mark.parametrize("use_log_q", [True, False])
-def test_hand_written_backward_equals_autograd(use_log_q, device_variant, monkeypatch):
+def test_hand_written_backward_equals_autograd(use_log_q, device_variant, block_rows, monkeypatch):
     """Random batches with many repeated items (accidental hits) and uniform negatives; labels offset as on rank 1.
-    ``cuda-variant`` runs on CPU what runs on a GPU (dense hit mask, out-of-place log_softmax)."""
-    import recsys.model.task as task_module
+    ``cuda-variant`` runs on CPU what runs on a GPU (dense hit mask, out-of-place log_softmax); ``block_rows`` > 0:
+    the row-blocked form with a logits budget of that many rows (64, the whole batch, runs the dense form)."""
+    import recsys.model.in_batch_softmax as softmax_module
 
     if device_variant:
-        monkeypatch.setattr(task_module, "_on_host", lambda t: False)
+        monkeypatch.setattr(softmax_module, "_on_host", lambda t: False)
     g = torch.Generator().manual_seed(1)
     b, c_rows, d, tau = 64, 160, 16, 0.07
     q0 = torch.nn.functional.normalize(torch.randn(b, d, generator=g), dim=-1)
@@ -121,6 +124,7 @@ def test_hand_written_backward_equals_autograd(use_log_q, device_variant, monkey
                 candidate_item_ids=c_items,
                 temperature=tau,
                 candidate_log_q=log_q,
+                block_mb=block_rows * c_rows * 4 / 2**20,
             )
         (3.0 * loss).backward()  # a non-unit upstream gradient must scale the result
         grads.append((loss.item(), q.grad, c.grad))

@@ -114,6 +114,9 @@ class ModelConfig:
     )  # softmax: in-batch sampled softmax (temperature, logQ); ccl: SimpleX's cosine contrastive loss
     margin: float = 0.9  # ccl: negatives with cosine below this cost nothing
     negative_weight: float = 150.0  # ccl: weight of the mean negative term
+    # MiB of fp32 logits the softmax computes at once: a batch whose B x C logits exceed it runs in row blocks of
+    # queries (the same loss and gradients, memory B_block x C); -1 = auto (64 on CPU, 1024 on a GPU), 0 = dense
+    softmax_block_mb: int = -1
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
     # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)
     query_user_id: bool | None = None
@@ -138,6 +141,7 @@ def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
     need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
     need(-1.0 <= m.margin < 1.0, "model.margin", m.margin, "must be a cosine in [-1, 1)")
     need(m.negative_weight >= 0, "model.negative_weight", m.negative_weight, "must be >= 0")
+    need(m.softmax_block_mb >= -1, "model.softmax_block_mb", m.softmax_block_mb, "must be -1 (auto), 0 (dense) or MiB")
     need(
         all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0,
         "model.tower_dims",

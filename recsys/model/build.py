@@ -86,6 +86,7 @@ def build_retrieval_task(
             loss=str(model.loss),
             margin=model.margin,
             negative_weight=model.negative_weight,
+            softmax_block_mb=model.softmax_block_mb,
         )
 
 

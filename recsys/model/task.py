@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from recsys.data.batch import Batch
+from recsys.model.in_batch_softmax import resolve_block_mb, sampled_softmax_loss
 from recsys.model.two_tower import TwoTower
 
 
@@ -37,149 +38,6 @@ class LocalCandidates(nn.Module):
         self, t: torch.Tensor, global_size: int, sizes: Sequence[int] | None = None
     ) -> tuple[torch.Tensor, int]:
         return t, 0
-
-
-def accidental_hits(
-    query_item_ids: torch.Tensor, candidate_item_ids: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, columns) of every candidate whose item is its query's positive, the label itself excepted.
-
-    Found by sorting the candidates' ids, never as a B_q x C comparison, which is ~35x slower on CPU
-    at large batches (docs/performance.md, "What changed for speed"). (On CUDA the pair
-    count would need a host sync to size the result; ``sampled_softmax_loss`` uses the dense mask there.)
-    """
-    sorted_ids, order = torch.sort(candidate_item_ids)
-    first = torch.searchsorted(sorted_ids, query_item_ids)
-    counts = torch.searchsorted(sorted_ids, query_item_ids, right=True) - first
-    rows = torch.repeat_interleave(torch.arange(query_item_ids.numel(), device=counts.device), counts)
-    # position of each pair within its query's run of equal ids, then the candidate column there
-    run_start = torch.cumsum(counts, 0) - counts
-    cols = order[torch.repeat_interleave(first - run_start, counts) + torch.arange(rows.numel(), device=counts.device)]
-    keep = cols != labels[rows]
-    return rows[keep], cols[keep]
-
-
-def _on_host(t: torch.Tensor) -> bool:
-    """Which variant of the loss's two device-dependent steps runs: on CPU the sorted accidental
-    hits and the in-place log_softmax; elsewhere the dense hit mask (no host sync to size the
-    pairs) and an out-of-place log_softmax. Tests flip it to run the device variant on CPU."""
-    return t.device.type == "cpu"
-
-
-def matmul_dtype(device: torch.device) -> torch.dtype | None:
-    """The autocast dtype the loss's GEMMs run in (trainer.precision), or None outside autocast."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    return None
-
-
-def masked_logits(
-    queries: torch.Tensor,
-    candidates: torch.Tensor,
-    *,
-    labels: torch.Tensor,
-    query_item_ids: torch.Tensor,
-    candidate_item_ids: torch.Tensor,
-    temperature: float,
-    candidate_log_q: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``B_q x C`` fp32 scores <q, c> / tau - log q(c), accidental hits set to -inf (no autograd).
-
-    Under autocast (trainer.precision=bf16) only the GEMM runs in the autocast dtype (fp32 accumulation):
-    the scores are fp32 before the bias, so the softmax never sees bf16's 3 significant digits.
-    """
-    with torch.no_grad():
-        dtype = matmul_dtype(queries.device)
-        if dtype is not None:
-            with torch.autocast(queries.device.type, enabled=False):
-                logits = torch.mm(queries.to(dtype), candidates.to(dtype).t()).float().mul_(1.0 / temperature)
-            if candidate_log_q is not None:
-                logits.sub_(candidate_log_q.unsqueeze(0))
-        elif candidate_log_q is not None:
-            # the logQ row is the GEMM's bias and 1/tau its alpha: no extra B_q x C pass for either
-            logits = torch.addmm(candidate_log_q.neg().unsqueeze(0), queries, candidates.t(), alpha=1.0 / temperature)
-        else:
-            logits = torch.mm(queries, candidates.t()).mul_(1.0 / temperature)
-        if _on_host(logits):
-            logits.index_put_(accidental_hits(query_item_ids, candidate_item_ids, labels), torch.tensor(float("-inf")))
-        else:
-            hits = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)
-            hits[torch.arange(labels.numel(), device=labels.device), labels] = False
-            logits.masked_fill_(hits, float("-inf"))
-    return logits
-
-
-class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy over masked logits with a hand-written backward.
-
-    Autograd through mm / div / sub / masked_fill / cross_entropy keeps one B_q x C tensor per op
-    and makes ~8 passes over B_q x C; this keeps one (the log-probabilities, computed in place on
-    the logits on CPU) and makes ~4: the GEMM, log_softmax, then in backward exp and the two GEMMs.
-    Gradient: dL/dlogits = (softmax - onehot(label)) / B_q; dlogits/dq = c / tau, dlogits/dc = q / tau.
-    """
-
-    @staticmethod
-    def forward(ctx, queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q):
-        logits = masked_logits(
-            queries,
-            candidates,
-            labels=labels,
-            query_item_ids=query_item_ids,
-            candidate_item_ids=candidate_item_ids,
-            temperature=temperature,
-            candidate_log_q=candidate_log_q,
-        )
-        # in place on CPU (the kernel reads each row before writing it; a fresh 8192 x 8192 tensor
-        # would page-fault in every step); out of place on other devices, where that is not verified
-        log_probs = torch.log_softmax(logits, 1, out=logits) if _on_host(logits) else torch.log_softmax(logits, 1)
-        rows = torch.arange(labels.numel(), device=labels.device)
-        loss = -log_probs[rows, labels].mean()
-        ctx.save_for_backward(queries, candidates, log_probs, labels)
-        ctx.temperature = temperature
-        ctx.matmul_dtype = matmul_dtype(queries.device)  # backward may run outside the autocast region
-        ctx.backward_done = False
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        if ctx.backward_done:
-            raise RuntimeError("sampled_softmax_loss: backward ran twice (its buffer is reused in place)")
-        ctx.backward_done = True
-        queries, candidates, log_probs, labels = ctx.saved_tensors
-        grad_logits = log_probs.exp_()  # the softmax, in place
-        grad_logits[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0
-        scale = grad_loss / (labels.numel() * ctx.temperature)  # a 0-dim tensor: no host sync
-        dtype = ctx.matmul_dtype
-        with torch.autocast(grad_logits.device.type, enabled=False):
-            if dtype is not None:  # the two GEMMs in the forward's dtype, the gradients handed back in fp32
-                grad_logits, candidates, queries = grad_logits.to(dtype), candidates.to(dtype), queries.to(dtype)
-            grad_q = torch.mm(grad_logits, candidates).float().mul_(scale) if ctx.needs_input_grad[0] else None
-            grad_c = torch.mm(grad_logits.t(), queries).float().mul_(scale) if ctx.needs_input_grad[1] else None
-        return grad_q, grad_c, None, None, None, None, None
-
-
-@torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward(): an autograd Function inside
-def sampled_softmax_loss(
-    queries: torch.Tensor,
-    candidates: torch.Tensor,
-    *,
-    labels: torch.Tensor,
-    query_item_ids: torch.Tensor,
-    candidate_item_ids: torch.Tensor,
-    temperature: float,
-    candidate_log_q: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Mean cross-entropy of each query against all candidates (the scores of ``masked_logits``).
-
-    queries ``B_q x D``; candidates ``C x D``; labels ``B_q`` (column of each positive);
-    query_item_ids ``B_q``; candidate_item_ids ``C``; candidate_log_q ``C`` or None (no gradient
-    flows to it). Gradients flow to queries and candidates; backward may run once.
-    """
-    if candidate_log_q is not None and candidate_log_q.requires_grad:
-        raise ValueError("sampled_softmax_loss: candidate_log_q must not require grad")
-    return _InBatchSoftmaxCrossEntropy.apply(
-        queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q
-    )
 
 
 @torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward()
@@ -225,11 +83,13 @@ class RetrievalTask(nn.Module):
         loss: str = "softmax",
         margin: float = 0.9,
         negative_weight: float = 150.0,
+        softmax_block_mb: int = -1,
     ) -> None:
         super().__init__()
         if loss not in ("softmax", "ccl"):
             raise ValueError(f"model.loss={loss!r}: expected 'softmax' or 'ccl'")
         self.loss, self.margin, self.negative_weight = loss, margin, negative_weight
+        self.softmax_block_mb = softmax_block_mb
         self.model = model
         self.temperature = temperature
         self.logq_correction = logq_correction
@@ -278,6 +138,7 @@ class RetrievalTask(nn.Module):
                 candidate_item_ids=all_ids,
                 temperature=self.temperature,
                 candidate_log_q=log_q,
+                block_mb=resolve_block_mb(self.softmax_block_mb, queries.device),
             )
         # Mean over this rank's queries, reweighted so that the ranks' average (what DDP and
         # torchrec's gradient division take) is the mean over the global batch, also when the
