@@ -198,8 +198,12 @@ def refit_config(cfg: Config, best_epoch: int) -> Config:
     return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim)
 
 
-def train_batches(cfg: Config, data: RetrievalData, env: DistEnv, example_counts: list[int] | None) -> TrainBatches:
-    """This rank's share of every epoch's seeded global batches (``example_counts``: ``RunData``'s)."""
+def train_batches(
+    cfg: Config, data: RetrievalData, env: DistEnv, example_counts: list[int] | None, loader: str | None = None
+) -> TrainBatches:
+    """This rank's share of every epoch's seeded global batches (``example_counts``: ``RunData``'s), built where
+    ``loader`` (default trainer.loader; "auto" = "device") says: on the training device, or on the host."""
+    on_device = (loader or cfg.trainer.loader) != "host"
     return TrainBatches(
         data,
         history_length=cfg.data.history_length,
@@ -211,9 +215,10 @@ def train_batches(cfg: Config, data: RetrievalData, env: DistEnv, example_counts
         layout=run_layout(cfg, data),
         rank=env.rank,
         world_size=env.world_size,
-        pin_memory=env.device.type == "cuda",  # built (and pinned) on the prefetch thread, off the step
+        pin_memory=not on_device and env.device.type == "cuda",  # built (and pinned) on the prefetch thread
         rank_example_counts=example_counts,
         equal_shares=cfg.model.id_mapping == IdMapping.managed,
+        device=env.device if on_device else None,
     )
 
 

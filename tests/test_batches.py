@@ -173,15 +173,15 @@ def test_prefetched_epoch_equals_the_unprefetched_one_and_raises_where_it_failed
         assert torch.equal(a.features.lengths(), b.features.lengths())
         assert a.features.keys() == b.features.keys() and torch.equal(a.candidate_item_ids, b.candidate_item_ids)
     calls = []
-    real_batch = ahead.batch
+    real_batch = ahead.batch_of_plan
 
-    def failing(rows, negatives, **kwargs):
+    def failing(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise ValueError("bad batch")
-        return real_batch(rows, negatives, **kwargs)
+        return real_batch(*args, **kwargs)
 
-    ahead.batch = failing
+    ahead.batch_of_plan = failing
     it = ahead.epoch(0)
     next(it), next(it)
     with pytest.raises(ValueError, match="bad batch"):

@@ -106,6 +106,7 @@ class ShardingConfig:
 # in the words users already know (and "none" would be no good enum member name for Hydra's parser).
 PIPELINES = ("none", "sparse_dist")  # trainer.pipeline
 PRECISIONS = ("fp32", "bf16", "auto")  # trainer.precision
+LOADERS = ("auto", "device", "host")  # trainer.loader
 
 
 @dataclass
@@ -118,6 +119,9 @@ class TrainerConfig:
     progress_bar: bool = True  # tqdm on rank 0
     max_steps_per_epoch: int = 0  # cap on steps per epoch (smoke tests); 0 = the whole epoch
     pipeline: str = "none"  # one of PIPELINES: "none": plain loop | "sparse_dist": torchrec's TrainPipelineSparseDist (next batch's input all-to-all overlaps this step)
+    # where the training batches are built: "device": torch ops on the training device from the rows and bags copied
+    # there once | "host": numpy on the host, pinned and copied each step | "auto": device (docs/performance.md)
+    loader: str = "auto"
     resume: str = "auto"  # "auto": newest complete checkpoint in the run dir, if any | "none": start over | a path
     init_from: str = ""  # a new run starts from these weights (a checkpoint dir, e.g. another run's checkpoints/best, or a run dir: its newest step checkpoint): fresh optimizer unless init_optimizer, step 0; "" = random / pretrained init; a resumed run ignores it
     init_optimizer: bool = False  # true: init_from's optimizer state too (a step checkpoint's: the incremental runs of docs/continuous-training.md)
@@ -176,3 +180,4 @@ def check_trainer(t: TrainerConfig, m: ModelConfig, d: DataConfig, need: Need) -
         need(getattr(t, key) >= 0, f"trainer.{key}", getattr(t, key), "must be >= 0 (0 disables)")
     need(t.preemption_grace_s >= 0, "trainer.preemption_grace_s", t.preemption_grace_s, "must be >= 0 (0 disables)")
     need(t.pipeline in PIPELINES, "trainer.pipeline", t.pipeline, "expected 'none' or 'sparse_dist'")
+    need(t.loader in LOADERS, "trainer.loader", t.loader, "expected 'auto', 'device' or 'host'")

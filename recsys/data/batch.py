@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -31,13 +30,13 @@ class Batch(Pipelineable):
     candidate_item_ids: torch.Tensor  # S, int64
     num_queries: int
     global_num_queries: int = 0
-    rank_sizes: Optional[Tuple[int, ...]] = None
+    rank_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.global_num_queries == 0:
             self.global_num_queries = self.num_queries
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+    def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
         return Batch(
             features=self.features.to(device=device, non_blocking=non_blocking),
             candidate_item_ids=self.candidate_item_ids.to(device=device, non_blocking=non_blocking),
@@ -50,7 +49,7 @@ class Batch(Pipelineable):
         self.features.record_stream(stream)
         self.candidate_item_ids.record_stream(stream)
 
-    def pin_memory(self) -> "Batch":
+    def pin_memory(self) -> Batch:
         return Batch(
             features=self.features.pin_memory(),
             candidate_item_ids=self.candidate_item_ids.pin_memory(),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List
-
 import numpy as np
 
 
@@ -12,7 +10,7 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def rank_shares(global_size: int, world_size: int) -> List[int]:
+def rank_shares(global_size: int, world_size: int) -> list[int]:
     """Rows of each rank in a global batch of ``global_size``: equal, the first ranks one more
     when it does not divide (np.array_split's rule). Example: 7 rows, 3 ranks -> [3, 2, 2]."""
     base, extra = divmod(global_size, world_size)

@@ -14,18 +14,21 @@ the evaluated one (train for valid; train + valid for test), for both choices.
 
 from __future__ import annotations
 
-import queue
-import threading
-from typing import Iterator, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from recsys.data import arrays
+from recsys.data.arrays import Array, on_device
 from recsys.data.batch import Batch
 from recsys.data.batch_bounds import batch_bounds, rank_shares
 from recsys.data.dataset import Interactions, RetrievalData
+from recsys.data.device_data import data_on_device, validate_sources
 from recsys.data.features import build_kjt, validate_ids
 from recsys.data.layout import CANDIDATE, CATEGORY, QUERY, FeatureLayout, data_layout
+from recsys.data.prefetch import Prefetched
 from recsys.data.ragged import gather_ranges, gather_rows
 from recsys.data.row_sources import ROW_SOURCES, BatchArrays
 
@@ -34,14 +37,21 @@ RAW_ID_KEYS = {"user": "user", "item": "item", "neighbor": "item"}
 
 
 def raw_id_values(data: RetrievalData, values: dict) -> dict:
-    """``values`` (indices, validated) with the managed keys' ids turned into the raw ids the managed tables read."""
+    """``values`` (each key's parts of indices, validated) with the managed keys' ids turned into the raw ids the
+    managed tables read."""
     raw = {"user": data.raw_user_ids, "item": data.raw_item_ids}
-    return {k: raw[RAW_ID_KEYS[k]][v] if k in RAW_ID_KEYS else v for k, v in values.items()}
+    return {
+        k: tuple(arrays.take(raw[RAW_ID_KEYS[k]], v) for v in parts) if k in RAW_ID_KEYS else parts
+        for k, parts in values.items()
+    }
 
 
 class FeatureBuilder:
     """Builds validated KJT batches from user / history / item arrays: one key per key of its ``layout``
-    (recsys/data/layout.py), each tower's rows filled by its entry's row source (recsys/data/row_sources.py)."""
+    (recsys/data/layout.py), each tower's rows filled by its entry's row source (recsys/data/row_sources.py).
+
+    The arrays are numpy (``data`` as loaded) or torch tensors on the device ``data``'s arrays were moved to
+    (recsys.data.device_data); ``validate=False`` when those were validated whole (no per-batch check then)."""
 
     def __init__(
         self,
@@ -52,6 +62,7 @@ class FeatureBuilder:
         query_neighbors: bool = False,
         *,
         layout: FeatureLayout | None = None,
+        validate: bool = True,
     ) -> None:
         """``layout``: the run's (recsys.data.layout.run_layout); None: the layout of ``history_length`` and the
         switches (recsys.config.query_layout's keyword arguments) over ``data`` (``data_layout``)."""
@@ -63,15 +74,16 @@ class FeatureBuilder:
         self.keys = self.layout.keys()
         # each key's (query entry, candidate entry); None: that tower's rows are empty
         self.slots = [(self.layout.spec(k, QUERY), self.layout.spec(k, CANDIDATE)) for k in self.keys]
+        self.validate = validate
 
     def build(
         self,
         *,
-        user_ids: np.ndarray,
-        hist_lengths: np.ndarray,
-        hist_items: np.ndarray,
-        candidate_item_ids: np.ndarray,
-        hist_categories: Tuple[np.ndarray, np.ndarray] | None = None,
+        user_ids: Array,
+        hist_lengths: Array,
+        hist_items: Array,
+        candidate_item_ids: Array,
+        hist_categories: tuple[Array, Array] | None = None,
     ) -> Batch:
         """Query rows for ``user_ids`` (with their histories), then one candidate row per item.
 
@@ -81,60 +93,103 @@ class FeatureBuilder:
         """
         # ids first: they index the category and side columns, and numpy would wrap a negative one
         sizes = self.data.table_num_rows
-        validate_ids("user_id", user_ids, sizes["user"])
-        validate_ids("history_item_ids", hist_items, sizes["item"])
-        validate_ids("item_id", candidate_item_ids, sizes["item"])
+        if self.validate:
+            validate_ids("user_id", user_ids, sizes["user"])
+            validate_ids("history_item_ids", hist_items, sizes["item"])
+            validate_ids("item_id", candidate_item_ids, sizes["item"])
         if self.history_length <= 0:  # no history feature: empty bags on query rows
-            hist_lengths, hist_items = np.zeros(len(user_ids), dtype=np.int64), hist_items[:0]
+            hist_lengths, hist_items = arrays.zeros(len(user_ids), like=user_ids), hist_items[:0]
             hist_categories = None
-        arrays = BatchArrays(
-            self.data, user_ids, hist_lengths, hist_items, candidate_item_ids, hist_categories, num_rows=sizes
+        batch_arrays = BatchArrays(
+            self.data,
+            user_ids,
+            hist_lengths,
+            hist_items,
+            candidate_item_ids,
+            hist_categories,
+            num_rows=sizes,
+            validate=self.validate,
         )
         lengths, values = {}, {}
         for key, towers in zip(self.keys, self.slots):  # each key's values in row order: queries', candidates'
             parts = [
-                ROW_SOURCES[spec.source](arrays, spec) if spec is not None else _empty(count)
+                ROW_SOURCES[spec.source](batch_arrays, spec) if spec is not None else _empty(count, user_ids)
                 for spec, count in zip(towers, (len(user_ids), len(candidate_item_ids)))
             ]
-            lengths[key] = np.concatenate([parts[0][0], parts[1][0]])
-            values[key] = np.concatenate([parts[0][1], parts[1][1]])
+            lengths[key] = (parts[0][0], parts[1][0])  # concatenated once for all keys, by build_kjt
+            values[key] = (parts[0][1], parts[1][1])
         if self.data.raw_item_ids is not None:  # model.id_mapping=managed: the managed tables read raw ids
             values = raw_id_values(self.data, values)
         return Batch(
             features=build_kjt(self.keys, lengths, values),
-            candidate_item_ids=torch.from_numpy(np.ascontiguousarray(candidate_item_ids, dtype=np.int64)),
+            candidate_item_ids=arrays.to_tensor(candidate_item_ids),
             num_queries=len(user_ids),
         )
 
 
-def _empty(num_rows: int) -> Tuple[np.ndarray, np.ndarray]:
-    return np.zeros(num_rows, dtype=np.int64), np.zeros(0, dtype=np.int64)
+def _empty(num_rows: int, like: Array) -> tuple[Array, Array]:
+    return arrays.zeros(num_rows, like=like), arrays.zeros(0, like=like)
 
 
-def _gathered_csr(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _gathered_csr(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``gather_rows`` as a CSR of its own: (indptr int64 [len(rows) + 1], values)."""
     per_row, gathered = gather_rows(indptr, values, rows)
     return np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64), gathered
 
 
 class ProfileOrder(NamedTuple):
-    """An epoch's order of the training rows for profile bags (``TrainBatches.profile_order``)."""
+    """An epoch's order of the training rows for profile bags (``TrainBatches.profile_order``); all but
+    ``shuffled`` on the loader's device."""
 
     shuffled: np.ndarray  # training rows, each user's block in a random order
-    position: np.ndarray  # each training row's position in ``shuffled``
-    items: np.ndarray  # the item of each position
-    category_indptr: Optional[np.ndarray]  # CSR of the items' categories by position (None: not read)
-    category_ids: Optional[np.ndarray]
+    position: Array  # each training row's position in ``shuffled``
+    items: Array  # the item of each position
+    category_indptr: Array | None  # CSR of the items' categories by position (None: not read)
+    category_ids: Array | None
+
+    def to(self, device: torch.device) -> ProfileOrder:
+        return ProfileOrder(self.shuffled, *(on_device(a, device) for a in self[1:]))
 
 
-def _per_row(lengths: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+class RowArrays(NamedTuple):
+    """The training split's per-row arrays a batch reads, on the loader's device (numpy on the host)."""
+
+    user_ids: Array
+    item_ids: Array
+    user_start: Array  # first row of each row's user
+    user_end: Array  # one past its last
+    category_indptr: Array  # CSR of each row's item's categories, by row (read by recent histories only)
+    category_ids: Array
+
+    def to(self, device: torch.device) -> RowArrays:
+        return RowArrays(*(on_device(a, device) for a in self))
+
+
+def _per_row(lengths: Array, values: Array) -> tuple[Array, Array]:
     """A gather over ``profile_ranges``' two ranges per row -> (per-row lengths, values)."""
-    return lengths.reshape(-1, 2).sum(axis=1), values
+    return lengths.reshape(-1, 2).sum(1), values
 
 
-def _categories_in(starts: np.ndarray, ends: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
+def _categories_in(starts: Array, ends: Array, order: ProfileOrder) -> tuple[Array, Array]:
     """The categories of the items at positions [starts, ends) of ``order``, per row (two ranges each)."""
     return _per_row(*gather_ranges(order.category_indptr[starts], order.category_indptr[ends], order.category_ids))
+
+
+class RowPlan(NamedTuple):
+    """What the batches of a run of rows (an epoch's order) read, per row, worked out once for all of them: a batch
+    of rows [lo, hi) of it is slices, then one gather for its history bags and one for their categories."""
+
+    user_ids: Array  # [n]
+    item_ids: Array  # [n]: each row's positive
+    # each row's history as ranges of ``hist_source`` (two per row, interleaved, for profile bags): [ranges * n]
+    hist_starts: Array
+    hist_ends: Array
+    hist_source: Array
+    # the ranges' categories as ranges of ``cat_source`` (None: the query reads no history categories)
+    cat_starts: Array | None
+    cat_ends: Array | None
+    cat_source: Array | None
+    ranges: int  # ranges per row: 1 (recent histories) or 2 (profile bags)
 
 
 class TrainBatches:
@@ -156,6 +211,12 @@ class TrainBatches:
     n_r examples with (seed, epoch, r) and gives batch b its rows ``[b n_r // S, (b+1) n_r // S)``
     of them (S batches), so each example is still in exactly one batch per epoch, and the batch
     says every rank's size (``Batch.rank_sizes``). The order depends on the world size.
+
+    **Where batches are built** (``device``): None builds them with numpy on the host (pinned with
+    ``pin_memory``, for a copy to a GPU); a torch device builds them there with torch ops from the training rows,
+    bags and CSRs copied there once (``RowArrays``, recsys.data.device_data), their ids validated once whole. The
+    epoch's orders and negatives are drawn on the host from the same seeds either way (a few arrays per epoch),
+    so both give the same batches to the last id.
     """
 
     def __init__(
@@ -171,13 +232,14 @@ class TrainBatches:
         user_id: bool = True,
         sequence: bool = False,
         query_neighbors: bool = False,
-        layout: Optional[FeatureLayout] = None,
+        layout: FeatureLayout | None = None,
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 2,
         pin_memory: bool = False,
-        rank_example_counts: Optional[Sequence[int]] = None,
+        rank_example_counts: Sequence[int] | None = None,
         equal_shares: bool = False,
+        device: torch.device | None = None,
     ) -> None:
         """``equal_shares``: every rank gets as many rows as the others in every batch (row-wise sharded tables,
         model.id_mapping=managed: torchrec's backward all-gathers equal blocks); the global batch size must divide
@@ -189,7 +251,18 @@ class TrainBatches:
                 f"trainer.global_batch_size={global_batch_size} is smaller than the world size {world_size}"
             )
         self.train: Interactions = data.splits["train"]
-        self.builder = FeatureBuilder(data, history_length, user_id, sequence, query_neighbors, layout=layout)
+        self.data_on_host, self.device = data, device
+        if device is not None:
+            validate_sources(data)  # once whole: the batches' ids are then checked by construction
+        self.builder = FeatureBuilder(
+            data if device is None else data_on_device(data, device),
+            history_length,
+            user_id,
+            sequence,
+            query_neighbors,
+            layout=layout,
+            validate=device is None,
+        )
         history_length = self.builder.history_length
         self.num_items = data.num_items
         self.global_batch_size = global_batch_size
@@ -207,14 +280,18 @@ class TrainBatches:
         self.history_dropout = history_dropout
         self.user_start, self.user_end = user_row_bounds(self.train.user_ids)
         # the categories of every training row's item, in row order: a history (rows [s, e)) then
-        # has its categories in one contiguous range, and a batch needs no per-item gather (the
-        # item -> categories gather was ~5 ms of a 7 ms batch at 2048 x 100 history items)
+        # has its categories in one contiguous range, and a batch needs no per-item gather
         self.history_categories = self.builder.layout.spec(CATEGORY, QUERY) is not None
         contiguous = self.history_categories and query_history == "recent"
         rows_with_history = self.train.item_ids if contiguous else self.train.item_ids[:0]
-        self.row_category_indptr, self.row_category_ids = _gathered_csr(
-            data.item_category_indptr, data.item_category_ids, rows_with_history
+        rows = RowArrays(
+            self.train.user_ids,
+            self.train.item_ids,
+            self.user_start,
+            self.user_end,
+            *_gathered_csr(data.item_category_indptr, data.item_category_ids, rows_with_history),
         )
+        self.rows = rows if device is None else rows.to(device)
         self.prefetch = prefetch
         self.pin_memory = pin_memory  # GPU: page-locked batches, so the copy to the device can be asynchronous
 
@@ -261,11 +338,12 @@ class TrainBatches:
         items = self.train.item_ids[shuffled]
         category_indptr = category_ids = None
         if self.history_categories:  # once an epoch, instead of a per-item gather in every batch
-            data = self.builder.data
+            data = self.data_on_host
             category_indptr, category_ids = _gathered_csr(data.item_category_indptr, data.item_category_ids, items)
-        return ProfileOrder(shuffled, position, items, category_indptr, category_ids)
+        order = ProfileOrder(shuffled, position, items, category_indptr, category_ids)
+        return order if self.device is None else order.to(self.device)
 
-    def profile_ranges(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
+    def profile_ranges(self, rows: Array, order: ProfileOrder) -> tuple[Array, Array]:
         """Each row's profile as two ranges of positions in ``order`` (the second possibly empty), interleaved:
         (starts, ends) of length 2 x len(rows).
 
@@ -273,57 +351,95 @@ class TrainBatches:
         up to ``history_length`` distinct rows, never the row itself, a different subset each epoch when the user
         has more than the cap.
         """
-        start, end = self.user_start[rows], self.user_end[rows]
-        lengths = np.minimum(self.history_length, end - start - 1)
+        start, end = self.rows.user_start[rows], self.rows.user_end[rows]
+        others = end - start - 1
+        lengths = others.clip(max=self.history_length)
         if self.history_dropout > 0:  # keep a share of the bag, at least one item when there is one
-            lengths = np.minimum(
-                lengths, np.maximum(1, np.floor((1.0 - self.history_dropout) * (end - start - 1)).astype(np.int64))
-            )
+            kept = arrays.floor_scaled(others, 1.0 - self.history_dropout).clip(min=1)
+            lengths = arrays.minimum(lengths, kept)
         first = order.position[rows] + 1
-        first_end = np.minimum(first + lengths, end)
+        first_end = arrays.minimum(first + lengths, end)
         wrap = lengths - (first_end - first)
-        return np.stack([first, start], axis=1).reshape(-1), np.stack([first_end, start + wrap], axis=1).reshape(-1)
+        return arrays.interleave(first, start), arrays.interleave(first_end, start + wrap)
 
-    def profile_bags(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
+    def profile_bags(self, rows: Array, order: ProfileOrder) -> tuple[Array, Array]:
         """Each row's profile (``profile_ranges``): (lengths, items)."""
         return _per_row(*gather_ranges(*self.profile_ranges(rows, order), order.items))
 
-    def profile_categories(self, rows: np.ndarray, order: ProfileOrder) -> Tuple[np.ndarray, np.ndarray]:
+    def profile_categories(self, rows: Array, order: ProfileOrder) -> tuple[Array, Array]:
         """The categories of each row's profile items, in bag order: (per-row lengths, values)."""
         return _categories_in(*self.profile_ranges(rows, order), order)
 
-    def batch(
-        self,
-        rows: np.ndarray,
-        negatives: np.ndarray,
-        global_num_queries: int = 0,
-        rank_sizes: Optional[Tuple[int, ...]] = None,
-        profile_order: Optional[ProfileOrder] = None,
-    ) -> Batch:
-        t = self.train
-        hist_categories = None
+    def plan(self, rows: Array, profile_order: ProfileOrder | None = None) -> RowPlan:
+        """The ``RowPlan`` of ``rows`` (their profile bags drawn from ``profile_order``: the epoch's)."""
+        t = self.rows
+        cat_starts = cat_ends = cat_source = None
         if self.uses_profile:
             if profile_order is None:
-                raise ValueError("TrainBatches.batch: query_history='profile' needs the epoch's profile_order")
+                raise ValueError("TrainBatches: query_history='profile' needs the epoch's profile_order")
             starts, ends = self.profile_ranges(rows, profile_order)  # once for the items and their categories
-            hist_lengths, hist_items = _per_row(*gather_ranges(starts, ends, profile_order.items))
+            source, ranges = profile_order.items, 2
             if self.history_categories:
-                hist_categories = _categories_in(starts, ends, profile_order)
+                indptr = profile_order.category_indptr
+                cat_starts, cat_ends, cat_source = indptr[starts], indptr[ends], profile_order.category_ids
         else:
             ends = rows
-            starts = np.maximum(self.user_start[rows], rows - self.history_length)
-            hist_lengths, hist_items = gather_ranges(starts, ends, t.item_ids)
+            starts = arrays.maximum(t.user_start[rows], rows - self.history_length)
+            source, ranges = t.item_ids, 1
             if self.history_categories:
-                indptr = self.row_category_indptr
-                hist_categories = gather_ranges(indptr[starts], indptr[ends], self.row_category_ids)
+                cat_starts, cat_ends, cat_source = t.category_indptr[starts], t.category_indptr[ends], t.category_ids
+        return RowPlan(
+            arrays.take(t.user_ids, rows),
+            arrays.take(t.item_ids, rows),
+            starts,
+            ends,
+            source,
+            cat_starts,
+            cat_ends,
+            cat_source,
+            ranges,
+        )
+
+    def batch(
+        self,
+        rows: Array,
+        negatives: Array,
+        global_num_queries: int = 0,
+        rank_sizes: tuple[int, ...] | None = None,
+        profile_order: ProfileOrder | None = None,
+    ) -> Batch:
+        """The batch of ``rows`` with ``negatives`` (``profile_order``: the epoch's, for profile bags)."""
+        return self.batch_of_plan(
+            self.plan(rows, profile_order), 0, len(rows), negatives, global_num_queries or len(rows), rank_sizes
+        )
+
+    def batch_of_plan(
+        self,
+        plan: RowPlan,
+        lo: int,
+        hi: int,
+        negatives: Array,
+        global_num_queries: int,
+        rank_sizes: tuple[int, ...] | None = None,
+    ) -> Batch:
+        """The batch of rows [lo, hi) of ``plan``: slices of it, the bags' two gathers, the KJT."""
+        ranges = slice(plan.ranges * lo, plan.ranges * hi)
+        hist_lengths, hist_items = gather_ranges(plan.hist_starts[ranges], plan.hist_ends[ranges], plan.hist_source)
+        hist_categories = None
+        if plan.cat_source is not None:
+            hist_categories = gather_ranges(plan.cat_starts[ranges], plan.cat_ends[ranges], plan.cat_source)
+        if plan.ranges == 2:  # a profile bag's two ranges summed
+            hist_lengths = _per_row(hist_lengths, hist_items)[0]
+            if hist_categories is not None:
+                hist_categories = _per_row(*hist_categories)
         batch = self.builder.build(
-            user_ids=t.user_ids[rows],
+            user_ids=plan.user_ids[lo:hi],
             hist_lengths=hist_lengths,
             hist_items=hist_items,
-            candidate_item_ids=np.concatenate([t.item_ids[rows], negatives]),
+            candidate_item_ids=arrays.concat([plan.item_ids[lo:hi], negatives]),
             hist_categories=hist_categories,
         )
-        batch.global_num_queries = global_num_queries or len(rows)
+        batch.global_num_queries = global_num_queries
         batch.rank_sizes = rank_sizes
         return batch
 
@@ -336,87 +452,41 @@ class TrainBatches:
         that raised them, and dropping the iterator stops the thread.
         """
         batches = self._build_epoch(epoch, start_batch)
-        return _Prefetched(batches, self.prefetch) if self.prefetch > 0 else batches
+        return Prefetched(batches, self.prefetch, self.device) if self.prefetch > 0 else batches
+
+    def _epoch_negatives(self, epoch: int, start_batch: int) -> Array:
+        """[batches from ``start_batch``, num_uniform_negatives]: batch b's drawn from (seed, epoch, b), on the device."""
+        negatives = np.zeros((len(self) - start_batch, self.num_uniform_negatives), dtype=np.int64)
+        for b in range(start_batch, len(self) if self.num_uniform_negatives else start_batch):
+            rng = np.random.default_rng([self.seed, epoch, b])
+            negatives[b - start_batch] = rng.integers(0, self.num_items, self.num_uniform_negatives, dtype=np.int64)
+        return negatives if self.device is None else on_device(negatives, self.device)
 
     def _build_epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
         per_rank = self.rank_example_counts is not None
         seed = [self.seed, epoch, self.rank] if per_rank else [self.seed, epoch]
         order = self.example_rows[np.random.default_rng(seed).permutation(len(self.example_rows))]
+        if self.device is not None:  # one copy an epoch; each batch's rows are a slice of it
+            order = on_device(order, self.device)
         profile = self.profile_order(epoch) if self.uses_profile else None
+        negatives = self._epoch_negatives(epoch, start_batch)
+        plan = self.plan(order, profile)  # each batch is a slice of it
         num_batches = len(self)
         for b in range(start_batch, num_batches):
             rank_sizes = None
             if per_rank:
                 rank_sizes = tuple((b + 1) * n // num_batches - b * n // num_batches for n in self.rank_example_counts)
                 lo = b * len(order) // num_batches
-                rows, global_size = order[lo : lo + rank_sizes[self.rank]], sum(rank_sizes)
+                hi, global_size = lo + rank_sizes[self.rank], sum(rank_sizes)
             else:
-                global_rows = order[self.bounds[b] : self.bounds[b + 1]]
-                shares = rank_shares(len(global_rows), self.world_size)
-                first = sum(shares[: self.rank])
-                rows, global_size = global_rows[first : first + shares[self.rank]], len(global_rows)
-            negatives = np.random.default_rng([self.seed, epoch, b]).integers(
-                0, self.num_items, self.num_uniform_negatives, dtype=np.int64
-            )
-            batch = self.batch(
-                rows, negatives, global_num_queries=global_size, rank_sizes=rank_sizes, profile_order=profile
-            )
+                shares = rank_shares(int(self.bounds[b + 1] - self.bounds[b]), self.world_size)
+                lo = int(self.bounds[b]) + sum(shares[: self.rank])
+                hi, global_size = lo + shares[self.rank], sum(shares)
+            batch = self.batch_of_plan(plan, lo, hi, negatives[b - start_batch], global_size, rank_sizes)
             yield batch.pin_memory() if self.pin_memory else batch
 
 
-class _Prefetched:
-    """Iterate ``source`` on a daemon thread through a queue of at most ``depth`` items."""
-
-    _DONE = object()
-
-    def __init__(self, source: Iterator[Batch], depth: int) -> None:
-        self._queue: "queue.Queue" = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._finished = False
-        self._thread = threading.Thread(target=self._run, args=(source,), name="TrainBatches-prefetch", daemon=True)
-        self._thread.start()
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self, source: Iterator[Batch]) -> None:
-        try:
-            for batch in source:
-                if not self._put(batch):
-                    return
-            self._put((self._DONE, None))
-        except BaseException as e:  # handed to the consumer, raised at this batch
-            self._put((self._DONE, e))
-
-    def __iter__(self) -> "_Prefetched":
-        return self
-
-    def __next__(self) -> Batch:
-        if self._finished:
-            raise StopIteration
-        item = self._queue.get()
-        if isinstance(item, tuple) and item[0] is self._DONE:
-            self._finished = True
-            self.close()
-            if item[1] is not None:
-                raise item[1]
-            raise StopIteration
-        return item
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def __del__(self) -> None:
-        self._stop.set()
-
-
-def user_row_bounds(users: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def user_row_bounds(users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(start, end): the first row of each row's user and one past its last (rows sorted by user); O(rows), never
     O(num_users)."""
     new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
@@ -426,7 +496,7 @@ def user_row_bounds(users: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 def latest_items(
     timeline: Interactions, users: np.ndarray, num_users: int, history_length: int
-) -> Tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Each user's ``history_length`` latest items in ``timeline``: (lengths, items), oldest first."""
     bounds = timeline.user_bounds(num_users)
     ends = bounds[users + 1]

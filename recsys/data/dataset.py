@@ -11,15 +11,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import pandas as pd
-
-from data_pipelines.dataset_dir import HELDOUT_USERS_FILE, ITEMS_FILE, ITEMS_VOCAB, META_FILE, SPLITS, USERS_VOCAB, split_file
+from data_pipelines.dataset_dir import (
+    HELDOUT_USERS_FILE,
+    ITEMS_FILE,
+    ITEMS_VOCAB,
+    META_FILE,
+    SPLITS,
+    USERS_VOCAB,
+    split_file,
+)
 from recsys.data.dataset_checks import check_meta_counts
 
 
@@ -39,7 +45,7 @@ class Interactions:
         return np.searchsorted(self.user_ids, np.arange(num_users + 1, dtype=np.int64))
 
     @staticmethod
-    def concat(a: "Interactions", b: "Interactions") -> "Interactions":
+    def concat(a: Interactions, b: Interactions) -> Interactions:
         users = np.concatenate([a.user_ids, b.user_ids])
         items = np.concatenate([a.item_ids, b.item_ids])
         times = np.concatenate([a.timestamps, b.timestamps])
@@ -54,29 +60,29 @@ class RetrievalData:
     num_users: int
     num_items: int
     num_categories: int
-    splits: Dict[str, Interactions]
+    splits: dict[str, Interactions]
     item_category_indptr: np.ndarray  # num_items + 1
     item_category_ids: np.ndarray  # categories of item i: ids[indptr[i]:indptr[i+1]]
     heldout_users: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # strong_generalization
     # set when only users [lo, hi) were read (data.shard_by_user): splits hold those users' rows only
-    user_range: Optional[Tuple[int, int]] = None
+    user_range: tuple[int, int] | None = None
     # training frequency of every item over the whole split, when splits hold a part of it
-    global_item_counts: Optional[np.ndarray] = None
+    global_item_counts: np.ndarray | None = None
     # each item's co-occurrence neighbours (recsys.data.neighbors; data.item_neighbors > 0):
     # item i's are ids[indptr[i]:indptr[i+1]]
-    item_neighbor_indptr: Optional[np.ndarray] = None
-    item_neighbor_ids: Optional[np.ndarray] = None
+    item_neighbor_indptr: np.ndarray | None = None
+    item_neighbor_ids: np.ndarray | None = None
     # model.features' columns (recsys.data.side_features.SideFeature), set by with_side_features; () = none
-    side_features: Tuple = ()
+    side_features: tuple = ()
     # the valid split's rows were moved into train (data.train_on_valid, with_valid_in_train)
     valid_in_train: bool = False
     # data.slices (recsys/data/slices.py): train rows before this time are history only, never training examples
-    example_since: Optional[int] = None
-    slice_bounds: Optional[np.ndarray] = None  # the windows' time bounds (data.slices + 1), when sliced
+    example_since: int | None = None
+    slice_bounds: np.ndarray | None = None  # the windows' time bounds (data.slices + 1), when sliced
     # model.id_mapping=managed (recsys/data/raw_ids.py): the raw 64-bit id of every user / item index, which the
     # batches hand to the managed tables instead of the index
-    raw_user_ids: Optional[np.ndarray] = None
-    raw_item_ids: Optional[np.ndarray] = None
+    raw_user_ids: np.ndarray | None = None
+    raw_item_ids: np.ndarray | None = None
 
     def is_heldout(self, user_ids: np.ndarray) -> np.ndarray:
         """Whether each user is a held-out (valid / test) user whose train rows are fold-in history only."""
@@ -91,7 +97,7 @@ class RetrievalData:
         return self.item_neighbor_indptr is not None
 
     @property
-    def table_num_rows(self) -> Dict[str, int]:
+    def table_num_rows(self) -> dict[str, int]:
         """Rows of each table the data feeds (no category table when items have no categories, a
         neighbour table only when the items' neighbours were computed), then the side features' tables
         in order of first use, each as large as the largest of its features' columns needs."""
@@ -158,7 +164,7 @@ def _check_range(path: Path, column: str, values: np.ndarray, size: int) -> None
         raise ValueError(f"{path}: column '{column}' has id {int(bad[0])} outside [0, {size}) (from meta.json)")
 
 
-def _read_parquet(path: Path, columns: List[str], filters=None) -> pa.Table:
+def _read_parquet(path: Path, columns: list[str], filters=None) -> pa.Table:
     """``columns`` of a dataset dir's parquet file, or an error naming the file and what is wrong with it."""
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing; prepare the dataset again (python -m data_pipelines.prepare)")
@@ -177,7 +183,7 @@ def read_split(root: Path, split: str, num_users: int, num_items: int) -> Intera
     return _read_split(Path(root) / split_file(split), num_users, num_items)
 
 
-def _read_split(path: Path, num_users: int, num_items: int, user_range: Optional[Tuple[int, int]] = None) -> Interactions:
+def _read_split(path: Path, num_users: int, num_items: int, user_range: tuple[int, int] | None = None) -> Interactions:
     filters = None
     if user_range is not None:  # row groups whose user_id statistics miss the range are never read
         filters = [("user_id", ">=", int(user_range[0])), ("user_id", "<", int(user_range[1]))]
@@ -191,7 +197,7 @@ def _read_split(path: Path, num_users: int, num_items: int, user_range: Optional
     return Interactions(users[order], items[order], times[order])
 
 
-def user_boundaries(train_path: str | Path, world_size: int, num_users: int) -> List[int]:
+def user_boundaries(train_path: str | Path, world_size: int, num_users: int) -> list[int]:
     """Split users into ``world_size`` contiguous ranges holding about equal training rows.
 
     Returns ``world_size + 1`` non-decreasing user ids; rank r owns users ``[b[r], b[r + 1])``.
@@ -237,7 +243,7 @@ def read_dataset_meta(root: Path, *, required: bool = True) -> dict:
     return meta
 
 
-def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None) -> RetrievalData:
+def load_dataset(path: str | Path, user_range: tuple[int, int] | None = None) -> RetrievalData:
     """The dataset dir at ``path``; with ``user_range=(lo, hi)`` only the rows of users lo..hi-1 of
     every split (items, heldout users and counts in meta.json are always whole)."""
     root = Path(path).resolve()
@@ -261,24 +267,34 @@ def load_dataset(path: str | Path, user_range: Optional[Tuple[int, int]] = None)
     if heldout_path.exists():
         heldout = _read_parquet(heldout_path, ["user_id"]).column("user_id").to_numpy().astype(np.int64)
         _check_range(heldout_path, "user_id", heldout, num_users)
-    return RetrievalData(root, meta, num_users, num_items, num_categories, splits, indptr, category_ids, heldout,
-                         user_range=None if user_range is None else (int(user_range[0]), int(user_range[1])))
+    return RetrievalData(
+        root,
+        meta,
+        num_users,
+        num_items,
+        num_categories,
+        splits,
+        indptr,
+        category_ids,
+        heldout,
+        user_range=None if user_range is None else (int(user_range[0]), int(user_range[1])),
+    )
 
 
 @dataclass(frozen=True)
 class Vocabularies:
     """What the dataset dir knows of its ids beyond the indices, each ``None`` where it does not say."""
 
-    user_raw: Optional[np.ndarray]  # object [num_users]: raw user id of each index
-    item_raw: Optional[np.ndarray]  # object [num_items]: raw item id of each index
-    titles: Optional[np.ndarray]  # object [num_items]: item titles (the items vocabulary's, else items.parquet's)
+    user_raw: np.ndarray | None  # object [num_users]: raw user id of each index
+    item_raw: np.ndarray | None  # object [num_items]: raw item id of each index
+    titles: np.ndarray | None  # object [num_items]: item titles (the items vocabulary's, else items.parquet's)
 
 
-def _optional_parquet(path: Path) -> Optional[pd.DataFrame]:
+def _optional_parquet(path: Path) -> pd.DataFrame | None:
     return pd.read_parquet(path) if path.is_file() else None
 
 
-def _by_id(df: Optional[pd.DataFrame], id_col: str, value_col: str, n: int) -> Optional[np.ndarray]:
+def _by_id(df: pd.DataFrame | None, id_col: str, value_col: str, n: int) -> np.ndarray | None:
     """``out[id] = value`` over ids [0, n), or None if the columns are missing or do not cover every id."""
     if df is None or id_col not in df.columns or value_col not in df.columns:
         return None

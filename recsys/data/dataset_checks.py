@@ -35,9 +35,13 @@ def check_meta_counts(root: Path, meta: dict) -> None:
             continue
         rows = parquet_rows(path)
         if rows != count:
-            raise ValueError(f"{meta_path}: '{key}' is {count}, but {path} has {rows} rows; the dataset dir is "
-                             "inconsistent: prepare it again (python -m data_pipelines.prepare)")
+            raise ValueError(
+                f"{meta_path}: '{key}' is {count}, but {path} has {rows} rows; the dataset dir is "
+                "inconsistent: prepare it again (python -m data_pipelines.prepare)"
+            )
     train = root / split_file("train")
     if train.exists() and parquet_rows(train) == 0:
-        raise ValueError(f"{train}: the train split is empty (0 rows): nothing to train on; prepare the dataset again, "
-                         "or check the source data and its filters (min_rating, k-core)")
+        raise ValueError(
+            f"{train}: the train split is empty (0 rows): nothing to train on; prepare the dataset again, "
+            "or check the source data and its filters (min_rating, k-core)"
+        )

@@ -29,25 +29,29 @@ both are fast; the layout costs nothing there.
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping
+from collections.abc import Mapping
 
-import numpy as np
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-TABLES: List[str] = ["user", "item", "category"]
+from recsys.data import arrays
+from recsys.data.arrays import Array
+
+Parts = Array | tuple  # an array, or a tuple of arrays to concatenate
+
+TABLES: list[str] = ["user", "item", "category"]
 # the candidate's neighbour bag looks up a table of its own (item-sized), not the item table: a
 # second key on the item table would leave fbgemm's fast CPU path (see above)
 NEIGHBOR_TABLE = "neighbor"
 # model.query_encoder=sasrec's per-position lookup of the history: an item-sized table of its own in an
 # EmbeddingCollection (unpooled), beside the EmbeddingBagCollection's tables
 SEQUENCE_TABLE = "sequence"
-ALL_TABLES: List[str] = [*TABLES, NEIGHBOR_TABLE, SEQUENCE_TABLE]
-CANDIDATE_TABLES: List[str] = ["item", "category"]
+ALL_TABLES: list[str] = [*TABLES, NEIGHBOR_TABLE, SEQUENCE_TABLE]
+CANDIDATE_TABLES: list[str] = ["item", "category"]
 
 
 # the named arrays the batch builder validates, and the table each indexes (for error messages)
-FEATURE_TABLES: Dict[str, str] = {
+FEATURE_TABLES: dict[str, str] = {
     "user_id": "user",
     "history_item_ids": "item",
     "history_categories": "category",
@@ -59,13 +63,13 @@ FEATURE_TABLES: Dict[str, str] = {
 }
 
 
-def validate_ids(feature: str, ids: np.ndarray, num_rows: int, table: str | None = None) -> None:
+def validate_ids(feature: str, ids: Array, num_rows: int, table: str | None = None) -> None:
     """Raise if any id of ``feature`` falls outside its table (``table``, else ``FEATURE_TABLES``'s) of ``num_rows`` rows.
 
     fbgemm's CPU kernel would silently rewrite such an id to row 0 and train that row, so this
     runs on every batch before the lookup (a min and a max over numpy arrays: cheap).
     """
-    if ids.size == 0:
+    if len(ids) == 0:
         return
     low, high = int(ids.min()), int(ids.max())
     table = table or FEATURE_TABLES.get(feature, feature)
@@ -84,10 +88,20 @@ def validate_kjt(features: KeyedJaggedTensor, table_num_rows: Mapping[str, int])
         validate_ids(key, jagged.values().cpu().numpy(), table_num_rows[key])
 
 
-def build_kjt(keys: List[str], lengths: Dict[str, np.ndarray], values: Dict[str, np.ndarray]) -> KeyedJaggedTensor:
-    """Concatenate per-feature (lengths, values) numpy arrays, all of one stride, into a KJT."""
+def build_kjt(keys: list[str], lengths: dict[str, Parts], values: dict[str, Parts]) -> KeyedJaggedTensor:
+    """Per-feature (lengths, values), all of one stride, into a KJT: each an array, or a tuple of arrays whose
+    concatenation it is (a key's query rows', then its candidate rows'), all concatenated at once. numpy arrays:
+    a KJT on the host; tensors: on their device."""
+
+    def joined(per_key: dict[str, Parts]) -> Array:
+        return arrays.concat([part for k in keys for part in _parts(per_key[k])])
+
     return KeyedJaggedTensor(
         keys=keys,
-        values=torch.from_numpy(np.concatenate([values[k] for k in keys]).astype(np.int64, copy=False)),
-        lengths=torch.from_numpy(np.concatenate([lengths[k] for k in keys]).astype(np.int32, copy=False)),
+        values=arrays.to_tensor(joined(values), torch.int64),
+        lengths=arrays.to_tensor(joined(lengths), torch.int32),
     )
+
+
+def _parts(x: Parts) -> tuple[Array, ...]:
+    return x if isinstance(x, tuple) else (x,)

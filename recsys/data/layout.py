@@ -120,7 +120,8 @@ class FeatureLayout:
     def describe(self) -> str:
         """One line per entry: ``key tower table source`` (the run log's record of it)."""
         return "\n".join(
-            f"{s.key:<12} {s.tower:<9} {s.table:<12} {s.source}" + (f" (model.features.{s.feature})" if s.feature else "")
+            f"{s.key:<12} {s.tower:<9} {s.table:<12} {s.source}"
+            + (f" (model.features.{s.feature})" if s.feature else "")
             for s in self.specs
         )
 

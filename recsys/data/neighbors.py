@@ -17,7 +17,6 @@ stays bounded whatever the catalog size. Of a long row only the entries that can
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -30,7 +29,7 @@ SAMPLE_PER_K = 8  # a long row's score floor comes from 8k of its entries (_scor
 
 def item_neighbors(
     train: Interactions, num_users: int, num_items: int, k: int, *, max_chunk_pairs: int = DEFAULT_MAX_CHUNK_PAIRS
-) -> Tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """(indptr [num_items + 1], neighbour ids): item i's neighbours are ``ids[indptr[i]:indptr[i+1]]``,
     best first, at most ``k``, never i itself; an item no user shares with another has none."""
     if k < 1:
@@ -56,7 +55,7 @@ def item_neighbors(
     return np.concatenate(indptrs).astype(np.int64), (np.concatenate(ids) if ids else np.zeros(0)).astype(np.int64)
 
 
-def _top_k_rows(cooc: sp.csr_matrix, first_item: int, degree: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+def _top_k_rows(cooc: sp.csr_matrix, first_item: int, degree: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(per-row count, ids) of each row's ``k`` best-scored columns, the row's own item left out."""
     cooc = cooc.tocoo()  # from CSR: the rows ascending, each row's entries together
     rows, cols = cooc.row.astype(np.int64), cooc.col.astype(np.int64)

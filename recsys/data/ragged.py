@@ -1,34 +1,38 @@
-"""Vectorised gathers over ragged (CSR-like) arrays: no per-example Python loops."""
+"""Vectorised gathers over ragged (CSR-like) arrays: no per-example Python loops.
+
+Each works on numpy arrays and on torch tensors on any device alike (recsys/data/arrays.py), returning the kind
+it was given; int64 lengths.
+"""
 
 from __future__ import annotations
 
-from typing import Tuple
+from recsys.data import arrays
+from recsys.data.arrays import Array
 
-import numpy as np
 
-
-def gather_ranges(starts: np.ndarray, ends: np.ndarray, values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def gather_ranges(starts: Array, ends: Array, values: Array) -> tuple[Array, Array]:
     """Concatenate ``values[starts[j]:ends[j]]`` for every j.
 
     Returns (lengths ``n``, concatenated values). Example: starts [0, 3], ends [2, 4] over
-    values [a b c d] -> lengths [2, 1], values [a b d].
+    values [a b c d] -> lengths [2, 1], values [a b d]. On an accelerator the values' count is read back to size
+    the result: one wait for the device's queue of this stream.
     """
-    lengths = (ends - starts).astype(np.int64)
-    total = int(lengths.sum())
-    before = np.cumsum(lengths) - lengths
-    index = np.repeat(starts - before, lengths) + np.arange(total, dtype=np.int64)
-    return lengths, values[index]
+    lengths = arrays.as_int64(ends - starts)
+    num = arrays.total(lengths)
+    before = arrays.cumsum(lengths) - lengths
+    index = arrays.repeat(starts - before, lengths, num) + arrays.arange(num, like=lengths)
+    return lengths, arrays.take(values, index)
 
 
-def gather_rows(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def gather_rows(indptr: Array, values: Array, rows: Array) -> tuple[Array, Array]:
     """Rows of a CSR matrix, concatenated: (lengths per row, values)."""
-    return gather_ranges(indptr[rows], indptr[rows + 1], values)
+    return gather_ranges(arrays.take(indptr, rows), arrays.take(indptr, rows + 1), values)
 
 
-def segment_sum(lengths_inner: np.ndarray, lengths_outer: np.ndarray) -> np.ndarray:
+def segment_sum(lengths_inner: Array, lengths_outer: Array) -> Array:
     """Sum consecutive runs of ``lengths_inner``, run j having ``lengths_outer[j]`` entries."""
-    if lengths_outer.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    csum = np.concatenate([[0], np.cumsum(lengths_inner, dtype=np.int64)])
-    ends = np.cumsum(lengths_outer, dtype=np.int64)
+    if len(lengths_outer) == 0:
+        return arrays.zeros(0, like=lengths_outer)
+    csum = arrays.concat([arrays.zeros(1, like=lengths_inner), arrays.cumsum(lengths_inner)])
+    ends = arrays.cumsum(lengths_outer)
     return csum[ends] - csum[ends - lengths_outer]

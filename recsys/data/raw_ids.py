@@ -28,7 +28,9 @@ import torch
 
 from data_pipelines.errors import DatasetError
 
-KEY_SPACE = 2**63 - 1  # keys are in [0, KEY_SPACE): torchrec's default input_hash_size; KEY_SPACE itself marks an empty slot
+KEY_SPACE = (
+    2**63 - 1
+)  # keys are in [0, KEY_SPACE): torchrec's default input_hash_size; KEY_SPACE itself marks an empty slot
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's finaliser multipliers
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
 

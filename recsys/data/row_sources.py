@@ -3,7 +3,9 @@
 A source takes the batch's arrays (:class:`BatchArrays`) and the entry, and returns that tower's
 ``(lengths, values)``: B_q lengths for a query entry, C for a candidate one, values in row order, their
 ids validated against the entry's table (fbgemm's CPU kernel would silently train row 0 for an id out of
-range). The user ids, history items and candidate items are validated once per batch by the caller.
+range). The user ids, history items and candidate items are validated once per batch by the caller. With
+``BatchArrays.validate`` false (the device loader, whose source arrays were validated once whole) nothing is.
+The arrays are numpy on the host or torch tensors on the training device (recsys/data/arrays.py).
 """
 
 from __future__ import annotations
@@ -11,15 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from recsys.data import layout
+from recsys.data import arrays, layout
+from recsys.data.arrays import Array
 from recsys.data.dataset import RetrievalData
 from recsys.data.features import validate_ids
 from recsys.data.layout import FeatureSpec
 from recsys.data.ragged import gather_rows, segment_sum
 
-Rows = tuple[np.ndarray, np.ndarray]  # (lengths [rows], values [sum of lengths])
+Rows = tuple[Array, Array]  # (lengths [rows], values [sum of lengths])
 
 
 @dataclass
@@ -27,21 +28,28 @@ class BatchArrays:
     """What one batch is built from: B_q queries (user, history bag) and C candidate items."""
 
     data: RetrievalData
-    user_ids: np.ndarray  # [B_q]
-    hist_lengths: np.ndarray  # [B_q]
-    hist_items: np.ndarray  # [sum of hist_lengths], oldest first per query
-    candidate_item_ids: np.ndarray  # [C]
+    user_ids: Array  # [B_q]
+    hist_lengths: Array  # [B_q]
+    hist_items: Array  # [sum of hist_lengths], oldest first per query
+    candidate_item_ids: Array  # [C]
     # (per-query lengths, values) of the history items' categories when the caller has them already
     hist_categories: Rows | None = None
     num_rows: dict[str, int] = field(default_factory=dict)  # each table's rows (data.table_num_rows)
+    validate: bool = True  # false: the sources' ids were validated whole (recsys.data.device_data)
 
     def __post_init__(self) -> None:
         self.num_rows = self.num_rows or self.data.table_num_rows
         self.side = {f.name: f for f in self.data.side_features}
 
 
+def _validated(b: BatchArrays, feature: str, rows: Rows, table: str, label: str | None = None) -> Rows:
+    if b.validate:
+        validate_ids(label or feature, rows[1], b.num_rows[table], table=table if label else None)
+    return rows
+
+
 def user_id(b: BatchArrays, spec: FeatureSpec) -> Rows:
-    return np.ones(len(b.user_ids), dtype=np.int64), b.user_ids
+    return arrays.ones(len(b.user_ids), like=b.user_ids), b.user_ids
 
 
 def history(b: BatchArrays, spec: FeatureSpec) -> Rows:
@@ -50,34 +58,29 @@ def history(b: BatchArrays, spec: FeatureSpec) -> Rows:
 
 
 def item_id(b: BatchArrays, spec: FeatureSpec) -> Rows:
-    return np.ones(len(b.candidate_item_ids), dtype=np.int64), b.candidate_item_ids
+    return arrays.ones(len(b.candidate_item_ids), like=b.candidate_item_ids), b.candidate_item_ids
 
 
 def history_categories(b: BatchArrays, spec: FeatureSpec) -> Rows:
     if b.hist_categories is None:
         per_item, cats = gather_rows(b.data.item_category_indptr, b.data.item_category_ids, b.hist_items)
         b.hist_categories = (segment_sum(per_item, b.hist_lengths), cats)
-    validate_ids("categories", b.hist_categories[1], b.num_rows[spec.table])
-    return b.hist_categories
+    return _validated(b, "categories", b.hist_categories, spec.table)
 
 
 def item_categories(b: BatchArrays, spec: FeatureSpec) -> Rows:
     rows = gather_rows(b.data.item_category_indptr, b.data.item_category_ids, b.candidate_item_ids)
-    validate_ids("categories", rows[1], b.num_rows[spec.table])
-    return rows
+    return _validated(b, "categories", rows, spec.table)
 
 
 def item_neighbors(b: BatchArrays, spec: FeatureSpec) -> Rows:
     rows = gather_rows(b.data.item_neighbor_indptr, b.data.item_neighbor_ids, b.candidate_item_ids)
-    validate_ids("item_neighbors", rows[1], b.num_rows[spec.table])
-    return rows
+    return _validated(b, "item_neighbors", rows, spec.table)
 
 
-def _column(b: BatchArrays, spec: FeatureSpec, index: np.ndarray) -> Rows:
+def _column(b: BatchArrays, spec: FeatureSpec, index: Array) -> Rows:
     f = b.side[spec.feature]
-    rows = gather_rows(f.indptr, f.ids, index)
-    validate_ids(f.label, rows[1], b.num_rows[spec.table], table=spec.table)
-    return rows
+    return _validated(b, spec.feature, gather_rows(f.indptr, f.ids, index), spec.table, label=f.label)
 
 
 def user_column(b: BatchArrays, spec: FeatureSpec) -> Rows:

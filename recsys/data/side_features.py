@@ -65,7 +65,9 @@ class SideFeature:
         return f"{self.name} ({SOURCE_FILES[self.source]} column '{self.column}')"
 
 
-def read_column(root: Path, meta: Mapping, source: str, column: str, num_rows: int) -> tuple[np.ndarray, np.ndarray, int]:
+def read_column(
+    root: Path, meta: Mapping, source: str, column: str, num_rows: int
+) -> tuple[np.ndarray, np.ndarray, int]:
     """(indptr, ids, num_ids) of ``column`` of the ``source`` file of the dataset dir at ``root``."""
     path = root / SOURCE_FILES[source]
     if not path.is_file():
@@ -104,7 +106,9 @@ def read_column(root: Path, meta: Mapping, source: str, column: str, num_rows: i
     num_ids = int(declared) if declared is not None else (int(ids.max()) + 1 if ids.size else 1)
     if ids.size and (ids.min() < 0 or ids.max() >= num_ids):
         bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
-        where = f"meta.json {SIZES_IN_META[source]}.{column} = {num_ids}" if declared is not None else "ids must be >= 0"
+        where = (
+            f"meta.json {SIZES_IN_META[source]}.{column} = {num_ids}" if declared is not None else "ids must be >= 0"
+        )
         raise ValueError(f"{path}: column '{column}' has id {bad} outside [0, {num_ids}) ({where})")
     return indptr, ids, num_ids
 

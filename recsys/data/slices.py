@@ -24,7 +24,6 @@ from dataclasses import replace
 import numpy as np
 
 from data_pipelines.errors import DatasetError
-
 from recsys.data.dataset import Interactions, RetrievalData
 
 

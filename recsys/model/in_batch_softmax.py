@@ -262,10 +262,12 @@ def sampled_softmax_loss(
     query_item_ids ``B_q``; candidate_item_ids ``C``; candidate_log_q ``C`` or None (no gradient
     flows to it). Gradients flow to queries and candidates; backward may run once.
     ``block_mb``: 0 computes the dense B_q x C logits; > 0 the row-blocked form whenever the whole does not
-    fit in that many MiB of fp32 logits (the same loss and gradients to float rounding).
+    fit in that many MiB of fp32 logits (the same loss and gradients to float rounding); -1 the device's budget
+    (``resolve_block_mb``: resolved here, where the tensors are real, not fx proxies).
     """
     if candidate_log_q is not None and candidate_log_q.requires_grad:
         raise ValueError("sampled_softmax_loss: candidate_log_q must not require grad")
+    block_mb = resolve_block_mb(block_mb, queries.device)
     block_rows = block_rows_for(queries.shape[0], candidates.shape[0], block_mb)
     if block_rows < queries.shape[0]:
         return _BlockedInBatchSoftmaxCrossEntropy.apply(

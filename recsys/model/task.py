@@ -20,8 +20,12 @@ import torch
 from torch import nn
 
 from recsys.data.batch import Batch
-from recsys.model.in_batch_softmax import resolve_block_mb, sampled_softmax_loss
+from recsys.model.in_batch_softmax import sampled_softmax_loss
 from recsys.model.two_tower import TwoTower
+
+# a leaf when TrainPipelineSparseDist traces forward(): fx patches the name in the globals of the module that
+# registers it, so this module registers its own import (the decorator covers in_batch_softmax's own name only)
+torch.fx.wrap("sampled_softmax_loss")
 
 
 class LocalCandidates(nn.Module):
@@ -138,7 +142,7 @@ class RetrievalTask(nn.Module):
                 candidate_item_ids=all_ids,
                 temperature=self.temperature,
                 candidate_log_q=log_q,
-                block_mb=resolve_block_mb(self.softmax_block_mb, queries.device),
+                block_mb=self.softmax_block_mb,
             )
         # Mean over this rank's queries, reweighted so that the ranks' average (what DDP and
         # torchrec's gradient division take) is the mean over the global batch, also when the
