@@ -247,7 +247,7 @@ class Trainer:
             if tcfg.checkpoint_every_steps and state.step % tcfg.checkpoint_every_steps == 0 and i < steps - 1:
                 self._count_train_time()
                 self.checkpoint()
-            if self.preemption.should_stop():  # SIGTERM: this step is done, checkpoint it and stop
+            if self.preemption.should_stop(state.step):  # SIGTERM: this step is done, checkpoint it and stop
                 self._count_train_time()
                 self.checkpoint()
                 raise Preempted(state.step, str(self.checkpoints.step_path(state.step)))

@@ -129,3 +129,15 @@ def test_a_cpu_loader_keeps_numpy_arrays_and_checks_its_sources_once(tiny_data, 
     assert isinstance(device.rows.item_ids, np.ndarray) and not device.builder.validate
     for a, b in zip(list(device.epoch(0)), list(TrainBatches(tiny_data, **kwargs).epoch(0))):
         _batches_equal(a, b)
+
+
+def test_batches_carry_their_values_count_per_key(tiny_data):
+    """Each KJT says how many values each key holds (from the parts' shapes), so torchrec never sums its lengths and
+    reads them back inside a step: on a GPU that read-back would be a host sync every step."""
+    batches = TrainBatches(
+        tiny_data, history_length=4, global_batch_size=64, num_uniform_negatives=2, seed=0, device=CPU
+    )
+    kjt = next(batches.epoch(0)).features
+    assert kjt._length_per_key is not None and kjt._offset_per_key is not None
+    assert kjt._length_per_key == [int(kjt[k].lengths().sum()) for k in kjt.keys()]
+    assert kjt.stride() == 64 + 66

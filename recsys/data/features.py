@@ -29,6 +29,7 @@ both are fast; the layout costs nothing there.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import torch
@@ -96,10 +97,17 @@ def build_kjt(keys: list[str], lengths: dict[str, Parts], values: dict[str, Part
     def joined(per_key: dict[str, Parts]) -> Array:
         return arrays.concat([part for k in keys for part in _parts(per_key[k])])
 
+    # the values' count per key from the parts' shapes (host metadata): left to torchrec, it would be summed from the
+    # lengths and read back, a host sync inside every training step when the batch was built on a GPU
+    length_per_key = [sum(len(part) for part in _parts(values[k])) for k in keys]
+    stride = sum(len(part) for part in _parts(lengths[keys[0]])) if keys else 0
     return KeyedJaggedTensor(
         keys=keys,
         values=arrays.to_tensor(joined(values), torch.int64),
         lengths=arrays.to_tensor(joined(lengths), torch.int32),
+        stride=stride,
+        length_per_key=length_per_key,
+        offset_per_key=[0, *itertools.accumulate(length_per_key)],
     )
 
 

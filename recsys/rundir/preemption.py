@@ -41,6 +41,10 @@ class Preempted(Exception):
         self.step, self.checkpoint = step, checkpoint
 
 
+# steps between the ranks' agreements on a stop: milliseconds each on a GPU, well inside any grace period on CPU
+COLLECTIVE_EVERY_STEPS = 16
+
+
 class PreemptionHandler:
     """Context manager: SIGTERM sets a flag (and starts the grace-period watchdog) instead of killing."""
 
@@ -126,12 +130,18 @@ class PreemptionHandler:
         logging.shutdown()
         os._exit(PREEMPTED_EXIT_CODE)
 
-    def should_stop(self) -> bool:
-        """Collective: whether any rank got SIGTERM (every rank must stop at the same step to checkpoint together)."""
+    def should_stop(self, step: int | None = None) -> bool:
+        """Collective: whether any rank got SIGTERM (every rank must stop at the same step to checkpoint together).
+
+        ``step``: the training step just done; with several ranks they agree every ``COLLECTIVE_EVERY_STEPS`` steps
+        only (the all-reduce and its read-back are a host sync: every step, a GPU would wait on them), so a stop
+        comes that many steps later at most. None (after validation): always."""
         if self.grace_s <= 0:
             return False
         if self.world_size == 1:
             return self.requested
+        if step is not None and step % COLLECTIVE_EVERY_STEPS:
+            return False
         flag = torch.tensor([1 if self.requested else 0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
