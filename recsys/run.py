@@ -36,8 +36,9 @@ from recsys.config import (
     served_ranker,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
-from recsys.data.batches import FeatureBuilder, TrainBatches
+from recsys.data.batches import TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset, with_valid_in_train
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.layout import run_layout
 from recsys.data.neighbors import with_item_neighbors
 from recsys.data.raw_ids import with_raw_ids
@@ -49,7 +50,7 @@ from recsys.distributed.managed import full_id_maps, zero_miss_rows
 from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
-from recsys.evaluation.ease import available_memory_bytes
+from recsys.evaluation.ease_plan import available_memory_bytes
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
 from recsys.evaluation.sharded import Evaluator, embed

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.data.batches import FeatureBuilder, TrainBatches, latest_items
+from recsys.data.batches import TrainBatches
 from recsys.data.dataset import Interactions
+from recsys.data.eval_batches import latest_items
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.features import validate_kjt
 from recsys.data.ragged import gather_ranges, segment_sum
 

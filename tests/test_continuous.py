@@ -17,8 +17,9 @@ from torch.distributed.checkpoint import FileSystemReader
 from data_pipelines.errors import ConfigError, DatasetError
 from data_pipelines.synthetic import TINY_SPEC, cache_key, generate
 from recsys.config import query_layout
-from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.data.dataset import Interactions
+from recsys.data.eval_batches import latest_items
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.raw_ids import hash_keys, hash_keys_numpy, parse_raw_ids, read_raw_ids
 from recsys.data.slices import with_slice
 from recsys.distributed.managed import admitted_rows, managed_stats

@@ -126,7 +126,7 @@ GOWALLA_USERS, GOWALLA_ITEMS = 29_858, 40_981  # the LightGCN split of Gowalla
 
 
 def test_plan_prefers_float64_then_float32_then_skips():
-    from recsys.evaluation.ease import ease_peak_bytes, plan_ease
+    from recsys.evaluation.ease_plan import ease_peak_bytes, plan_ease
 
     need64 = ease_peak_bytes(1000, torch.float64, num_users=500, chunk_size=64)
     need32 = ease_peak_bytes(1000, torch.float32, num_users=500, chunk_size=64)
@@ -141,7 +141,7 @@ def test_plan_prefers_float64_then_float32_then_skips():
 
 
 def test_plan_at_gowalla_size_runs_float32_on_a_24_gb_machine():
-    from recsys.evaluation.ease import ease_peak_bytes, plan_ease
+    from recsys.evaluation.ease_plan import ease_peak_bytes, plan_ease
 
     matrix32 = GOWALLA_ITEMS**2 * 4  # 6.7 GB
     peak32 = ease_peak_bytes(GOWALLA_ITEMS, torch.float32, num_users=GOWALLA_USERS)

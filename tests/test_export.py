@@ -7,7 +7,8 @@ import numpy as np
 import torch
 
 from recsys.config import FUSED_RANKER, query_layout
-from recsys.data.batches import FeatureBuilder, latest_items
+from recsys.data.eval_batches import latest_items
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.evaluation.sharded import Evaluator, embed
 from recsys.rankers.served import served_ranking
 from recsys.run import load_trained

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.config import query_layout
-from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import Interactions, load_dataset
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.neighbors import item_neighbors, with_item_neighbors
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run

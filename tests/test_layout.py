@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.data.batches import FeatureBuilder
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.layout import CANDIDATE, QUERY, feature_layout, run_layout
 from recsys.model.build import build_task
 from recsys.query_encoder import QueryEncoder

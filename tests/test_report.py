@@ -11,7 +11,7 @@ import torch
 
 from recsys.config import FUSED_RANKER as FUSED_MODEL
 from recsys.config import EvalConfig, GraphFilterConfig
-from recsys.evaluation.ease import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
+from recsys.evaluation.ease_plan import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
 from recsys.evaluation.ials import fit_ials, ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
@@ -270,10 +270,10 @@ def test_ease_skips_a_sweep_longer_than_its_time_budget(written):
 
 
 def test_factorisation_estimate_scales_with_the_cube_of_the_catalogue(monkeypatch):
-    import recsys.evaluation.ease as ease
+    import recsys.evaluation.ease_plan as ease_plan
 
     clock = iter([10.0, 12.0, 20.0, 20.5])  # the probe takes 2 s, then 0.5 s
-    monkeypatch.setattr(ease.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(ease_plan.time, "perf_counter", lambda: next(clock))
     # above the probe's size: the probe (PROBE_ITEMS) timed once and scaled by (I / probe)³
     assert factorisation_seconds(8 * PROBE_ITEMS, torch.float32) == pytest.approx(2.0 * 512)
     assert factorisation_seconds(300, torch.float32) == pytest.approx(0.5)  # a small catalogue is timed itself

@@ -15,8 +15,9 @@ import torch
 from data_pipelines.prepare import prepare_dataset
 from data_pipelines.synthetic import TINY_SPEC, cache_key, generate
 from recsys.config import query_layout
-from recsys.data.batches import FeatureBuilder, latest_items
 from recsys.data.dataset import load_dataset
+from recsys.data.eval_batches import latest_items
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.side_features import with_side_features
 from recsys.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config

@@ -54,7 +54,7 @@ def query_uses_neighbors(cfg: Config) -> bool:
 
 
 def query_layout(cfg: Config) -> dict[str, bool]:
-    """What the query rows of a batch carry (keyword arguments of recsys.data.batches' FeatureBuilder and
+    """What the query rows of a batch carry (keyword arguments of recsys.data.feature_builder's FeatureBuilder and
     TrainBatches): the user id, the history as a sequence, the history bag through the neighbour table."""
     return {
         "user_id": query_uses_user_id(cfg),

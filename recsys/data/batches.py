@@ -1,4 +1,4 @@
-"""Turn interactions into Batches: training batches per rank, and eval batches of users / items.
+"""Training batches: this rank's share of every epoch's seeded global batches.
 
 Training example = one training interaction (u, i, t); its positive candidate is i. Its query is
 the user plus a bag of at most ``history_length`` of u's training items, chosen by ``query_history``:
@@ -8,8 +8,7 @@ the user plus a bag of at most ``history_length`` of u's training items, chosen 
   acts as dropout); i itself is never in the bag. For random splits, where held-out items do not
   follow the training ones in time.
 
-At evaluation, a user's bag is their latest ``history_length`` items in the splits that precede
-the evaluated one (train for valid; train + valid for test), for both choices.
+Evaluation's batches: recsys/data/eval_batches.py; both build through recsys/data/feature_builder.py.
 """
 
 from __future__ import annotations
@@ -26,109 +25,10 @@ from recsys.data.batch import Batch
 from recsys.data.batch_bounds import batch_bounds, rank_shares
 from recsys.data.dataset import Interactions, RetrievalData
 from recsys.data.device_data import data_on_device, validate_sources
-from recsys.data.features import build_kjt, validate_ids
-from recsys.data.layout import CANDIDATE, CATEGORY, QUERY, FeatureLayout, data_layout
+from recsys.data.feature_builder import FeatureBuilder
+from recsys.data.layout import CATEGORY, QUERY, FeatureLayout
 from recsys.data.prefetch import Prefetched
 from recsys.data.ragged import gather_ranges, gather_rows
-from recsys.data.row_sources import ROW_SOURCES, BatchArrays
-
-# KJT keys of the managed tables (recsys/model/managed.py) -> whose raw ids their values become
-RAW_ID_KEYS = {"user": "user", "item": "item", "neighbor": "item"}
-
-
-def raw_id_values(data: RetrievalData, values: dict) -> dict:
-    """``values`` (each key's parts of indices, validated) with the managed keys' ids turned into the raw ids the
-    managed tables read."""
-    raw = {"user": data.raw_user_ids, "item": data.raw_item_ids}
-    return {
-        k: tuple(arrays.take(raw[RAW_ID_KEYS[k]], v) for v in parts) if k in RAW_ID_KEYS else parts
-        for k, parts in values.items()
-    }
-
-
-class FeatureBuilder:
-    """Builds validated KJT batches from user / history / item arrays: one key per key of its ``layout``
-    (recsys/data/layout.py), each tower's rows filled by its entry's row source (recsys/data/row_sources.py).
-
-    The arrays are numpy (``data`` as loaded) or torch tensors on the device ``data``'s arrays were moved to
-    (recsys.data.device_data); ``validate=False`` when those were validated whole (no per-batch check then)."""
-
-    def __init__(
-        self,
-        data: RetrievalData,
-        history_length: int = 0,
-        user_id: bool = True,
-        sequence: bool = False,
-        query_neighbors: bool = False,
-        *,
-        layout: FeatureLayout | None = None,
-        validate: bool = True,
-    ) -> None:
-        """``layout``: the run's (recsys.data.layout.run_layout); None: the layout of ``history_length`` and the
-        switches (recsys.config.query_layout's keyword arguments) over ``data`` (``data_layout``)."""
-        self.data = data
-        self.layout = layout or data_layout(
-            data, history_length, user_id=user_id, sequence=sequence, query_neighbors=query_neighbors
-        )
-        self.history_length = self.layout.history_length
-        self.keys = self.layout.keys()
-        # each key's (query entry, candidate entry); None: that tower's rows are empty
-        self.slots = [(self.layout.spec(k, QUERY), self.layout.spec(k, CANDIDATE)) for k in self.keys]
-        self.validate = validate
-
-    def build(
-        self,
-        *,
-        user_ids: Array,
-        hist_lengths: Array,
-        hist_items: Array,
-        candidate_item_ids: Array,
-        hist_categories: tuple[Array, Array] | None = None,
-    ) -> Batch:
-        """Query rows for ``user_ids`` (with their histories), then one candidate row per item.
-
-        ``hist_categories``: (per-query lengths, values) of the history items' categories when the
-        caller has them already (``TrainBatches``: contiguous ranges of a row-aligned copy);
-        otherwise they are gathered from the item -> categories CSR.
-        """
-        # ids first: they index the category and side columns, and numpy would wrap a negative one
-        sizes = self.data.table_num_rows
-        if self.validate:
-            validate_ids("user_id", user_ids, sizes["user"])
-            validate_ids("history_item_ids", hist_items, sizes["item"])
-            validate_ids("item_id", candidate_item_ids, sizes["item"])
-        if self.history_length <= 0:  # no history feature: empty bags on query rows
-            hist_lengths, hist_items = arrays.zeros(len(user_ids), like=user_ids), hist_items[:0]
-            hist_categories = None
-        batch_arrays = BatchArrays(
-            self.data,
-            user_ids,
-            hist_lengths,
-            hist_items,
-            candidate_item_ids,
-            hist_categories,
-            num_rows=sizes,
-            validate=self.validate,
-        )
-        lengths, values = {}, {}
-        for key, towers in zip(self.keys, self.slots):  # each key's values in row order: queries', candidates'
-            parts = [
-                ROW_SOURCES[spec.source](batch_arrays, spec) if spec is not None else _empty(count, user_ids)
-                for spec, count in zip(towers, (len(user_ids), len(candidate_item_ids)))
-            ]
-            lengths[key] = (parts[0][0], parts[1][0])  # concatenated once for all keys, by build_kjt
-            values[key] = (parts[0][1], parts[1][1])
-        if self.data.raw_item_ids is not None:  # model.id_mapping=managed: the managed tables read raw ids
-            values = raw_id_values(self.data, values)
-        return Batch(
-            features=build_kjt(self.keys, lengths, values),
-            candidate_item_ids=arrays.to_tensor(candidate_item_ids),
-            num_queries=len(user_ids),
-        )
-
-
-def _empty(num_rows: int, like: Array) -> tuple[Array, Array]:
-    return arrays.zeros(num_rows, like=like), arrays.zeros(0, like=like)
 
 
 def _gathered_csr(indptr: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -264,25 +164,26 @@ class TrainBatches:
             validate=device is None,
         )
         history_length = self.builder.history_length
-        self.num_items = data.num_items
-        self.global_batch_size = global_batch_size
-        self.world_size = world_size
+        self.num_items, self.global_batch_size, self.world_size = data.num_items, global_batch_size, world_size
         self.example_rows = data.example_rows()
         self.rank_example_counts = None if rank_example_counts is None else [int(n) for n in rank_example_counts]
         self.bounds = self._epoch_bounds(equal_shares, rank)
-        self.num_uniform_negatives = num_uniform_negatives
-        self.seed, self.rank = seed, rank
+        self.num_uniform_negatives, self.seed, self.rank = num_uniform_negatives, seed, rank
         self.history_length = history_length
         if query_history not in ("recent", "profile"):
             raise ValueError(f"data.query_history={query_history!r}: expected 'recent' or 'profile'")
-        self.query_history = query_history
+        self.query_history, self.history_dropout = query_history, history_dropout
         self.uses_profile = query_history == "profile" and history_length > 0
-        self.history_dropout = history_dropout
-        self.user_start, self.user_end = user_row_bounds(self.train.user_ids)
-        # the categories of every training row's item, in row order: a history (rows [s, e)) then
-        # has its categories in one contiguous range, and a batch needs no per-item gather
         self.history_categories = self.builder.layout.spec(CATEGORY, QUERY) is not None
-        contiguous = self.history_categories and query_history == "recent"
+        self.rows = self._row_arrays(data)
+        self.prefetch = prefetch
+        self.pin_memory = pin_memory  # GPU: page-locked batches, so the copy to the device can be asynchronous
+
+    def _row_arrays(self, data: RetrievalData) -> RowArrays:
+        """The training rows' arrays on the loader's device. The categories of every row's item come in row order: a
+        recent history (rows [s, e)) then has its categories in one contiguous range, with no per-item gather."""
+        self.user_start, self.user_end = user_row_bounds(self.train.user_ids)
+        contiguous = self.history_categories and self.query_history == "recent"
         rows_with_history = self.train.item_ids if contiguous else self.train.item_ids[:0]
         rows = RowArrays(
             self.train.user_ids,
@@ -291,9 +192,7 @@ class TrainBatches:
             self.user_end,
             *_gathered_csr(data.item_category_indptr, data.item_category_ids, rows_with_history),
         )
-        self.rows = rows if device is None else rows.to(device)
-        self.prefetch = prefetch
-        self.pin_memory = pin_memory  # GPU: page-locked batches, so the copy to the device can be asynchronous
+        return rows if self.device is None else rows.to(self.device)
 
     def _epoch_bounds(self, equal_shares: bool, rank: int) -> np.ndarray:
         """The global batches' row bounds in the epoch's order (``batch_bounds``), the per-rank counts checked."""
@@ -492,38 +391,3 @@ def user_row_bounds(users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     new_user = np.concatenate([[True], users[1:] != users[:-1]]) if len(users) else np.zeros(0, dtype=bool)
     starts = np.nonzero(new_user)[0]
     return starts[np.cumsum(new_user) - 1], np.append(starts[1:], len(users))[np.cumsum(new_user) - 1]
-
-
-def latest_items(
-    timeline: Interactions, users: np.ndarray, num_users: int, history_length: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each user's ``history_length`` latest items in ``timeline``: (lengths, items), oldest first."""
-    bounds = timeline.user_bounds(num_users)
-    ends = bounds[users + 1]
-    starts = np.maximum(bounds[users], ends - history_length)
-    return gather_ranges(starts, ends, timeline.item_ids)
-
-
-def query_batches(
-    builder: FeatureBuilder, users: np.ndarray, timeline: Interactions, batch_size: int
-) -> Iterator[Batch]:
-    """Query-only batches for ``users`` with histories taken from ``timeline``."""
-    num_users = builder.data.num_users
-    for lo in range(0, len(users), batch_size):
-        chunk = users[lo : lo + batch_size]
-        hist_lengths, hist_items = latest_items(timeline, chunk, num_users, builder.history_length)
-        yield builder.build(
-            user_ids=chunk,
-            hist_lengths=hist_lengths,
-            hist_items=hist_items,
-            candidate_item_ids=np.zeros(0, dtype=np.int64),
-        )
-
-
-def item_batches(builder: FeatureBuilder, item_ids: np.ndarray, batch_size: int) -> Iterator[Batch]:
-    """Candidate-only batches (no queries) for ``item_ids``."""
-    empty = np.zeros(0, dtype=np.int64)
-    for lo in range(0, len(item_ids), batch_size):
-        yield builder.build(
-            user_ids=empty, hist_lengths=empty, hist_items=empty, candidate_item_ids=item_ids[lo : lo + batch_size]
-        )

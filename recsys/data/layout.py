@@ -2,7 +2,7 @@
 
 Worked out once, by :func:`feature_layout`, from the resolved config's switches (recsys.config's
 ``query_layout``: user id, sequence, query neighbours; ``data.history_length``; ``model.features``) and what
-the dataset holds (categories, item neighbours). The batch builder (recsys/data/batches.py), the model
+the dataset holds (categories, item neighbours). The batch builder (recsys/data/feature_builder.py), the model
 builder (recsys/model/build.py), export (recsys/bundle_writer.py) and serving (recsys/serving.py) read it
 instead of those switches. Adding a feature is one entry in :func:`feature_layout` plus its row source
 (recsys/data/row_sources.py). Plain Python: serving imports it without torch or torchrec.

@@ -1,5 +1,4 @@
 """EASE (Steck 2019, "Embarrassingly Shallow Autoencoders for Sparse Data"): the strong linear baseline.
-(Over 400 lines: the memory plan, fit, tuning and scoring share one dtype / device policy, kept together.)
 
 With X the binary user x item training matrix [U, I] and G = XᵀX (item co-occurrence counts):
 
@@ -27,21 +26,16 @@ float64 needs 28.9 GB, float32 15.4 GB (both with 4096-row scoring chunks), so a
 runs float32. Measured (peak RSS growth over the data, report path with one λ, 30,000 users):
 0.95 GB against 0.91 GB estimated at 8,000 items in float32, 1.09 against 1.42 in float64, 2.88
 against 2.83 at 16,000 items in float32; the 10% headroom of ``USABLE_MEMORY_SHARE`` covers the
-difference. Time is O(I³) per λ: the 16,000-item factorisation took 375 s on 2 cores shared with
-other jobs (load ~7), so at 40,981 items expect (41/16)³ ≈ 17x that per λ on such a box:
-
-    $ python -m recsys.evaluation.ease --num-items 16000 --dtype float32
+difference. Time is O(I³) per λ. The memory and time plan: recsys/evaluation/ease_plan.py; the
+benchmark of both against a synthetic matrix: scripts/bench_ease.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -53,10 +47,6 @@ from recsys.evaluation.retrieval import chunked_topk
 
 MAX_EASE_ITEMS = 50_000  # a cap on top of the memory plan: B alone is 50k² float32 = 10 GB and the inverse O(I³)
 DEFAULT_LAMBDAS = EASE_LAMBDAS  # 10..1e4, half-decade steps (recsys/choices.py: the config's default too)
-# Share of the available memory a plan may use: MemAvailable is an estimate, and Python, the
-# allocator and the rest of the report need some room.
-USABLE_MEMORY_SHARE = 0.9
-GB = 1e9
 # Below this density a history chunk is multiplied as a sparse CSR matrix (nnz x I work), above
 # it as a dense one (C x I x I): on CPU torch's sparse mm runs ~30x below dense GEMM throughput.
 SPARSE_DENSITY = 0.02
@@ -182,128 +172,6 @@ def gram_dtype(num_users: int, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if num_users < 2**24 else dtype
 
 
-# ------------------------------------------------------------------------------- memory plan
-
-
-def available_memory_bytes(device: str | torch.device = "cpu") -> int | None:
-    """Bytes that can be allocated now: free memory of the current CUDA device, or on CPU Linux's
-    MemAvailable (/proc/meminfo; psutil is not a dependency). None where neither can be read."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the file counts kB
-    except OSError:
-        pass
-    return None
-
-
-def ease_peak_bytes(
-    num_items: int, dtype: torch.dtype, *, num_users: int, chunk_size: int = 4096, keep_best: bool = False
-) -> int:
-    """Estimated peak bytes of the report's EASE (G, λ sweep, scoring) with the inverse in ``dtype``.
-
-    The λ sweep is the peak: G [I, I] (float32, see ``gram_dtype``) + A [I, I] of ``dtype`` + B's
-    float32 copy [I, I] when A is float64, + the scoring buffers of ``ease_topk`` (score chunk, dense
-    history chunk, top-k temporaries: ~3 x chunk_size x I float32). ``gram_matrix`` needs G +
-    [U, GRAM_BLOCK] float32 + [I, GRAM_BLOCK] float32 (and its copy when G is not float32), which
-    the sweep exceeds unless U is large, so G + the larger of the two is returned. ``keep_best``
-    (``tune_ease``) adds the best B so far, one more float32 [I, I]. The sparse copy
-    of X (~12 bytes per pair) is left to the headroom of ``USABLE_MEMORY_SHARE``.
-    """
-    i2 = num_items * num_items
-    gram = i2 * gram_dtype(num_users, dtype).itemsize
-    inverse = i2 * dtype.itemsize + (i2 * 4 if dtype.itemsize > 4 else 0) + (i2 * 4 if keep_best else 0)
-    scoring = 3 * min(chunk_size, max(num_users, 1)) * num_items * 4
-    block = min(GRAM_BLOCK, num_items)
-    building = num_users * block * 4 + num_items * block * (
-        4 + (gram_dtype(num_users, dtype).itemsize if num_users >= 2**24 else 0)
-    )
-    return int(gram + max(inverse + scoring, building))
-
-
-@dataclass(frozen=True)
-class EasePlan:
-    """``plan_ease``'s choice: the dtype to run in, or None when nothing fits (``skipped`` says why)."""
-
-    dtype: torch.dtype | None
-    peak_bytes: int  # estimated peak of the chosen dtype (of the cheapest one when skipped)
-    available_bytes: int | None  # None: could not be measured
-    skipped: str = ""
-
-    def describe(self) -> dict:
-        """JSON-able summary for the report."""
-        return {
-            "dtype": None if self.dtype is None else str(self.dtype).removeprefix("torch."),
-            "peak_memory_gb_estimate": round(self.peak_bytes / GB, 2),
-            "available_memory_gb": None if self.available_bytes is None else round(self.available_bytes / GB, 2),
-        }
-
-
-PROBE_ITEMS = 2048  # the factorisation timed to estimate a catalogue's: large enough for LAPACK's blocked kernels
-
-
-def factorisation_seconds(num_items: int, dtype: torch.dtype, device: str | torch.device = "cpu") -> float:
-    """Estimated seconds of one λ (Cholesky of G + λI and its inverse, O(I³)) for ``num_items`` on
-    this machine now: one probe of ``PROBE_ITEMS`` timed and scaled by (I / probe)³ (the kernels'
-    efficiency grows a little with size, so large catalogues come out somewhat pessimistic)."""
-    n = min(num_items, PROBE_ITEMS)
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n + 64, n, generator=gen).to(device=device, dtype=dtype)
-    a = x.T @ x
-    a.diagonal().add_(1.0)
-    start = time.perf_counter()
-    a_cm = a.mT
-    torch.linalg.cholesky_ex(a_cm, out=(a_cm, torch.empty((), dtype=torch.int32, device=a.device)))
-    torch.cholesky_inverse(a_cm, out=a_cm)
-    if a.device.type == "cuda":
-        torch.cuda.synchronize(a.device)
-    return (time.perf_counter() - start) * (num_items / n) ** 3
-
-
-def plan_ease(
-    num_items: int,
-    num_users: int,
-    available_bytes: int | None,
-    *,
-    chunk_size: int = 4096,
-    dtypes: Sequence[torch.dtype] = (torch.float64, torch.float32),
-    usable_share: float = USABLE_MEMORY_SHARE,
-) -> EasePlan:
-    """The first of ``dtypes`` whose ``ease_peak_bytes`` fits in ``usable_share`` of ``available_bytes``.
-
-    Args:
-        num_items / num_users: I and U of the training matrix.
-        available_bytes: from ``available_memory_bytes`` (a parameter so tests can pose any
-            budget); None (unknown) takes the first dtype, as before plans existed.
-        dtypes: in order of preference (float64 is Steck's; float32 halves the matrices).
-
-    Returns:
-        ``EasePlan``; when none fits, ``dtype`` is None and ``skipped`` reads
-        "needs N GB, have M GB (...)".
-    """
-    if not dtypes:
-        raise ValueError("dtypes must not be empty")
-    peaks = {dtype: ease_peak_bytes(num_items, dtype, num_users=num_users, chunk_size=chunk_size) for dtype in dtypes}
-    if available_bytes is None:
-        return EasePlan(dtypes[0], peaks[dtypes[0]], None)
-    for dtype in dtypes:
-        if peaks[dtype] <= usable_share * available_bytes:
-            return EasePlan(dtype, peaks[dtype], int(available_bytes))
-    cheapest = min(peaks, key=peaks.get)
-    need = peaks[cheapest]
-    return EasePlan(
-        None, need, int(available_bytes),
-        skipped=(
-            f"needs {need / GB:.1f} GB, have {available_bytes / GB:.1f} GB ({str(cheapest).removeprefix('torch.')} inverse "
-            f"of {num_items:,} items; {usable_share:.0%} of the available memory may be used)"
-        ),
-    )  # fmt: skip
-
-
 def ease_topk(
     b: torch.Tensor,
     history: UserItemCSR,
@@ -407,59 +275,3 @@ def tune_ease(
         del b  # one B per λ is never held: at most the best one and the current one
     best = max(scores, key=lambda lam: (np.nan_to_num(scores[lam], nan=-1.0), -list(scores).index(lam)))
     return EaseTuning(best_lambda=best, metric=metric, scores=scores, num_users=int(rows.shape[0]), b=best_b)
-
-
-# ------------------------------------------------------------------------------- benchmark
-
-
-def _peak_rss_bytes(reset: bool = False) -> int:
-    """This process's peak resident memory (Linux VmHWM); ``reset`` first sets it to the current RSS."""
-    if reset:
-        Path("/proc/self/clear_refs").write_text("5")
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise OSError("no VmHWM in /proc/self/status")
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description="The report's EASE path on a synthetic matrix: estimated vs measured peak memory, times."
-    )
-    parser.add_argument("--num-users", type=int, default=30_000)
-    parser.add_argument("--num-items", type=int, default=8_000)
-    parser.add_argument("--nnz", type=int, default=800_000)
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    parser.add_argument("--lam", type=float, default=100.0)
-    args = parser.parse_args(argv)
-    from recsys.evaluation.ials import synthetic_split  # the same synthetic matrix as iALS's benchmark
-
-    dtype = getattr(torch, args.dtype)
-    train, valid = synthetic_split(args.num_users, args.num_items, args.nnz)
-    estimate = ease_peak_bytes(train.num_items, dtype, num_users=train.num_users)
-    plan = plan_ease(train.num_items, train.num_users, available_memory_bytes())
-    print(f"{train.num_users:,} users x {train.num_items:,} items, {train.nnz:,} pairs; {args.dtype} peak estimate {estimate / GB:.2f} GB; "
-          f"plan for the memory available now: {plan.describe()}", flush=True)  # fmt: skip
-    base = _peak_rss_bytes(reset=True)
-    start = time.perf_counter()
-    gram = gram_matrix(train, dtype=gram_dtype(train.num_users, dtype))
-    t_gram = time.perf_counter() - start
-    tuning = tune_ease(
-        train, train, valid, lambdas=(args.lam,), dtype=dtype, gram=gram
-    )  # one fit, up to 10,000 users scored
-    t_tune = time.perf_counter() - start - t_gram
-    start = time.perf_counter()
-    b = ease_from_gram(gram, args.lam, dtype=dtype, overwrite=True)
-    del gram
-    t_fit = time.perf_counter() - start
-    start = time.perf_counter()
-    ease_topk(b, train, 100, exclude=train)
-    t_score = time.perf_counter() - start
-    grown = _peak_rss_bytes() - base
-    print(f"gram {t_gram:.1f} s; one λ (fit + up to 10,000 users scored) {t_tune:.1f} s; refit in G's memory {t_fit:.1f} s; "
-          f"top-100 of all {train.num_users:,} users {t_score:.1f} s; peak RSS growth {grown / GB:.2f} GB "
-          f"({grown / estimate:.2f} x the estimate); valid {tuning.metric} {tuning.scores[args.lam]:.4f}")  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

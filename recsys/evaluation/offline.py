@@ -14,8 +14,8 @@ import numpy as np
 import torch.distributed as dist
 
 from recsys.config import FUSED_RANKER, Config, EvaluateConfig, resolved_rankers
-from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.layout import run_layout
 from recsys.distributed.collectives import all_gather_rows
 from recsys.distributed.env import DistEnv

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from recsys.config import Config, resolved_rankers, served_ranker
-from recsys.data.batches import FeatureBuilder
 from recsys.data.dataset import RetrievalData
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.layout import run_layout
 from recsys.distributed.env import DistEnv
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks

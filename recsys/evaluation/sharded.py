@@ -23,8 +23,9 @@ from torch import nn
 
 from recsys.data.batch import Batch
 from recsys.data.batch_bounds import ceil_div
-from recsys.data.batches import FeatureBuilder, item_batches, query_batches
 from recsys.data.dataset import Interactions, RetrievalData
+from recsys.data.eval_batches import item_batches, query_batches
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.distributed.collectives import all_gather_rows
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics

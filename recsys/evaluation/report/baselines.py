@@ -10,18 +10,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from recsys.evaluation.ease import (
+from recsys.evaluation.ease import ease_from_gram, gram_dtype, gram_matrix, tune_ease
+from recsys.evaluation.ease_plan import (
     USABLE_MEMORY_SHARE,
     EasePlan,
     available_memory_bytes,
-    ease_from_gram,
     ease_peak_bytes,
     factorisation_seconds,
-    gram_dtype,
-    gram_matrix,
     plan_ease,
-    tune_ease,
-)  # fmt: skip
+)
 from recsys.evaluation.ials import tune_ials
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.report.types import EvalInputs, ReportOptions

@@ -87,13 +87,13 @@ class ReportOptions:
 
     Attributes:
         ease: fit EASE (needs a "valid" split, num_items <= ``ease_max_items`` and the memory of
-            ``ease.plan_ease``: float64 where it fits, else float32, else skipped with the reason).
+            ``ease_plan.plan_ease``: float64 where it fits, else float32, else skipped with the reason).
         ease_lambdas: λ grid; the best validation recall@``ease_tune_k`` wins.
         ease_tune_k: cut-off of the tuning metric (20); also iALS's.
         ease_tune_users: validation users sampled for tuning (None: all); also iALS's.
         ease_max_items: above this, EASE is skipped with the reason recorded.
         ease_max_minutes: EASE is skipped, with the estimate, when its λ sweep would take longer (each λ
-            an O(I³) factorisation, timed on a probe: ``ease.factorisation_seconds``); 0 = no limit.
+            an O(I³) factorisation, timed on a probe: ``ease_plan.factorisation_seconds``); 0 = no limit.
         ease_seconds_per_lambda: that estimate, given instead of measured (tests).
         ease_available_bytes: memory EASE may plan with; None = measured when the report runs
             (free memory of the CUDA device, else MemAvailable).
