@@ -32,7 +32,7 @@ class Source(Choice):
 
     synthetic = "synthetic"
     movielens = "movielens"
-    interactions = "interactions"  # any log, data_pipelines/interactions.py
+    interactions = "interactions"  # any log, data_pipelines/interactions/
 
 
 class Protocol(Choice):

@@ -30,7 +30,7 @@ the dataset's indices and looks their raw ids up): an id the tables do not hold 
 The served ranker is the run's headline (eval.serve): the two-tower, or its fusion with the graph filter
 (recsys/rankers/fusion.py), whose query is [q_tt / spread, beta * q_graph / spread] and whose items are
 [c_tt, c_graph]. Scores are inner products <query, item>, so the bundle ranks as the run's evaluation did
-(tests/test_served.py): ``bundle.recommend(history, k)``.
+(tests/test_export.py): ``bundle.recommend(history, k)``.
 
 Trust: :func:`load_bundle` runs no code from the bundle (weights load with ``torch.load(weights_only=True)``,
 arrays with ``allow_pickle=False``, JSON and parquet as data); it rebuilds QueryEncoder from recsys's code

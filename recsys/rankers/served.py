@@ -9,7 +9,7 @@ it; for the served ranker (eval.serve) the run keeps exactly that in ``<run dir>
                        part's item vectors (a fusion's spread normalisation)
     test_topk.npy      int64 [U, k]: the run's test ranking of the served ranker (test_users.npy: its users)
 
-``recsys.export`` builds the bundle from these, so the bundle ranks as the run did (tests/test_served.py).
+``recsys.export`` builds the bundle from these, so the bundle ranks as the run did (tests/test_export.py).
 Written to a temporary folder and renamed into place.
 """
 
