@@ -38,7 +38,7 @@ from recsys.config import (
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset, with_valid_in_train
-from recsys.data.feature_builder import FeatureBuilder
+from recsys.data.feature_builder import run_feature_builder
 from recsys.data.layout import run_layout
 from recsys.data.neighbors import with_item_neighbors
 from recsys.data.raw_ids import with_raw_ids
@@ -98,6 +98,12 @@ def open_dataset(cfg: Config, root: str | Path, user_range: tuple[int, int] | No
         data = with_slice(data, cfg.data.slices, cfg.data.slice, cfg.data.slice_window)
     if cfg.data.train_on_valid:
         data = with_valid_in_train(data)
+    return with_run_features(cfg, data)
+
+
+def with_run_features(cfg: Config, data: RetrievalData) -> RetrievalData:
+    """What every way of reading a run's rows adds, in one order: the items' neighbours (``data.item_neighbors``),
+    ``model.features``' columns and, with managed ids, the raw ids the managed tables read."""
     data = with_side_features(with_item_neighbors(data, cfg.data.item_neighbors), cfg.model.features)
     return with_raw_ids(data) if cfg.model.id_mapping == IdMapping.managed else data
 
@@ -109,9 +115,7 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
         note_dropped_rows(dataset_dir)  # a given split's dropped rows: console and train.log
     if cfg.data.shard_by_user:
         data, example_counts = load_rank_data(dataset_dir, env, cfg.data.train_on_valid)
-        data = with_side_features(data, cfg.model.features)
-        if cfg.model.id_mapping == IdMapping.managed:
-            data = with_raw_ids(data)
+        data = with_run_features(cfg, data)
         log.info(
             "dataset %s, users %s of rank %d: %s",
             dataset_dir,
@@ -119,7 +123,7 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
             env.rank,
             {s: len(v) for s, v in data.splits.items()},
         )
-        return RunData(with_item_neighbors(data, cfg.data.item_neighbors), example_counts)
+        return RunData(data, example_counts)
     data = open_dataset(cfg, dataset_dir)
     log.info("dataset %s: %s", dataset_dir, {s: len(v) for s, v in data.splits.items()})
     return RunData(data, None)
@@ -223,11 +227,12 @@ def train_batches(
     )
 
 
-def two_tower_evaluator(cfg: Config, data: RetrievalData) -> Evaluator:
-    """The two-tower's validation each epoch (eval.valid_metric picks the best epoch)."""
+def run_evaluator(cfg: Config, data: RetrievalData) -> Evaluator:
+    """The run's evaluator: the two-tower's validation each epoch (eval.valid_metric picks the best epoch) and the
+    evaluation stage's embeddings of valid and test."""
     return Evaluator(
         data,
-        FeatureBuilder(data, layout=run_layout(cfg, data)),
+        run_feature_builder(cfg, data),
         ks=cfg.eval.ks,
         batch_size=cfg.eval.batch_size,
         chunk_size=cfg.eval.chunk_size,
@@ -257,14 +262,12 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
             if env.is_main:
                 print(format_results_table(start.finished, result_ks(start.finished)), flush=True)
             return start.finished
-        batches, evaluator = train_batches(cfg, data, env, example_counts), two_tower_evaluator(cfg, data)
+        batches, evaluator = train_batches(cfg, data, env, example_counts), run_evaluator(cfg, data)
         trainer = Trainer(
             cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator
         )
         trained = trainer.fit(start.resume_from)
-        ranked = rank_after_training(
-            cfg, env, data, trainer.two_tower, run_dir, chosen=chosen, per_rank_users=cfg.data.shard_by_user
-        )
+        ranked = rank_after_training(cfg, env, data, trainer.two_tower, run_dir, evaluator, chosen=chosen)
         headline = ranked.pop("headline")
         results = {
             "test": ranked["test"],
@@ -379,7 +382,7 @@ def export_run(ecfg: ExportConfig) -> Path:
         data, two_tower = trained.data, trained.sharded.two_tower
         two_tower.eval()
         if served is None:
-            builder = FeatureBuilder(data, layout=run_layout(cfg, data))
+            builder = run_feature_builder(cfg, data)
             item_emb = embed(
                 two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
                 batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size,

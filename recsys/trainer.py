@@ -32,7 +32,6 @@ from recsys.config import Config
 from recsys.data.batch import Batch
 from recsys.data.batches import TrainBatches
 from recsys.data.dataset import RetrievalData
-from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import managed_stats
 from recsys.distributed.sharding import ShardedModel
@@ -155,7 +154,6 @@ class Trainer:
             sharded,
         )
         self.checkpoints, self.batches, self.evaluator = checkpoints, batches, evaluator
-        sharded.task.gather_candidates = candidate_gather(env.rank, env.world_size)
         self.two_tower = sharded.two_tower
         self.state = TrainerState(
             fingerprint=checkpoints.fingerprint,

@@ -33,6 +33,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig
 from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE
+from recsys.distributed.collectives import candidate_gather
 from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import MANAGED_SHARDING, ManagedSharder, set_buckets, zero_managed_tables
 from recsys.distributed.pretrained import load_pretrained_table, open_pretrained
@@ -378,6 +379,8 @@ def shard_model(
     dmp = DistributedModelParallel(
         task, env=ShardingEnv.from_process_group(pg), device=env.device, plan=plan, sharders=sharders
     )
+    if hasattr(dmp.module, "gather_candidates"):  # the in-batch softmax's candidates: every rank's, gathered
+        dmp.module.gather_candidates = candidate_gather(env.rank, env.world_size)
     init_tables(dmp, seed=seed)
     zero_managed_tables(dmp)  # their rows are drawn from the ids they admit
     _load_pretrained(dmp, readers, tables, pretrained, frozen_tables, env)

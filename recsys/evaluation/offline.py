@@ -15,8 +15,7 @@ import torch.distributed as dist
 
 from recsys.config import FUSED_RANKER, Config, EvaluateConfig, resolved_rankers
 from recsys.data.dataset import RetrievalData
-from recsys.data.feature_builder import FeatureBuilder
-from recsys.data.layout import run_layout
+from recsys.data.feature_builder import run_feature_builder
 from recsys.distributed.collectives import all_gather_rows
 from recsys.distributed.env import DistEnv
 from recsys.distributed.rank_data import rank_user_range
@@ -100,7 +99,7 @@ def evaluate_trained(
     user_range = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
     two_tower = sharded.two_tower
     two_tower.eval()
-    builder = FeatureBuilder(data, layout=run_layout(cfg, data))
+    builder = run_feature_builder(cfg, data)
     evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)
     common = dict(batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
 

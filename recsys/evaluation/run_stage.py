@@ -1,7 +1,7 @@
 """The run's evaluation stage after training: embed the valid and test users (every rank, collectively), then rank
 both splits with the configured rankers (``recsys.evaluation.stage``) on rank 0, and keep what the bundle serves.
 
-    results = rank_after_training(cfg, env, data, two_tower, run_dir)       # the same dict on every rank
+    results = rank_after_training(cfg, env, data, two_tower, run_dir, evaluator)   # the same dict on every rank
 
 With ``data.shard_by_user`` every rank ranks its own users and the metrics are combined across ranks; the graph
 filter is fit from every rank's rows without any rank holding them all (its sums over users are all-reduced:
@@ -22,8 +22,6 @@ from torch import nn
 
 from recsys.config import Config, resolved_rankers, served_ranker
 from recsys.data.dataset import RetrievalData
-from recsys.data.feature_builder import FeatureBuilder
-from recsys.data.layout import run_layout
 from recsys.distributed.env import DistEnv
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
 from recsys.evaluation.stage import evaluate_rankers
@@ -53,20 +51,14 @@ def rank_after_training(
     data: RetrievalData,
     two_tower: nn.Module,
     run_dir: Path,
+    evaluator: Evaluator,
     *,
     chosen: dict[str, Point] | None = None,
-    per_rank_users: bool = False,
 ) -> dict[str, Any]:
-    """Collective: ``{"valid", "test", "rankers", "headline"}`` of the trained ``two_tower`` and the configured rankers."""
-    ecfg = cfg.eval
-    evaluator = Evaluator(
-        data,
-        FeatureBuilder(data, layout=run_layout(cfg, data)),
-        ks=ecfg.ks,
-        batch_size=ecfg.batch_size,
-        chunk_size=ecfg.chunk_size,
-        per_rank_users=per_rank_users,
-    )
+    """Collective: ``{"valid", "test", "rankers", "headline"}`` of the trained ``two_tower`` and the configured rankers,
+    its users embedded by the run's ``evaluator`` (recsys.run.run_evaluator; with per-rank users, each rank ranks its
+    own)."""
+    ecfg, per_rank_users = cfg.eval, evaluator.per_rank_users
     splits = [s for s in ("valid", "test") if not (s == "valid" and cfg.data.train_on_valid)]
     embedded = {
         s: evaluator.embeddings(two_tower, s, device=env.device, rank=env.rank, world_size=env.world_size)
