@@ -46,6 +46,7 @@ BUNDLE_FILES = {
     "id_map_item.npy",
     "raw_ids_users.npy",
     "raw_ids_items.npy",
+    "unranked_items.npy",  # items the served ranker leaves out (never-trained ids of managed tables)
 }
 
 
@@ -130,6 +131,8 @@ def _manifest(served: ServedState, index: str, data: RetrievalData, cfg: Config,
         "two_tower_dim": served.two_tower_dim,  # the query's first columns: the two-tower's (0: not a part)
         "graph_dim": 0 if served.graph_query is None else int(served.graph_query.shape[1]),
         "index": index,
+        # items never recommended (unranked_items.npy): no vector of their own (recsys/evaluation/untrained.py)
+        "unranked_items": 0 if served.unranked is None else int(served.unranked.sum()),
         "num_users": data.num_users,
         "num_items": data.num_items,
         "num_categories": data.num_categories,
@@ -189,7 +192,11 @@ def write_bundle(
             np.save(tmp / "graph_query.npy", served.graph_query.numpy().astype(np.float32))
         for part, covariance in served.covariances.items():
             np.save(tmp / f"covariance_{part}.npy", covariance.numpy().astype(np.float64))
-        require_faiss().write_index(build_index(embeddings, index), str(tmp / "index.faiss"))
+        ranked = None
+        if served.unranked is not None and bool(served.unranked.any()):  # indexed: the items it ranks, by item id
+            np.save(tmp / "unranked_items.npy", np.flatnonzero(served.unranked.numpy()).astype(np.int64))
+            ranked = np.flatnonzero(~served.unranked.numpy()).astype(np.int64)
+        require_faiss().write_index(build_index(embeddings, index, ids=ranked), str(tmp / "index.faiss"))
         pq.write_table(_items_table(data), tmp / "items.parquet")
         users = _side_columns(data, "users")
         if users:

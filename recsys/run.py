@@ -54,6 +54,7 @@ from recsys.evaluation.ease_plan import available_memory_bytes
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
 from recsys.evaluation.sharded import Evaluator, embed
+from recsys.evaluation.untrained import unranked_items
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names
@@ -274,6 +275,7 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
             "valid": ranked["valid"],
             "headline": {**headline, "test": ranked["test"][headline["ranker"]]},
             "rankers": ranked["rankers"],
+            "untrained": ranked["untrained"],
             **trained,
         }
         if env.is_main:
@@ -387,7 +389,10 @@ def export_run(ecfg: ExportConfig) -> Path:
                 two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
                 batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size,
             )  # fmt: skip
-            served = two_tower_state(item_emb)
+            unranked = None
+            if cfg.model.id_mapping == IdMapping.managed:  # never-trained items: left out, as the run ranked them
+                unranked = unranked_items(data, two_tower, device=env.device, world_size=env.world_size)
+            served = two_tower_state(item_emb, unranked if unranked is not None and bool(unranked.any()) else None)
         if cfg.model.id_mapping == IdMapping.managed:
             zero_miss_rows(trained.sharded.module)  # the shared row of unheld ids, as every lookup sees it
         tables = full_tables(trained.sharded.module, env.rank, env.device)

@@ -13,7 +13,10 @@ CPU process (torch, numpy, pyarrow, faiss only)::
       graph_query.npy      float32 [num_items, G]: the graph filter's query table (row j is what item j adds
                            to a query), when the served ranker has the graph filter as a part
       covariance_*.npy     float64 [D_part, D_part]: each part's item covariance, for a fusion's spread
-      index.faiss          FAISS inner-product index of item_embeddings (flat: exact; ivf_flat / hnsw by option)
+      index.faiss          FAISS inner-product index of item_embeddings (flat: exact; ivf_flat / hnsw by option): of the
+                           items it recommends, under their item ids
+      unranked_items.npy   int64: the items never recommended (manifest "unranked_items" counts them): never-trained
+                           ids of managed tables, which share one row (recsys/evaluation/untrained.py); when any
       items.parquet        item_id, categories (+ raw_id / title when the dataset has them,
                            + feature_<name> list<int64>: the ids of each query-tower side feature of items)
       users.parquet        user_id + feature_<name> list<int64> of each query-tower side feature of users
@@ -105,6 +108,7 @@ class ServingBundle:
     # model.id_mapping=managed: each managed table's map, and the raw ids of the dataset's user / item indices
     id_maps: dict[str, RawIdMap] | None = None
     raw_ids: dict[str, np.ndarray] | None = None  # "users" / "items" -> int64 [num_users] / [num_items]
+    unranked: np.ndarray | None = None  # bool [num_items]: items never recommended (unranked_items.npy); None: none
 
     def encode_two_tower(
         self, user_ids: np.ndarray | None, history_lengths: np.ndarray, history_items: np.ndarray
@@ -245,7 +249,8 @@ class ServingBundle:
         ``history``: the user's item indices, oldest first (vocab/items.parquet maps raw ids), each counted once;
         ``user_id``: their index, read by a model with a user-id table (None: a query without a user, which uses
         no user row). ``exclude_seen``: the history is never recommended, as the evaluation masks it. Ties go to
-        the lower item index.
+        the lower item index. The items of unranked_items.npy (never-trained ids of a managed run) are never
+        recommended.
         """
         items = history_indices(history, self.manifest["num_items"])
         user = user_index(user_id, self.manifest["num_users"])
@@ -270,7 +275,10 @@ class ServingBundle:
         histories = [history_indices(h, num_items, f"histories[{i}]") for i, h in enumerate(histories)]
         users = user_indices(user_ids, self.manifest["num_users"], len(histories))
         lengths = np.array([len(h) for h in histories], dtype=np.int64)
-        left = num_items - lengths if exclude_seen else np.full(len(histories), num_items)
+        ranked = np.ones(num_items, dtype=bool) if self.unranked is None else ~self.unranked
+        left = np.full(len(histories), int(ranked.sum()), dtype=np.int64)  # what the index can return
+        if exclude_seen:
+            left -= np.array([int(ranked[np.unique(h)].sum()) for h in histories], dtype=np.int64)
         k = min(k, int(left.max()) if len(histories) else num_items)
         if k == 0 or not histories:
             return np.zeros((len(histories), k), dtype=np.int64), np.zeros((len(histories), k), dtype=np.float32)
@@ -354,7 +362,17 @@ def load_bundle(path: str | Path) -> ServingBundle:
         graph_query=graph_query,
         covariances=covariances,
         index=require_faiss().read_index(str(root / "index.faiss")),
+        unranked=_unranked(root, manifest),
     )
+
+
+def _unranked(root: Path, manifest: dict) -> np.ndarray | None:
+    """bool [num_items] of the items the bundle never recommends (unranked_items.npy), None when it has none."""
+    if not manifest.get("unranked_items"):
+        return None
+    mask = np.zeros(manifest["num_items"], dtype=bool)
+    mask[numpy_load(root / "unranked_items.npy")] = True
+    return mask
 
 
 SIDE_FILES = {"users": "users.parquet", "items": "items.parquet"}  # a side feature's column, in the bundle

@@ -13,6 +13,7 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 # ruff: noqa: E402 (the imports follow the thread count: OpenMP reads it when torch loads)
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,18 @@ from tests.helpers.launch import launch
 from tests.helpers.two_rank import JOBS
 
 torch.set_num_threads(1)  # the same, should torch have been loaded before this file
+
+
+@pytest.fixture
+def root_logging():
+    """Hydra's job logging (train.log) configured in this process by an entry point: the root logger as it was, after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:], root.level = handlers, level
 
 
 @pytest.fixture(scope="session")

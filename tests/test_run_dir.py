@@ -54,3 +54,38 @@ def test_what_counts_as_finished():
     assert not is_finished(TrainerState(epoch=3), epochs=5)  # more epochs asked for: train on
     assert is_finished(TrainerState(epoch=2, early_stopped=True), epochs=5)  # early stopping ended it
     assert not is_finished(TrainerState(epoch=2, next_batch=4), epochs=2)  # mid-epoch checkpoint
+
+
+def test_retraining_sets_the_earlier_weights_bundle_and_report_aside_with_them(tmp_path, data_root, process_group):
+    """Issue 43 item 3: export/, eval/ and served/ belong to the weights they were made from; a run that trains
+    anew (resume=none) or further (more epochs) must not leave them beside its own weights."""
+    from recsys.evaluate import EvaluateConfig, evaluate_run
+    from recsys.export import ExportConfig, export_run
+
+    config = lambda *extra: tiny_config([f"data.root={data_root}", *SHORT, *extra])  # noqa: E731
+
+    def derive() -> dict[str, bytes]:
+        export_run(ExportConfig(run_dir=str(tmp_path)))
+        evaluate_run(EvaluateConfig(run_dir=str(tmp_path), ann_kinds=[], ks=[20], ease=False, ials=False))
+        return {name: (tmp_path / name / file).read_bytes() for name, file in DERIVED_FILES}
+
+    fit(config("trainer.epochs=1"), tmp_path)
+    first = derive()
+    fit(config("trainer.epochs=1", "trainer.resume=none"), tmp_path)
+    aside = tmp_path / "checkpoints.replaced.1"
+    for name, file in DERIVED_FILES:  # with the weights they came from
+        assert (aside / name / file).read_bytes() == first[name], name
+    assert not (tmp_path / "export").exists() and not (tmp_path / "eval").exists()
+    assert (tmp_path / "served").is_dir()  # the new run's own
+
+    # trained further: the checkpoints stay (they are this run's), the outputs of the earlier best go aside
+    second = derive()
+    fit(config("trainer.epochs=2"), tmp_path)
+    aside = tmp_path / "outputs.replaced.1"
+    assert (aside / "export" / "manifest.json").read_bytes() == second["export"]
+    assert (aside / "eval" / "report.json").read_bytes() == second["eval"]
+    assert not (tmp_path / "export").exists() and not (tmp_path / "eval").exists()
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step_00000012"
+
+
+DERIVED_FILES = (("export", "manifest.json"), ("eval", "report.json"), ("served", "served.json"))

@@ -10,48 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-import runpy
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from recsys.run import fit
 from tests.helpers.config import tiny_config
+from tests.helpers.entry_points import QUIET, files, one_error_line, run_module
 
 SHORT = ["trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.early_stopping_patience=0"]
-QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
-
-
-def run_module(monkeypatch, module: str, args: list[str]) -> int:
-    """``python -m module *args`` in this process; its exit status (0 when it returns)."""
-    monkeypatch.setattr(sys, "argv", [module, *args])
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-        return int(e.code or 0)
-    return 0
-
-
-def one_error_line(err: str) -> str:
-    """The one ``error:`` line of stderr; no traceback there."""
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
-@pytest.fixture
-def root_logging():
-    """Hydra's job logging (train.log) configured in this process: the root logger as it was, after."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in root.handlers:
-        if handler not in handlers:
-            handler.close()
-    root.handlers[:], root.level = handlers, level
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +39,6 @@ def copy_run(short_run, tmp_path) -> Path:
     run_dir = tmp_path / "run"
     shutil.copytree(short_run[0], run_dir)
     return run_dir
-
-
-def files(folder: Path) -> dict[Path, bytes]:
-    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # --- 6, 11: run_name outside runs/, or a link to another run --------------------------------------

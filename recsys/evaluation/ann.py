@@ -70,14 +70,19 @@ def _as_f32(x: np.ndarray | torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def build_index(item_emb: np.ndarray | torch.Tensor, kind: str, params: AnnParams = AnnParams()):
+def build_index(
+    item_emb: np.ndarray | torch.Tensor, kind: str, params: AnnParams = AnnParams(), ids: np.ndarray | None = None
+):
     """A FAISS inner-product index over ``item_emb`` [I, D]; FAISS id = row = item id.
 
     kind: "flat" (exact, brute force), "ivf_flat" (k-means coarse quantizer, ``nlist`` lists, flat
     vectors, ``nprobe`` scanned), "hnsw" (graph, ``IndexHNSWFlat``).
+    ``ids``: int64, the only rows indexed (the items a served ranker ranks), each under its item id; None: every row.
     """
     faiss = require_faiss()
     items = _as_f32(item_emb)
+    if ids is not None:
+        items = np.ascontiguousarray(items[ids])
     num_items, dim = items.shape
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
@@ -92,8 +97,23 @@ def build_index(item_emb: np.ndarray | torch.Tensor, kind: str, params: AnnParam
         index.hnsw.efSearch = params.ef_search
     else:
         raise ValueError(f"unknown ANN index kind {kind!r}; choose from {ANN_KINDS}")
-    index.add(items)
+    if ids is None:
+        index.add(items)
+        return index
+    if kind != "ivf_flat":  # IVF keeps ids itself; the others through an id map
+        index = faiss.IndexIDMap2(index)
+    index.add_with_ids(items, np.ascontiguousarray(ids, dtype=np.int64))
     return index
+
+
+def _hnsw(index):
+    """The HNSW graph of ``index`` (also behind an id map), or None."""
+    if hasattr(index, "hnsw"):
+        return index.hnsw
+    inner = getattr(index, "index", None)
+    if inner is None:
+        return None
+    return getattr(require_faiss().downcast_index(inner), "hnsw", None)
 
 
 def ann_topk(
@@ -121,11 +141,12 @@ def ann_topk(
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     queries = _as_f32(queries)
-    num_queries, num_items = queries.shape[0], index.ntotal
-    if exclude is not None and (exclude.num_users != num_queries or exclude.num_items != num_items):
+    num_queries, num_items = queries.shape[0], index.ntotal  # items indexed: all, or those ``build_index``'s ids name
+    if exclude is not None and (exclude.num_users != num_queries or exclude.num_items < num_items):
         raise ValueError(
             f"exclude is ({exclude.num_users}, {exclude.num_items}), queries/items are ({num_queries}, {num_items})"
         )
+    hnsw = _hnsw(index)
     out_scores = np.full((num_queries, k), -np.inf, dtype=np.float32)
     out_ids = np.full((num_queries, k), -1, dtype=np.int64)
     lengths = exclude.lengths() if exclude is not None else np.zeros(num_queries, dtype=np.int64)
@@ -134,8 +155,8 @@ def ann_topk(
         fetch = int(min(num_items, k + (lengths[start:stop].max() if stop > start else 0)))
         if fetch == 0:
             continue
-        if hasattr(index, "hnsw"):
-            index.hnsw.efSearch = max(ef_search, fetch)
+        if hnsw is not None:
+            hnsw.efSearch = max(ef_search, fetch)
         scores, ids = index.search(queries[start:stop], fetch)  # [C, fetch]; missing: id -1
         ids = ids.astype(np.int64, copy=False)
         drop = ids < 0

@@ -27,6 +27,7 @@ def exact_topk(
     *,
     exclude: UserItemCSR | None = None,
     chunk_size: int = 4096,
+    unranked: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k items per query by inner product, exact, over the whole corpus.
 
@@ -37,6 +38,8 @@ def exact_topk(
         exclude: optional [U rows, I items] CSR; row u lists the items never returned for query u.
         chunk_size: query rows scored per matmul; peak extra memory is about
             ``chunk_size * I * 4`` bytes (4096 x 27k items = 442 MB).
+        unranked: optional bool [I]: items never returned for any query (items the model has no
+            vector of its own for: recsys/evaluation/untrained.py).
 
     Returns:
         scores: float32 [U, k], descending per row.
@@ -51,9 +54,11 @@ def exact_topk(
         raise ValueError(f"expected queries [U, D] and items [I, D], got {tuple(queries.shape)}, {tuple(items.shape)}")
     num_queries, num_items = queries.shape[0], items.shape[0]
     items_t = items.to(dtype=torch.float32).t()
+    left_out = None if unranked is None or not bool(unranked.any()) else unranked.to(queries.device)
 
     def score_chunk(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
-        return torch.mm(queries[start:stop].to(dtype=torch.float32), items_t, out=out)
+        scores = torch.mm(queries[start:stop].to(dtype=torch.float32), items_t, out=out)
+        return scores if left_out is None else scores.masked_fill_(left_out, float("-inf"))
 
     return chunked_topk(
         score_chunk, num_queries, num_items, k, exclude=exclude, chunk_size=chunk_size, device=queries.device
@@ -158,7 +163,8 @@ def popularity_topk(
     exclude: UserItemCSR | None = None,
     chunk_size: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Most popular items per query: ``exact_topk`` with ``score(u, i) = item_counts[i]`` for every u.
+    """Most popular items per query: ``exact_topk`` with ``score(u, i) = item_counts[i]`` for every u; an item
+    never trained on (count 0) is never returned: a count of 0 says nothing, and only id order would rank those.
 
     Args:
         item_counts: [I] training interactions per item (any numeric dtype; scored in float32,
@@ -173,7 +179,7 @@ def popularity_topk(
         raise ValueError(f"item_counts must be 1-D [I], got {tuple(item_counts.shape)}")
     items = item_counts.to(dtype=torch.float32).unsqueeze(1)  # [I, 1]
     queries = torch.ones(num_queries, 1, dtype=torch.float32, device=item_counts.device)  # 1 * count is exact
-    return exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size)
+    return exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size, unranked=item_counts == 0)
 
 
 def _mask_excluded(scores: torch.Tensor, exclude: UserItemCSR, start: int, stop: int) -> None:

@@ -20,11 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from recsys.config import Config, resolved_rankers, served_ranker
+from recsys.config import Config, IdMapping, resolved_rankers, served_ranker
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
 from recsys.evaluation.stage import evaluate_rankers
+from recsys.evaluation.untrained import count_untrained, find_untrained, say_untrained
 from recsys.rankers.base import EvalSplit, Point
 from recsys.rankers.registry import RankerContext, build_rankers
 from recsys.rankers.served import save_served
@@ -55,7 +56,8 @@ def rank_after_training(
     *,
     chosen: dict[str, Point] | None = None,
 ) -> dict[str, Any]:
-    """Collective: ``{"valid", "test", "rankers", "headline"}`` of the trained ``two_tower`` and the configured rankers,
+    """Collective: ``{"valid", "test", "rankers", "headline", "untrained"}`` of the trained ``two_tower`` and the
+    configured rankers (``untrained``: the test users and items it never trained, recsys/evaluation/untrained.py),
     its users embedded by the run's ``evaluator`` (recsys.run.run_evaluator; with per-rank users, each rank ranks its
     own)."""
     ecfg, per_rank_users = cfg.eval, evaluator.per_rank_users
@@ -64,6 +66,9 @@ def rank_after_training(
         s: evaluator.embeddings(two_tower, s, device=env.device, rank=env.rank, world_size=env.world_size)
         for s in splits
     }
+    untrained = find_untrained(
+        data, two_tower, managed=cfg.model.id_mapping == IdMapping.managed, device=env.device, world_size=env.world_size
+    )
     names = resolved_rankers(cfg)
     serve = served_ranker(cfg)
     results: list[Any] = [None]
@@ -79,6 +84,7 @@ def rank_after_training(
             embeddings={s: (users, items) for s, (_, users, items) in embedded.items()},
             seed=cfg.trainer.seed,
             reduce=sum_over_ranks(env.device, env.world_size) if per_rank_users else None,
+            unranked_items=untrained.unranked_items(),
         )
         rankers, parts = build_rankers(names, context)
         score = partial(metrics_over_ranks, device=env.device, world_size=env.world_size) if per_rank_users else None
@@ -92,6 +98,10 @@ def rank_after_training(
             fit, ids = kept[serve]
             save_served(run_dir, serve, out["rankers"][serve]["point"], fit, eval_splits["test"], ids)
         out["headline"] = {"ranker": serve if serve in names else "two_tower", "servable": True}
+        test = eval_splits["test"]
+        out["untrained"] = {"test": count_untrained(untrained, test.users, test.relevant, context.reduce)}
+        if env.is_main:
+            say_untrained("test", out["untrained"]["test"])
         results[0] = out
     if env.world_size > 1 and not per_rank_users:
         dist.broadcast_object_list(results, src=0)

@@ -37,14 +37,18 @@ def rank_and_score(
     model: str = "two_tower",
     others: Mapping[str, Callable[[], Ranked]] = {},
     score: Scorer = compute_metrics,
+    unranked: torch.Tensor | None = None,
 ) -> tuple[dict[str, Ranked], dict[str, Metrics]]:
     """The top ``k`` of ``model`` (and popularity, and ``others``) for every query, and ``score``'s metrics of each.
 
     ``item_counts``: [I] training interactions per item; None leaves popularity out. ``score``:
     ``compute_metrics`` (all users here) or a stand-in that combines ranks' users (the Evaluator's).
+    ``unranked``: bool [I], items ``model`` leaves out (never-trained ids: recsys/evaluation/untrained.py).
     """
     num_items = items.shape[0]
-    ranked: dict[str, Ranked] = {model: exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size)}
+    ranked: dict[str, Ranked] = {
+        model: exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size, unranked=unranked)
+    }
     if item_counts is not None:
         ranked["popularity"] = popularity_topk(item_counts, queries.shape[0], k, exclude=exclude, chunk_size=chunk_size)
     for name, rank in others.items():

@@ -30,6 +30,7 @@ from recsys.distributed.collectives import all_gather_rows
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
 from recsys.evaluation.scoring import rank_and_score
+from recsys.evaluation.untrained import unranked_items
 
 PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
 
@@ -224,11 +225,22 @@ class Evaluator:
         world_size: int = 1,
     ) -> dict[str, dict[str, float]]:
         """``{"two_tower": metrics}`` of ``split`` (the per-epoch validation), the same on every rank; the
-        rankers after training are ``recsys.evaluation.run_stage``'s."""
+        rankers after training are ``recsys.evaluation.run_stage``'s. With managed tables the items they do not
+        hold are left out, as the evaluation stage leaves them out (recsys/evaluation/untrained.py), so the epoch
+        chosen on valid is chosen on the ranking the run reports."""
         protocol, user_emb, item_emb = self.embeddings(
             two_tower, split, device=device, rank=rank, world_size=world_size
         )
-        score = dict(exclude=protocol.exclude, relevant=protocol.relevant, ks=self.ks, chunk_size=self.chunk_size)
+        unranked = None
+        if self.data.raw_item_ids is not None:  # model.id_mapping=managed
+            unranked = unranked_items(self.data, two_tower, device=device, world_size=world_size)
+        score = dict(
+            exclude=protocol.exclude,
+            relevant=protocol.relevant,
+            ks=self.ks,
+            chunk_size=self.chunk_size,
+            unranked=unranked if unranked is not None and unranked.any() else None,
+        )
         if self.per_rank_users:  # every rank ranks its own users; the metrics are combined across ranks
             return rank_and_score(
                 user_emb,

@@ -82,7 +82,13 @@ class Fit(ABC):
 
 
 class DotProductFit(Fit):
-    """A fit that scores <query(u), item(i)>: the bundle serves it as a query encoder and an item matrix."""
+    """A fit that scores <query(u), item(i)>: the bundle serves it as a query encoder and an item matrix.
+
+    ``unranked``: bool [I], items it has no vector of its own for (never-trained ids of managed tables, which share
+    one row: recsys/evaluation/untrained.py), left out of its ranking and of its bundle's; None: it ranks every item.
+    """
+
+    unranked: torch.Tensor | None = None
 
     @abstractmethod
     def vectors(self, split: EvalSplit, point: Point) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,21 +108,33 @@ class DotProductFit(Fit):
         out = {}
         for point in points:
             queries, items = self.vectors(split, point)
-            out[point_key(point)] = exact_topk(queries, items, k, exclude=split.history, chunk_size=chunk_size)[1]
+            out[point_key(point)] = exact_topk(
+                queries, items, k, exclude=split.history, chunk_size=chunk_size, unranked=self.unranked
+            )[1]
         return out
 
 
 ScoreBlocks = Callable[[int, int], Iterator[tuple[Point, torch.Tensor]]]
 
 
-def blockwise_topk(split: EvalSplit, k: int, points: Sequence[Point], chunk_size: int, blocks: ScoreBlocks) -> dict:
+def blockwise_topk(
+    split: EvalSplit,
+    k: int,
+    points: Sequence[Point],
+    chunk_size: int,
+    blocks: ScoreBlocks,
+    unranked: torch.Tensor | None = None,
+) -> dict:
     """The top ``k`` [U, k] at every point from ``blocks(start, stop)``, which yields (point, float32 scores
     [stop - start, I]) for users ``start:stop`` at each of ``points`` (fresh tensors: they are masked in place):
-    a grid whose points share work (the graph filter's powers, a fusion's parts) is ranked in one pass."""
+    a grid whose points share work (the graph filter's powers, a fusion's parts) is ranked in one pass.
+    ``unranked``: bool [I], items never returned (``DotProductFit.unranked``)."""
     ids = {point_key(p): torch.empty(split.history.num_users, k, dtype=torch.int64) for p in points}
     for start in range(0, split.history.num_users, chunk_size):
         stop = min(start + chunk_size, split.history.num_users)
         for point, scores in blocks(start, stop):
+            if unranked is not None:
+                scores.masked_fill_(unranked.to(scores.device), float("-inf"))
             ids[point_key(point)][start:stop] = topk_from_scores(scores, k, exclude=split.history, row_offset=start)[1]
     return ids
 

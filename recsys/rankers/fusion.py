@@ -48,6 +48,8 @@ def spread_normalised_rows(scores: torch.Tensor) -> torch.Tensor:
 class FusionFit(DotProductFit):
     def __init__(self, first: DotProductFit, second: DotProductFit, first_keys: Sequence[str]) -> None:
         self.first, self.second, self.first_keys = first, second, set(first_keys)
+        # an item either part leaves out: its fused score would add that part's tie (beta = 0 is the first alone)
+        self.unranked = _either(first.unranked, second.unranked)
 
     def _split_point(self, point: Point) -> tuple[dict, dict, float]:
         first = {k: v for k, v in point.items() if k in self.first_keys}
@@ -82,11 +84,19 @@ class FusionFit(DotProductFit):
     def topk(self, split: EvalSplit, k: int, points: Sequence[Point], chunk_size: int) -> dict[str, torch.Tensor]:
         if len(points) == 1:
             return super().topk(split, k, points, chunk_size)
-        return blockwise_topk(split, k, points, chunk_size, lambda a, b: self.score_blocks(split, a, b, points))
+        return blockwise_topk(
+            split, k, points, chunk_size, lambda a, b: self.score_blocks(split, a, b, points), self.unranked
+        )
 
     def info(self) -> dict:
         """The parts' (the second's sizes: the graph filter's interactions and rank), fit on the split's graph."""
         return {k: v for part in (self.first, self.second) for k, v in part.info().items() if k != "fit_on"}
+
+
+def _either(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return a | b
 
 
 def _key(point: Mapping[str, float]) -> tuple:

@@ -34,12 +34,14 @@ class RankerContext:
     embeddings: Mapping[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     seed: int = 0
     reduce: Reduce | None = None  # sums over the ranks that hold the users' rows between them (data.shard_by_user)
+    # bool [I]: items the two-tower's weights hold no row of their own for (recsys/evaluation/untrained.py), left out
+    unranked_items: torch.Tensor | None = None
 
 
 RankerFactory = Callable[[RankerContext], Ranker]
 
 RANKERS: dict[str, RankerFactory] = {
-    "two_tower": lambda c: TwoTowerRanker(c.embeddings, c.trained_on),
+    "two_tower": lambda c: TwoTowerRanker(c.embeddings, c.trained_on, c.unranked_items),
     "popularity": lambda c: PopularityRanker(c.train_counts),
     "graph_filter": lambda c: GraphFilterRanker(
         alphas=c.eval.graph_filter.alphas,

@@ -6,7 +6,8 @@ it; for the served ranker (eval.serve) the run keeps exactly that in ``<run dir>
     served.json        ranker, its chosen point, the parts' widths, the test users' count and k
     vectors.pt         item_vectors float32 [I, D] (the parts side by side), graph_query float32 [I, G] (when the
                        graph filter is a part: row j is what item j adds to a query), covariances float64 of each
-                       part's item vectors (a fusion's spread normalisation)
+                       part's item vectors (a fusion's spread normalisation), unranked bool [I] (items the ranker
+                       leaves out: never-trained ids of managed tables, recsys/evaluation/untrained.py; when any)
     test_topk.npy      int64 [U, k]: the run's test ranking of the served ranker (test_users.npy: its users)
 
 ``recsys.export`` builds the bundle from these, so the bundle ranks as the run did (tests/test_export.py).
@@ -43,6 +44,7 @@ class ServedState:
     graph_query: torch.Tensor | None  # float32 [I, G]: the graph filter's query table, None without it
     covariances: dict[str, torch.Tensor]  # "two_tower" / "graph_filter" -> float64 [D, D]; only for a fusion
     beta: float  # the fusion's weight of the graph part (1 without a fusion)
+    unranked: torch.Tensor | None = None  # bool [I]: items never recommended (DotProductFit.unranked); None: none
 
 
 def served_state(ranker: str, fit: DotProductFit, point: Point, split: EvalSplit) -> ServedState:
@@ -69,12 +71,14 @@ def served_state(ranker: str, fit: DotProductFit, point: Point, split: EvalSplit
         graph_query=graph_query,
         covariances=covariances,
         beta=float(point.get("beta", 1.0)),
+        unranked=fit.unranked,
     )
 
 
-def two_tower_state(item_embeddings: torch.Tensor) -> ServedState:
-    """The two-tower alone (a run without served/, or other weights than the best epoch's)."""
-    return ServedState("two_tower", {}, item_embeddings.float(), int(item_embeddings.shape[1]), None, {}, 1.0)
+def two_tower_state(item_embeddings: torch.Tensor, unranked: torch.Tensor | None = None) -> ServedState:
+    """The two-tower alone (a run without served/, or other weights than the best epoch's); ``unranked``: bool [I],
+    the items it leaves out (recsys/evaluation/untrained.py)."""
+    return ServedState("two_tower", {}, item_embeddings.float(), int(item_embeddings.shape[1]), None, {}, 1.0, unranked)
 
 
 def save_served(
@@ -89,6 +93,8 @@ def save_served(
     if state.graph_query is not None:
         tensors["graph_query"] = state.graph_query
     tensors |= {f"covariance.{k}": v for k, v in state.covariances.items()}
+    if state.unranked is not None:
+        tensors["unranked"] = state.unranked.bool().cpu()
     torch.save(tensors, tmp / "vectors.pt")
     np.save(tmp / "test_topk.npy", np.ascontiguousarray(topk, dtype=np.int64))
     np.save(tmp / "test_users.npy", np.ascontiguousarray(split.users, dtype=np.int64))
@@ -128,6 +134,7 @@ def load_served(run_dir: Path) -> tuple[ServedState, dict]:
         graph_query=tensors.get("graph_query"),
         covariances={k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("covariance.")},
         beta=float(meta["beta"]),
+        unranked=tensors.get("unranked"),
     )
     return state, meta
 

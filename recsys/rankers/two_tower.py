@@ -11,8 +11,11 @@ from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker
 
 
 class TwoTowerFit(DotProductFit):
-    def __init__(self, queries: torch.Tensor, items: torch.Tensor, trained_on: str) -> None:
+    def __init__(
+        self, queries: torch.Tensor, items: torch.Tensor, trained_on: str, unranked: torch.Tensor | None = None
+    ) -> None:
         self.queries, self.items, self.trained_on = queries.float(), items.float(), trained_on
+        self.unranked = unranked  # never-trained items of managed tables: one shared row, left out
 
     def vectors(self, split: EvalSplit, point: Point) -> tuple[torch.Tensor, torch.Tensor]:
         if self.queries.shape[0] != split.history.num_users:
@@ -29,11 +32,17 @@ class TwoTowerRanker(Ranker):
     name = "two_tower"
     servable = True
 
-    def __init__(self, embeddings: Mapping[str, tuple[torch.Tensor, torch.Tensor]], trained_on: str) -> None:
-        """``embeddings``: split name -> (its users' query embeddings [U, D], the item embeddings [I, D])."""
-        self.embeddings, self.trained_on = embeddings, trained_on
+    def __init__(
+        self,
+        embeddings: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+        trained_on: str,
+        unranked: torch.Tensor | None = None,
+    ) -> None:
+        """``embeddings``: split name -> (its users' query embeddings [U, D], the item embeddings [I, D]);
+        ``unranked``: bool [I], the items the weights have no row of their own for (left out of the ranking)."""
+        self.embeddings, self.trained_on, self.unranked = embeddings, trained_on, unranked
 
     def fit(self, split: EvalSplit, fits: Mapping[str, Fit]) -> Fit:
         if split.name not in self.embeddings:
             raise KeyError(f"two_tower: no embeddings of the {split.name} split's users")
-        return TwoTowerFit(*self.embeddings[split.name], self.trained_on)
+        return TwoTowerFit(*self.embeddings[split.name], self.trained_on, self.unranked)

@@ -4,10 +4,15 @@ A training run writes into ``runs/<run_name>/``::
 
     checkpoints/   metrics.jsonl   tb/   results.json   (+ train.log and .hydra/, rewritten by every start)
 
-``trainer.resume=none`` moves the first four into ``checkpoints.replaced.<n>/`` together (never
-deleted), so the new run's metrics and TensorBoard curves do not mix with the old ones; a run that
-finds logs but no checkpoint to resume (an attempt that crashed before its first) moves the logs
-to ``logs.replaced.<n>/``.
+and what is made from its weights afterwards: ``served/`` (its evaluation stage), ``refit/`` (trainer.refit),
+``export/`` (recsys.export), ``eval/`` and ``eval_sample_*/`` (recsys.evaluate).
+
+``trainer.resume=none`` moves all of them into ``checkpoints.replaced.<n>/`` together (never
+deleted), so the new run's metrics and TensorBoard curves do not mix with the old ones and no bundle or
+report of the old weights stays beside the new ones; a run that trains further from its checkpoints
+(more epochs) moves the outputs made from its earlier weights to ``outputs.replaced.<n>/``; a run that
+finds logs but no checkpoint to resume (an attempt that crashed before its first) moves the logs and
+outputs to ``logs.replaced.<n>/``.
 ``trainer.resume=auto`` on a run whose newest checkpoint is past its last epoch (or early-stopped)
 does not train again: it says so and returns the results it wrote then.
 """
@@ -26,31 +31,64 @@ from recsys.rundir.outputs import drop_records_after
 log = logging.getLogger(__name__)
 
 LOGS = ("metrics.jsonl", "tb", "results.json")  # a run's outputs besides checkpoints/ that belong to its weights
+# made from the weights after training: the stage's served ranker, the refit, recsys.export's bundle and
+# recsys.evaluate's reports (eval_sample_<n>_seed_<s>/: derived_outputs)
+DERIVED = ("served", "refit", "export", "eval")
 RESULTS_FILE = "results.json"
 
 
-def set_aside_earlier_run(run_dir: Path) -> Path | None:
-    """Move an earlier run's checkpoints and logs to ``checkpoints.replaced.<n>/``; returns it (None: nothing there).
+def derived_outputs(run_dir: Path) -> list[Path]:
+    """What ``run_dir`` holds that was made from its weights (``DERIVED`` and the sampled reports)."""
+    found = [run_dir / name for name in DERIVED if (run_dir / name).exists()]
+    return found + sorted(run_dir.glob("eval_sample_*"))
 
-    Rank 0 only. The logs land beside the step checkpoints they belong to.
+
+def _next_free(run_dir: Path, stem: str) -> Path:
+    n = 1
+    while (run_dir / f"{stem}.{n}").exists():
+        n += 1
+    return run_dir / f"{stem}.{n}"
+
+
+def set_aside_earlier_run(run_dir: Path) -> Path | None:
+    """Move an earlier run's checkpoints, logs and outputs to ``checkpoints.replaced.<n>/``; returns it (None:
+    nothing there).
+
+    Rank 0 only. The logs, bundle and reports land beside the step checkpoints they belong to.
     """
     ckpt_root = run_dir / "checkpoints"
-    logs = [run_dir / name for name in LOGS if (run_dir / name).exists()]
-    if not ckpt_root.exists() and not logs:
+    moved = [run_dir / name for name in LOGS if (run_dir / name).exists()] + derived_outputs(run_dir)
+    if not ckpt_root.exists() and not moved:
         return None
-    n = 1
-    while (run_dir / f"checkpoints.replaced.{n}").exists():
-        n += 1
-    replaced = run_dir / f"checkpoints.replaced.{n}"
+    replaced = _next_free(run_dir, "checkpoints.replaced")
     if ckpt_root.exists():
         ckpt_root.rename(replaced)
     else:
         replaced.mkdir()
-    for path in logs:
+    for path in moved:
         path.rename(replaced / path.name)
     log.warning(
         "trainer.resume=none: the earlier run's checkpoints and %s moved to %s",
-        ", ".join(p.name for p in logs) or "no logs",
+        ", ".join(p.name for p in moved) or "no logs",
+        replaced,
+    )
+    return replaced
+
+
+def set_aside_outputs(run_dir: Path, resumed_from: Path) -> Path | None:
+    """A run that trains further from ``resumed_from``: the bundle and reports of its earlier weights (and the refit
+    and served ranker they came from) move to ``outputs.replaced.<n>/`` (rank 0); None: there were none."""
+    outputs = derived_outputs(run_dir)
+    if not outputs:
+        return None
+    replaced = _next_free(run_dir, "outputs.replaced")
+    replaced.mkdir()
+    for path in outputs:
+        path.rename(replaced / path.name)
+    log.warning(
+        "training on from %s: %s of the earlier weights moved to %s",
+        resumed_from.name,
+        ", ".join(p.name for p in outputs),
         replaced,
     )
     return replaced
@@ -59,18 +97,16 @@ def set_aside_earlier_run(run_dir: Path) -> Path | None:
 def tidy_earlier_logs(run_dir: Path, resumed_step: int | None) -> None:
     """Rank 0, before logging: what an earlier, crashed attempt left in metrics.jsonl / tb/ must not mix
     with this run's records. Resuming from step N: its records after N go (logged again). With no
-    checkpoint to resume (it crashed before the first): its metrics.jsonl, tb/ and results.json move
-    to ``logs.replaced.<n>/`` (never deleted), so step 1 is logged once."""
+    checkpoint to resume (it crashed before the first): its metrics.jsonl, tb/, results.json and any
+    outputs made from weights no longer there move to ``logs.replaced.<n>/`` (never deleted), so step 1
+    is logged once."""
     if resumed_step is not None:
         drop_records_after(run_dir / "metrics.jsonl", resumed_step)
         return
-    logs = [run_dir / name for name in LOGS if (run_dir / name).exists()]
+    logs = [run_dir / name for name in LOGS if (run_dir / name).exists()] + derived_outputs(run_dir)
     if not logs:
         return
-    n = 1
-    while (run_dir / f"logs.replaced.{n}").exists():
-        n += 1
-    replaced = run_dir / f"logs.replaced.{n}"
+    replaced = _next_free(run_dir, "logs.replaced")
     replaced.mkdir()
     for path in logs:
         path.rename(replaced / path.name)

@@ -1,7 +1,8 @@
 """A run's checkpoint policy: where it starts from, what it saves and keeps, which weights it tests.
 
     start          trainer.resume: set an earlier run aside (none), the newest complete step checkpoint (auto)
-                   or a named one; a finished run (auto) is recognised and its results returned, not retrained
+                   or a named one; a finished run (auto) is recognised and its results returned, not retrained;
+                   a run trained further sets the bundle and reports of its earlier weights aside
     resume         the chosen checkpoint's weights, optimizer state and position, or trainer.init_from's weights
     save           a step checkpoint (trainer.keep_last_checkpoints kept) or ``best/`` (weights only)
     restore_best   the best epoch's weights before testing: ``best/``, else the step checkpoint of that epoch's end
@@ -37,7 +38,13 @@ from recsys.rundir.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
-from recsys.rundir.dir import completed_results, set_aside_earlier_run, tidy_earlier_logs
+from recsys.rundir.dir import (
+    completed_results,
+    is_finished,
+    set_aside_earlier_run,
+    set_aside_outputs,
+    tidy_earlier_logs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +137,12 @@ class CheckpointManager:
         done = None
         if self.tcfg.resume == "auto":  # the same answer on every rank: the same files
             done = completed_results(self.run_dir, resume_from, self.fingerprint, self.tcfg.epochs)
+        if (
+            resume_from is not None
+            and self.env.is_main
+            and not is_finished(read_trainer_state(resume_from), self.tcfg.epochs)
+        ):
+            set_aside_outputs(self.run_dir, resume_from)  # the bundle and reports of the weights it trains on from
         return Start(resume_from, done)
 
     def tidy_logs(self, resumed_step: int | None) -> None:

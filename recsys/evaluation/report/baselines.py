@@ -181,6 +181,7 @@ def rank_stage_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict
         train_counts=np.bincount(inputs.train.indices, minlength=inputs.train.num_items),
         embeddings={n: (torch.as_tensor(s.user_emb).float(), items) for n, s in inputs.splits.items()},
         seed=options.seed,
+        unranked_items=None if inputs.unranked_items is None else torch.from_numpy(inputs.unranked_items),
     )
     rankers, parts = build_rankers(list(options.stage_rankers), context)
     splits = {

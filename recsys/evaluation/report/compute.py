@@ -208,7 +208,7 @@ def _rank_split(
     ranked, metrics = rank_and_score(
         _tensor(split.user_emb, options.device), items, kmax, exclude=split.exclude, relevant=split.relevant, ks=ks,
         chunk_size=options.chunk_size, item_counts=torch.from_numpy(item_counts).to(options.device), model=model,
-        others=others,
+        others=others, unranked=None if inputs.unranked_items is None else torch.from_numpy(inputs.unranked_items),
     )  # fmt: skip
     ids = {m: r[1].cpu().numpy() for m, r in ranked.items()}
     section = _split_section(split, ids, metrics, ks, inputs.train.lengths(), item_counts, options)

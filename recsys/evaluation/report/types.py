@@ -67,6 +67,8 @@ class EvalInputs:
         extra: anything else to record under ``report.json["run"]`` (config, world size, ...).
         graphs: split name -> [num_users rows, I] CSR of every user's items of the splits it follows (what
             the graph filter is fit on: valid's is train, test's train + valid); None: valid's is ``train``.
+        unranked_items: bool [I], the items the model ranks never (never-trained ids of managed tables, as the
+            run left them out); None: it ranks every item.
     """
 
     item_emb: np.ndarray | torch.Tensor
@@ -79,6 +81,7 @@ class EvalInputs:
     model_name: str = "two_tower"
     extra: dict = field(default_factory=dict)
     graphs: dict[str, UserItemCSR] | None = None
+    unranked_items: np.ndarray | None = None  # bool [I]: items the model leaves out (recsys/evaluation/untrained.py)
 
 
 @dataclass
