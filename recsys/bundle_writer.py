@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from omegaconf import OmegaConf
 
 from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
@@ -25,26 +24,21 @@ from recsys.config import Config
 from recsys.data.dataset import RetrievalData
 from recsys.data.layout import QUERY, run_layout, side_entries, side_specs
 from recsys.evaluation.ann import build_index, require_faiss
-from recsys.rankers.served import ServedState
+from recsys.rankers.served import Served
 from recsys.refusals import PathTaken, RunRefused
-from recsys.serving import BUNDLE_FORMAT, QueryEncoder, dynamic_shapes, example_inputs
+from recsys.serving import BUNDLE_FORMAT
 
 BUNDLE_FILES = {
     "manifest.json",
-    "query_encoder.pt",
-    "query_encoder.pt2",
+    "parts",  # the served ranker's parts (recsys/rankers/served.py)
+    "fusion",
     "item_embeddings.npy",
-    "graph_query.npy",
-    "covariance_two_tower.npy",
-    "covariance_graph_filter.npy",
     "index.faiss",
     "items.parquet",
     "users.parquet",
     "vocab",
     "config.yaml",
-    "id_map_user.npy",  # model.id_mapping=managed
-    "id_map_item.npy",
-    "raw_ids_users.npy",
+    "raw_ids_users.npy",  # model.id_mapping=managed
     "raw_ids_items.npy",
     "unranked_items.npy",  # items the served ranker leaves out (never-trained ids of managed tables)
 }
@@ -122,25 +116,19 @@ def _items_table(data: RetrievalData) -> pa.Table:
     return pa.table(columns | _side_columns(data, "items"))
 
 
-def _manifest(served: ServedState, index: str, data: RetrievalData, cfg: Config, checkpoint: Path) -> dict:
+def _manifest(served: Served, point: dict, index: str, data: RetrievalData, cfg: Config, checkpoint: Path) -> dict:
+    unranked = served.unranked()
     return {
         "format": BUNDLE_FORMAT,
-        "ranker": served.ranker,  # the run's headline ranker (eval.serve)
-        "point": served.point,  # its settings, as valid chose them
-        "dim": int(served.item_vectors.shape[1]),
-        "two_tower_dim": served.two_tower_dim,  # the query's first columns: the two-tower's (0: not a part)
-        "graph_dim": 0 if served.graph_query is None else int(served.graph_query.shape[1]),
+        "ranker": served.name,  # the run's headline ranker (eval.serve)
+        "point": point,  # its settings, as valid chose them
+        "dim": int(served.items().shape[1]),
         "index": index,
         # items never recommended (unranked_items.npy): no vector of their own (recsys/evaluation/untrained.py)
-        "unranked_items": 0 if served.unranked is None else int(served.unranked.sum()),
+        "unranked_items": 0 if unranked is None else int(unranked.sum()),
         "num_users": data.num_users,
         "num_items": data.num_items,
         "num_categories": data.num_categories,
-        "history_length": cfg.data.history_length,
-        "query_neighbors": run_layout(
-            cfg, data
-        ).query_neighbors,  # the history bag is pooled through the neighbour table too
-        "poolings": {t: c.pooling for t, c in cfg.model.tables.items()},
         "side_features": [
             {
                 "name": f.name,
@@ -151,11 +139,10 @@ def _manifest(served: ServedState, index: str, data: RetrievalData, cfg: Config,
             }
             for f in query_side_features(data)
         ],
-        "temperature": cfg.model.temperature,
         "score": "inner product <query, item>"
         + (
-            "; query = [q_tt / spread_tt, beta * q_graph / spread_graph], spread = sqrt(q' C q)"
-            if served.covariances
+            "; query = [w_i q_i / spread_i] over the parts, spread_i = sqrt(q_i' C_i q_i)"
+            if len(served.parts) > 1
             else ""
         ),
         "checkpoint": str(checkpoint.resolve()),
@@ -165,53 +152,44 @@ def _manifest(served: ServedState, index: str, data: RetrievalData, cfg: Config,
     }
 
 
+def encoder_entry(cfg: Config, data: RetrievalData) -> dict:
+    """The query encoder's layout, as the bundle's two-tower part keeps it (recsys/query_encoder.py reads it)."""
+    return {
+        "history_length": cfg.data.history_length,
+        "query_neighbors": run_layout(cfg, data).query_neighbors,  # the history bag through the neighbour table too
+        "poolings": {t: c.pooling for t, c in cfg.model.tables.items()},
+        "side_features": [
+            {"name": f.name, "table": f.table, "source": f.source, "column": f.column}
+            for f in query_side_features(data)
+        ],
+        "temperature": cfg.model.temperature,
+    }
+
+
 def write_bundle(
     out: Path,
-    encoder: QueryEncoder | None,
-    served: ServedState,
+    served: Served,
+    point: dict,
     data: RetrievalData,
     cfg: Config,
     checkpoint: Path,
     index: str = "flat",
-    id_maps: dict | None = None,
 ) -> None:
-    """The bundle of the served ranker (``encoder``: the two-tower's query side, None when it is not a part) at
-    ``out``, replacing an earlier bundle there; ``index``: the FAISS index kind written with it. ``id_maps``
-    (model.id_mapping=managed): recsys.distributed.managed.full_id_maps' maps of the query's managed tables."""
+    """The bundle of the ``served`` ranker (completed with the run's pieces: ``Served.for_bundle``) at its chosen
+    ``point`` at ``out``, replacing an earlier bundle there; ``index``: the FAISS index kind written with it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        if encoder is not None:
-            num_side = len(encoder.side_tables)
-            program = torch.export.export(encoder, example_inputs(num_side), dynamic_shapes=dynamic_shapes(num_side))
-            torch.export.save(program, str(tmp / "query_encoder.pt2"))
-            torch.save(encoder.state_dict(), tmp / "query_encoder.pt")  # what load_bundle reads (weights only)
-        embeddings = served.item_vectors.numpy().astype(np.float32)
+        manifest = _manifest(served, point, index, data, cfg, checkpoint)
+        manifest["served"] = served.save(tmp)
+        embeddings = served.items().numpy().astype(np.float32)
         np.save(tmp / "item_embeddings.npy", embeddings)
-        if served.graph_query is not None:
-            np.save(tmp / "graph_query.npy", served.graph_query.numpy().astype(np.float32))
-        for part, covariance in served.covariances.items():
-            np.save(tmp / f"covariance_{part}.npy", covariance.numpy().astype(np.float64))
-        ranked = None
-        if served.unranked is not None and bool(served.unranked.any()):  # indexed: the items it ranks, by item id
-            np.save(tmp / "unranked_items.npy", np.flatnonzero(served.unranked.numpy()).astype(np.int64))
-            ranked = np.flatnonzero(~served.unranked.numpy()).astype(np.int64)
+        unranked, ranked = served.unranked(), None
+        if unranked is not None:  # indexed: the items it ranks, by item id
+            np.save(tmp / "unranked_items.npy", np.flatnonzero(unranked.numpy()).astype(np.int64))
+            ranked = np.flatnonzero(~unranked.numpy()).astype(np.int64)
         require_faiss().write_index(build_index(embeddings, index, ids=ranked), str(tmp / "index.faiss"))
-        pq.write_table(_items_table(data), tmp / "items.parquet")
-        users = _side_columns(data, "users")
-        if users:
-            pq.write_table(pa.table({"user_id": pa.array(np.arange(data.num_users))} | users), tmp / "users.parquet")
-        if (data.dir / VOCAB_DIR).is_dir():
-            shutil.copytree(data.dir / VOCAB_DIR, tmp / "vocab")
-        (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-        manifest = _manifest(served, index, data, cfg, checkpoint)
-        if id_maps is not None:  # the bundle maps raw ids to rows itself (recsys/serving.py, RawIdMap)
-            for table, m in id_maps.items():
-                np.save(tmp / f"id_map_{table}.npy", np.stack([m["keys"], m["rows"]]).astype(np.int64))
-            np.save(tmp / "raw_ids_users.npy", data.raw_user_ids.astype(np.int64))
-            np.save(tmp / "raw_ids_items.npy", data.raw_item_ids.astype(np.int64))
-            manifest["id_mapping"] = "managed"
-            manifest["managed"] = {table: {"segments": m["segments"]} for table, m in id_maps.items()}
+        _write_catalogue(tmp, data, cfg, manifest)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         check_replaceable(out)  # again: something may have appeared there while the items were embedded
@@ -219,3 +197,18 @@ def write_bundle(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _write_catalogue(tmp: Path, data: RetrievalData, cfg: Config, manifest: dict) -> None:
+    """items.parquet, users.parquet, vocab/, config.yaml and (managed ids) every index's raw id."""
+    pq.write_table(_items_table(data), tmp / "items.parquet")
+    users = _side_columns(data, "users")
+    if users:
+        pq.write_table(pa.table({"user_id": pa.array(np.arange(data.num_users))} | users), tmp / "users.parquet")
+    if (data.dir / VOCAB_DIR).is_dir():
+        shutil.copytree(data.dir / VOCAB_DIR, tmp / "vocab")
+    (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    if data.raw_user_ids is not None and data.raw_item_ids is not None:  # the bundle maps raw ids to rows itself
+        np.save(tmp / "raw_ids_users.npy", data.raw_user_ids.astype(np.int64))
+        np.save(tmp / "raw_ids_items.npy", data.raw_item_ids.astype(np.int64))
+        manifest["id_mapping"] = "managed"

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.atomic import write_json_atomic
-from recsys.bundle_writer import check_replaceable, write_bundle
+from recsys.bundle_writer import check_replaceable, encoder_entry, write_bundle
 from recsys.config import (
     Config,
     DataConfig,
@@ -53,12 +53,15 @@ from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_
 from recsys.evaluation.ease_plan import available_memory_bytes
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training
-from recsys.evaluation.sharded import Evaluator, embed
-from recsys.evaluation.untrained import unranked_items
+from recsys.evaluation.sharded import Evaluator
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
+from recsys.query_encoder import QueryEncoder
+from recsys.rankers.parts import BundleRun
 from recsys.rankers.registry import check_ranker_names
-from recsys.rankers.served import SERVED_DIR, ServedState, load_served, two_tower_state
+from recsys.rankers.served import Served
+from recsys.rankers.served_dir import SERVED_DIR, load_served
+from recsys.rankers.two_tower.weights import served_from_weights
 from recsys.run_checks import (
     check_exportable,
     check_graph_filter_memory,
@@ -72,7 +75,6 @@ from recsys.rundir.dir import RESULTS_FILE, result_ks
 from recsys.rundir.lock import lock_run_dir
 from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import format_results_table
-from recsys.serving import QueryEncoder
 from recsys.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -344,22 +346,20 @@ def query_encoder(cfg: Config, data: RetrievalData, tables: dict, two_tower) -> 
     ).eval()
 
 
-def _served_ranker_state(run_dir: Path, checkpoint: str) -> ServedState | None:
-    """The headline ranker's state as the evaluation stage fit it for test (``<run dir>/served/``), or None:
-    the two-tower alone (``checkpoint`` names other weights, or the run has no served/)."""
+def _served_ranker(run_dir: Path, checkpoint: str) -> tuple[Served, dict] | None:
+    """(the headline ranker as the evaluation stage fit it for test, its point) from ``<run dir>/served/``, or None:
+    the model's weights alone (``checkpoint`` names other weights, or the run has no served/)."""
     if not checkpoint and (run_dir / SERVED_DIR).is_dir():
         served, meta = load_served(run_dir)
         log.info(
             "serving bundle of %s (%s, fit on %s), as the run ranked test",
-            served.ranker,
+            meta["ranker"],
             meta["point_key"],
             meta["fit_on"],
         )
-        return served
-    log.info(
-        "serving bundle of the two-tower alone (%s)",
-        "checkpoint=" + checkpoint if checkpoint else f"no {SERVED_DIR}/ in {run_dir}",
-    )
+        return served, meta["point"]
+    why = "checkpoint=" + checkpoint if checkpoint else f"no {SERVED_DIR}/ in {run_dir}"
+    log.info("serving bundle of the trained model alone (%s)", why)
     return None
 
 
@@ -375,34 +375,24 @@ def export_run(ecfg: ExportConfig) -> Path:
     note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
     cfg = load_run_config(run_dir, ecfg.checkpoint)
     check_exportable(cfg, run_dir)
-    served = _served_ranker_state(run_dir, ecfg.checkpoint)
+    chosen = _served_ranker(run_dir, ecfg.checkpoint)
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None
     try:
         # the bundle needs the items and the vocabularies, no interactions: each rank reads only its users'
         trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
-        data, two_tower = trained.data, trained.sharded.two_tower
-        two_tower.eval()
-        if served is None:
-            builder = run_feature_builder(cfg, data)
-            item_emb = embed(
-                two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
-                batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size,
-            )  # fmt: skip
-            unranked = None
-            if cfg.model.id_mapping == IdMapping.managed:  # never-trained items: left out, as the run ranked them
-                unranked = unranked_items(data, two_tower, device=env.device, world_size=env.world_size)
-            served = two_tower_state(item_emb, unranked if unranked is not None and bool(unranked.any()) else None)
+        data, model = trained.data, trained.sharded.two_tower
+        model.eval()
+        served, point = chosen or (served_from_weights(cfg, data, model, env, ecfg.batch_size), {})
         if cfg.model.id_mapping == IdMapping.managed:
             zero_miss_rows(trained.sharded.module)  # the shared row of unheld ids, as every lookup sees it
         tables = full_tables(trained.sharded.module, env.rank, env.device)
         id_maps = None
         if cfg.model.id_mapping == IdMapping.managed:  # the bundle maps raw ids to the tables' rows itself
-            maps = full_id_maps(trained.sharded.module, env.rank, env.world_size)
-            id_maps = {t: m for t, m in maps.items() if t in ("user", "item")}
+            id_maps = full_id_maps(trained.sharded.module, env.rank, env.world_size)
         if env.is_main:
-            encoder = query_encoder(cfg, data, tables, two_tower) if served.two_tower_dim else None
-            write_bundle(out, encoder, served, data, cfg, trained.checkpoint, index=ecfg.index, id_maps=id_maps)
+            run = BundleRun(lambda: query_encoder(cfg, data, tables, model), encoder_entry(cfg, data), id_maps)
+            write_bundle(out, served.for_bundle(run), point, data, cfg, trained.checkpoint, index=ecfg.index)
             log.info("serving bundle: %s", out)
         return out
     finally:

@@ -19,7 +19,7 @@ from pathlib import Path
 from data_pipelines.dataset_dir import dropped_rows_report, read_meta
 from data_pipelines.errors import ConfigError
 from recsys.config import Config, IdMapping, query_uses_neighbors, resolved_rankers, uses_sequence_encoder
-from recsys.rankers.graph_filter import fit_peak_bytes
+from recsys.rankers.graph_filter.ranker import fit_peak_bytes
 from recsys.refusals import RunRefused
 
 __all__ = [

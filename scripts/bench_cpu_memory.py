@@ -3,7 +3,7 @@ timed in two fresh processes, one with glibc's and torch's defaults and one as `
 
 A random interaction graph at Gowalla's scale by default (29,858 users x 40,981 items, 27 per user); per
 block of 4096 users: the two-tower's score matmul and its top-k (seen items masked), and the graph filter's
-score block (recsys/rankers/graph_filter.py: the users' pooled history through the top of the spectrum, then
+score block (recsys/rankers/graph_filter/ranker.py: the users' pooled history through the top of the spectrum, then
 against every item). The last line printed is a JSON object.
 
     $ python scripts/bench_cpu_memory.py
@@ -53,8 +53,8 @@ def child(args: argparse.Namespace) -> dict:
     from recsys.evaluation.interactions import UserItemCSR
     from recsys.evaluation.retrieval import exact_topk
     from recsys.rankers.base import EvalSplit
-    from recsys.rankers.graph_filter import GraphFilterFit, GraphFilterVectors
-    from recsys.rankers.spectral import fit_spectrum
+    from recsys.rankers.graph_filter.ranker import GraphFilterFit, GraphFilterVectors
+    from recsys.rankers.graph_filter.spectral import fit_spectrum
 
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """What the servable graph filter costs as the catalogue grows: the spectrum's fit (time, peak memory), the
 bundle's vectors, and one query's encoding and exact search, on a synthetic power-law graph.
 
-The shipped path (recsys/rankers/graph_filter.py, spectral.py): the fit applies P~ = R~'R~ to [I, rank +
+The shipped path (recsys/rankers/graph_filter/ranker.py, spectral.py): the fit applies P~ = R~'R~ to [I, rank +
 oversample] blocks (no [users, items] array, no item-item matrix), the bundle holds item vectors and a query
 table of [I, rank + low_rank] floats, and a query is a sum over the user's items plus an inner-product search.
 Each catalogue size runs in a fresh process (its peak RSS is its own); the last line printed is a JSON object.
@@ -41,8 +41,8 @@ def child(args: argparse.Namespace) -> dict:
 
     from recsys.evaluation.ann import ann_topk, build_index
     from recsys.evaluation.interactions import UserItemCSR
-    from recsys.rankers.graph_filter import GraphFilterVectors
-    from recsys.rankers.spectral import fit_spectrum
+    from recsys.rankers.graph_filter.ranker import GraphFilterVectors
+    from recsys.rankers.graph_filter.spectral import fit_spectrum
 
     torch.set_num_threads(args.threads)
     num_items = args.child

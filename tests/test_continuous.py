@@ -155,9 +155,12 @@ def test_the_bundle_maps_raw_ids_to_the_runs_rows(replay, process_group):
     )
     del sharded
     bundle = load_bundle(bundle_dir)
-    assert bundle.manifest["id_mapping"] == "managed" and set(bundle.id_maps) == {"user", "item"}
+    assert bundle.manifest["id_mapping"] == "managed" and set(bundle.served.part("two_tower").id_maps) == {
+        "user",
+        "item",
+    }
     lengths, items = latest_items(timeline, users, data.num_users, cfg.data.history_length)
-    np.testing.assert_allclose(bundle.encode_two_tower(users, lengths, items), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bundle.encode_part("two_tower", users, lengths, items), expected, rtol=1e-5, atol=1e-6)
     # raw ids straight in: the same queries; a user id the tables never held gets the shared row (zeros)
     raw = bundle.encode_raw(data.raw_user_ids[users], lengths, data.raw_item_ids[items])
     np.testing.assert_allclose(raw, expected, rtol=1e-5, atol=1e-6)

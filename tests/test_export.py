@@ -10,7 +10,7 @@ from recsys.config import FUSED_RANKER, query_layout
 from recsys.data.eval_batches import latest_items
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.evaluation.sharded import Evaluator, embed
-from recsys.rankers.served import served_ranking
+from recsys.rankers.served_dir import served_ranking
 from recsys.run import load_trained
 from tests.helpers.launch import launch
 
@@ -19,8 +19,8 @@ import sys, numpy as np
 from recsys.serving import load_bundle
 bundle = load_bundle(sys.argv[1])
 inputs = np.load(sys.argv[2])
-queries = bundle.encode_two_tower(inputs["users"], inputs["lengths"], inputs["items"])
-np.save(sys.argv[3], (queries @ bundle.item_embeddings[:, : bundle.manifest["two_tower_dim"]].t()).numpy())
+queries = bundle.encode_part("two_tower", inputs["users"], inputs["lengths"], inputs["items"])
+np.save(sys.argv[3], (queries @ bundle.served.part("two_tower").items.t()).numpy())
 histories = np.split(inputs["all_items"], np.cumsum(inputs["all_lengths"])[:-1])
 ids, _ = bundle.recommend_batch(histories, 20, user_ids=inputs["users"])
 np.save(sys.argv[4], ids)
@@ -68,7 +68,10 @@ def test_exported_bundle_serves_the_runs_ranking(tmp_path, trained_run, process_
     assert manifest["ranker"] == results["headline"]["ranker"] == FUSED_RANKER
     assert manifest["point"] == results["rankers"][FUSED_RANKER]["point"]
     graph_dim = 300 + 256  # the linear filter's top eigenpairs (capped at the 300 items) and the low-pass's 256
-    assert manifest["num_items"] == 300 and manifest["two_tower_dim"] == 16 and manifest["graph_dim"] == graph_dim
+    parts = manifest["served"]["parts"]
+    assert [(p["ranker"], p["dim"]) for p in parts] == [("two_tower", 16), ("graph_filter", graph_dim)]
+    assert manifest["served"]["weights"] == [1.0, results["rankers"][FUSED_RANKER]["point"]["beta"]]
+    assert manifest["num_items"] == 300 and manifest["dim"] == 16 + graph_dim
     assert np.load(bundle / "item_embeddings.npy").shape == (300, 16 + graph_dim)
 
 

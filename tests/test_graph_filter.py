@@ -1,4 +1,4 @@
-"""The graph filter as a dot product (recsys/rankers/spectral.py, graph_filter.py) and the fusion of rankers
+"""The graph filter as a dot product (recsys/rankers/graph_filter/spectral.py, graph_filter.py) and the fusion of rankers
 (fusion.py): the spectrum against a dense eigendecomposition, the filter against GF-CF's and BSPM's dense
 formulas (exact at full rank, the top of the spectrum below it), the fused vectors against the fused score,
 beta = 0 ranking as the two-tower, the valid grid choosing the better ranking, and the refusals."""
@@ -16,9 +16,9 @@ from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.rankers.base import EvalSplit, point_key
 from recsys.rankers.fusion import FusionFit, FusionRanker
-from recsys.rankers.graph_filter import GraphFilterFit, GraphFilterRanker, GraphFilterVectors, fit_peak_bytes
-from recsys.rankers.spectral import fit_spectrum
-from recsys.rankers.two_tower import TwoTowerFit, TwoTowerRanker
+from recsys.rankers.graph_filter.ranker import GraphFilterFit, GraphFilterRanker, GraphFilterVectors, fit_peak_bytes
+from recsys.rankers.graph_filter.spectral import fit_spectrum
+from recsys.rankers.two_tower.ranker import TwoTowerFit, TwoTowerRanker
 from tests.helpers.config import tiny_config
 
 

@@ -182,7 +182,8 @@ def test_trains_evaluates_and_exports_with_neighbors(run):
     bundle = load_bundle(export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(run_dir / "bundle"))))
     queries = bundle.encode(np.array([0, 1]), np.array([2, 0]), np.array([0, 6]))
     assert queries.shape == (2, bundle.item_embeddings.shape[1])
-    two_tower_items = bundle.item_embeddings[:, : bundle.manifest["two_tower_dim"]]  # the fused vectors' first part
+    two_tower_items = bundle.served.part("two_tower").items  # the fused vectors' first part
+    assert torch.equal(two_tower_items, bundle.item_embeddings[:, : two_tower_items.shape[1]])
     assert torch.allclose(two_tower_items.norm(dim=1), torch.ones(bundle.item_embeddings.shape[0]), atol=1e-5)
 
 

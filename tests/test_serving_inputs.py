@@ -45,9 +45,9 @@ def managed_bundle(tmp_path_factory, data_root, process_group):
 def _without_user_rows(bundle):
     """The bundle with every user row zeroed: what a query that uses no user row must equal."""
     blank = copy.copy(bundle)
-    blank.encoder = copy.deepcopy(bundle.encoder)
+    blank.served = copy.deepcopy(bundle.served)
     with torch.no_grad():
-        blank.encoder.user.weight.zero_()
+        blank.served.part("two_tower").encoder.user.weight.zero_()
     return blank
 
 

@@ -209,7 +209,7 @@ def test_trains_evaluates_and_exports_with_side_features(ml_root, tmp_path, proc
         two_tower, builder, side="query", ids=users, timeline=timeline, batch_size=64, device=torch.device("cpu")
     )
     lengths, items = latest_items(timeline, users, data.num_users, cfg.data.history_length)
-    served = bundle.encode_two_tower(users, lengths, items)
+    served = bundle.encode_part("two_tower", users, lengths, items)
     np.testing.assert_allclose(served.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
 
 

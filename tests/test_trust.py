@@ -147,8 +147,9 @@ def test_bundle_loader_runs_no_code_from_the_bundle(bundle, tmp_path):
     marker = tmp_path / "pwned"
     planted = tmp_path / "bundle"
     shutil.copytree(bundle, planted)
+    encoder_dir = next(planted.glob("parts/*-two_tower"))  # the two-tower's part (recsys/rankers/two_tower/part.py)
     # the torch.export archive unpickles (and falls back to weights_only=False): load_bundle never reads it
-    torch.save(Payload(marker), planted / "query_encoder.pt2")
+    torch.save(Payload(marker), encoder_dir / "query_encoder.pt2")
     expected = load_bundle(bundle)
     served = load_bundle(planted)
     queries = served.encode(np.array([0, 1]), np.array([2, 0]), np.array([3, 4]))
@@ -157,12 +158,12 @@ def test_bundle_loader_runs_no_code_from_the_bundle(bundle, tmp_path):
     )
     assert not marker.exists()
     # the files it does read are weights-only / pickle-free
-    torch.save({"user.weight": Payload(marker)}, planted / "query_encoder.pt")
+    torch.save({"user.weight": Payload(marker)}, encoder_dir / "query_encoder.pt")
     with pytest.raises(UnsafeFileError, match=r"query_encoder.pt: refused to load"):
         load_bundle(planted)
-    shutil.copy(bundle / "query_encoder.pt", planted / "query_encoder.pt")
-    np.save(planted / "item_embeddings.npy", np.array([Payload(marker)], dtype=object), allow_pickle=True)
-    with pytest.raises(UnsafeFileError, match=r"item_embeddings.npy: refused to load: an object array"):
+    shutil.copy(next(bundle.glob("parts/*-two_tower")) / "query_encoder.pt", encoder_dir / "query_encoder.pt")
+    np.save(encoder_dir / "items.npy", np.array([Payload(marker)], dtype=object), allow_pickle=True)
+    with pytest.raises(UnsafeFileError, match=r"items.npy: refused to load: an object array"):
         load_bundle(planted)
     assert not marker.exists()
 
@@ -185,9 +186,9 @@ def test_export_replaces_only_a_bundle_it_wrote(short_run, bundle, tmp_path, pro
     # a bundle it wrote is replaced; one holding a file of someone's is not
     out = tmp_path / "bundle"
     shutil.copytree(bundle, out)
-    (out / "query_encoder.pt").write_bytes(b"stale")
+    (out / "item_embeddings.npy").write_bytes(b"stale")
     export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(out)))
-    assert (out / "query_encoder.pt").read_bytes() != b"stale"
+    assert (out / "item_embeddings.npy").read_bytes() != b"stale"
     (out / "README.txt").write_text("my notes")
     with pytest.raises(FileExistsError, match=r"holds files a bundle does not \(README.txt\)"):
         export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(out)))

@@ -10,7 +10,7 @@ from recsys.config.need import Need
 
 @dataclass
 class GraphFilterConfig:
-    """The ``graph_filter`` ranker (recsys/rankers/graph_filter.py): GF-CF's filter sharpened as BSPM, over the top
+    """The ``graph_filter`` ranker (recsys/rankers/graph_filter/ranker.py): GF-CF's filter sharpened as BSPM, over the top
     ``rank`` eigenpairs of the user-item graph, so that it is a dot product the serving bundle ships."""
 
     # weights of the low-pass filter, chosen on valid when more than one; one by default, BSPM's 0.2: valid's

@@ -5,7 +5,7 @@ both splits with the configured rankers (``recsys.evaluation.stage``) on rank 0,
 
 With ``data.shard_by_user`` every rank ranks its own users and the metrics are combined across ranks; the graph
 filter is fit from every rank's rows without any rank holding them all (its sums over users are all-reduced:
-``recsys.rankers.spectral``).
+``recsys.rankers.graph_filter.spectral``).
 The served ranker's test-stage state goes to ``<run dir>/served/`` (rank 0), for ``recsys.export``.
 """
 
@@ -28,13 +28,13 @@ from recsys.evaluation.stage import evaluate_rankers
 from recsys.evaluation.untrained import count_untrained, find_untrained, say_untrained
 from recsys.rankers.base import EvalSplit, Point
 from recsys.rankers.registry import RankerContext, build_rankers
-from recsys.rankers.served import save_served
+from recsys.rankers.served_dir import save_served
 
 log = logging.getLogger(__name__)
 
 
 def sum_over_ranks(device, world_size: int):
-    """A ``Reduce`` (recsys.rankers.spectral): a tensor summed over the ranks, on ``device`` for the collective."""
+    """A ``Reduce`` (recsys.rankers.graph_filter.spectral): a tensor summed over the ranks, on ``device`` for the collective."""
     if world_size == 1:
         return None
 
@@ -96,7 +96,8 @@ def rank_after_training(
         kept = out.pop("kept")
         if serve in kept and env.is_main:
             fit, ids = kept[serve]
-            save_served(run_dir, serve, out["rankers"][serve]["point"], fit, eval_splits["test"], ids)
+            point, test = out["rankers"][serve]["point"], eval_splits["test"]
+            save_served(run_dir, serve, point, fit.served(point), fit_on=test.fit_on, users=test.users, topk=ids)
         out["headline"] = {"ranker": serve if serve in names else "two_tower", "servable": True}
         test = eval_splits["test"]
         out["untrained"] = {"test": count_untrained(untrained, test.users, test.relevant, context.reduce)}

@@ -24,13 +24,8 @@ import torch
 
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.retrieval import exact_topk, topk_from_scores
-
-Point = Mapping[str, float]  # one setting of a ranker's tuned parameters; {} when it has none
-
-
-def point_key(point: Point) -> str:
-    """``alpha=0.1,sharpen=2.5`` (``-`` for no parameters): how results.json names a grid point."""
-    return ",".join(f"{name}={value:g}" for name, value in point.items()) or "-"
+from recsys.rankers.points import Point, point_key
+from recsys.rankers.served import Served
 
 
 @dataclass(frozen=True)
@@ -93,6 +88,11 @@ class DotProductFit(Fit):
     @abstractmethod
     def vectors(self, split: EvalSplit, point: Point) -> tuple[torch.Tensor, torch.Tensor]:
         """(queries float32 [U, D], items float32 [I, D]) of ``split``'s users at ``point``."""
+
+    def served(self, point: Point) -> Served:
+        """This fit at ``point`` as the serving bundle ships it: its parts (recsys/rankers/parts.py, served.py). A
+        ranker with no servable part leaves it as it is: eval.serve refuses it."""
+        raise NotImplementedError(f"{type(self).__name__}: no servable part")
 
     def score_blocks(
         self, split: EvalSplit, start: int, stop: int, points: Sequence[Point]

@@ -10,8 +10,9 @@ A part's score is <q(u), c(i)>, so its spread is sqrt(q' C q), C the covariance 
 
     query(u) = [ q_a / sqrt(q_a' C_a q_a) , beta * q_b / sqrt(q_b' C_b q_b) ]      item(i) = [ c_a(i) , c_b(i) ]
 
-which is what the serving bundle's encoder computes (recsys.serving) and an ANN index searches. A grid of
-points is ranked from score blocks, each row's spread taken from the block (the same quantity).
+written once, ``fuse_queries``, which the fusion's fit (the evaluation stage) and the served ranker
+(recsys/rankers/served.py: the bundle) both call, and which an ANN index searches. A grid of points is ranked from
+score blocks, each row's spread taken from the block (the same quantity).
 """
 
 from __future__ import annotations
@@ -22,21 +23,9 @@ from collections.abc import Iterator, Mapping, Sequence
 import torch
 
 from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker, blockwise_topk
-
-SPREAD_FLOOR = 1e-12  # a user whose scores are all equal (no history) gets a zero part, not a division by 0
-
-
-def item_covariance(items: torch.Tensor) -> torch.Tensor:
-    """float64 [D, D]: the covariance of the item vectors [I, D] (centred, ddof 1)."""
-    x = items.double()
-    centred = x - x.mean(dim=0, keepdim=True)
-    return centred.t() @ centred / max(x.shape[0] - 1, 1)
-
-
-def spread(queries: torch.Tensor, covariance: torch.Tensor) -> torch.Tensor:
-    """float32 [U]: the standard deviation over all items of each query's scores, sqrt(q' C q)."""
-    q = queries.double()
-    return ((q @ covariance) * q).sum(dim=1).clamp_min(0).sqrt().clamp_min(SPREAD_FLOOR).float()
+from recsys.rankers.parts import either
+from recsys.rankers.served import Served
+from recsys.rankers.spread import SPREAD_FLOOR, fuse_queries, item_covariance
 
 
 def spread_normalised_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -49,7 +38,7 @@ class FusionFit(DotProductFit):
     def __init__(self, first: DotProductFit, second: DotProductFit, first_keys: Sequence[str]) -> None:
         self.first, self.second, self.first_keys = first, second, set(first_keys)
         # an item either part leaves out: its fused score would add that part's tie (beta = 0 is the first alone)
-        self.unranked = _either(first.unranked, second.unranked)
+        self.unranked = either([first.unranked, second.unranked])
 
     def _split_point(self, point: Point) -> tuple[dict, dict, float]:
         first = {k: v for k, v in point.items() if k in self.first_keys}
@@ -60,10 +49,14 @@ class FusionFit(DotProductFit):
         first, second, beta = self._split_point(point)
         qa, ca = self.first.vectors(split, first)
         qb, cb = self.second.vectors(split, second)
-        queries = torch.cat(
-            [qa / spread(qa, item_covariance(ca))[:, None], beta * qb / spread(qb, item_covariance(cb))[:, None]], dim=1
-        )
+        queries = fuse_queries([qa, qb], [item_covariance(ca), item_covariance(cb)], [1.0, beta])
         return queries, torch.cat([ca, cb], dim=1)
+
+    def served(self, point: Point) -> Served:
+        """Both parts at their settings of ``point``, fused with weights [1, beta] (what the bundle serves)."""
+        first, second, beta = self._split_point(point)
+        parts = [*self.first.served(first).parts, *self.second.served(second).parts]
+        return Served(parts, [1.0, beta])
 
     def score_blocks(
         self, split: EvalSplit, start: int, stop: int, points: Sequence[Point]
@@ -91,12 +84,6 @@ class FusionFit(DotProductFit):
     def info(self) -> dict:
         """The parts' (the second's sizes: the graph filter's interactions and rank), fit on the split's graph."""
         return {k: v for part in (self.first, self.second) for k, v in part.info().items() if k != "fit_on"}
-
-
-def _either(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    if a is None or b is None:
-        return a if b is None else b
-    return a | b
 
 
 def _key(point: Mapping[str, float]) -> tuple:

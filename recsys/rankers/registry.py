@@ -17,10 +17,10 @@ import torch
 from recsys.config import EvalConfig
 from recsys.rankers.base import Ranker
 from recsys.rankers.fusion import FusionRanker
-from recsys.rankers.graph_filter import GraphFilterRanker
-from recsys.rankers.popularity import PopularityRanker
-from recsys.rankers.spectral import Reduce
-from recsys.rankers.two_tower import TwoTowerRanker
+from recsys.rankers.graph_filter.ranker import GraphFilterRanker
+from recsys.rankers.graph_filter.spectral import Reduce
+from recsys.rankers.popularity.ranker import PopularityRanker
+from recsys.rankers.two_tower.ranker import TwoTowerRanker
 
 
 @dataclass

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 import torch
 
 from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker
+from recsys.rankers.served import Served
+from recsys.rankers.two_tower.part import TwoTowerPart
 
 
 class TwoTowerFit(DotProductFit):
@@ -26,6 +28,10 @@ class TwoTowerFit(DotProductFit):
 
     def info(self) -> dict:
         return {"fit_on": f"{self.trained_on} (the trained weights; queries read the preceding splits)"}
+
+    def served(self, point: Point) -> Served:
+        """The item embeddings; the bundle adds the query encoder (recsys/rankers/two_tower/part.py)."""
+        return Served([TwoTowerPart(self.items, self.unranked)], [1.0])
 
 
 class TwoTowerRanker(Ranker):

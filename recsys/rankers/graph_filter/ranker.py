@@ -2,7 +2,7 @@
 
 GF-CF (Shen et al., CIKM 2021) scores user u's items r_u (binary [I]) as
 
-    gf(u) = r_u P~  +  alpha * r_u D_i^-1/2 V_k V_k' D_i^1/2          (P~ = R~'R~, recsys.rankers.spectral)
+    gf(u) = r_u P~  +  alpha * r_u D_i^-1/2 V_k V_k' D_i^1/2          (P~ = R~'R~, recsys.rankers.graph_filter.spectral)
 
 a linear filter (item-item co-occurrence) plus an ideal low-pass filter on the top ``low_rank`` = k
 eigenvectors V_k; BSPM (Choi et al., SIGIR 2023) sharpens it: gf(u) p(-T P~), p = exp's Taylor polynomial
@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker, blockwise_topk
-from recsys.rankers.spectral import Reduce, Spectrum, fit_spectrum
+from recsys.rankers.graph_filter.part import GraphFilterPart
+from recsys.rankers.graph_filter.spectral import Reduce, Spectrum, fit_spectrum
+from recsys.rankers.served import Served
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,11 @@ class GraphFilterFit(DotProductFit):
         if len(points) == 1:
             return super().topk(split, k, points, chunk_size)
         return blockwise_topk(split, k, points, chunk_size, lambda a, b: self.score_blocks(split, a, b, points))
+
+    def served(self, point: Point) -> Served:
+        """The query table at ``alpha`` and the item vectors at ``sharpen`` (recsys/rankers/graph_filter/part.py)."""
+        items = torch.cat(self.items(point["sharpen"]), dim=1)
+        return Served([GraphFilterPart(items, query_table=self.parts.query_table(point["alpha"]))], [1.0])
 
     def info(self) -> dict:
         s = self.parts.spectrum
