@@ -380,10 +380,10 @@ def export_run(ecfg: ExportConfig) -> Path:
                 two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None,
                 batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size,
             )  # fmt: skip
-            unranked = None
-            if cfg.model.id_mapping == IdMapping.managed:  # never-trained items: left out, as the run ranked them
-                unranked = unranked_items(data, two_tower, device=env.device, world_size=env.world_size)
-            served = two_tower_state(item_emb, unranked if unranked is not None and bool(unranked.any()) else None)
+            # never-trained items of managed tables: left out, as the run ranked them
+            served = two_tower_state(
+                item_emb, unranked_items(data, two_tower, device=env.device, world_size=env.world_size)
+            )
         if cfg.model.id_mapping == IdMapping.managed:
             zero_miss_rows(trained.sharded.module)  # the shared row of unheld ids, as every lookup sees it
         tables = full_tables(trained.sharded.module, env.rank, env.device)

@@ -29,6 +29,7 @@ from recsys.distributed.collectives import all_gather_rows
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
 from recsys.evaluation.scoring import rank_and_score
+from recsys.evaluation.untrained import unranked_items
 
 PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
 
@@ -227,7 +228,15 @@ class Evaluator:
         protocol, user_emb, item_emb = self.embeddings(
             two_tower, split, device=device, rank=rank, world_size=world_size
         )
-        score = dict(exclude=protocol.exclude, relevant=protocol.relevant, ks=self.ks, chunk_size=self.chunk_size)
+        # never-trained items of managed tables, left out as the evaluation stage leaves them out
+        unranked = unranked_items(self.data, two_tower, device=device, world_size=world_size)
+        score = dict(
+            exclude=protocol.exclude,
+            relevant=protocol.relevant,
+            ks=self.ks,
+            chunk_size=self.chunk_size,
+            unranked=unranked,
+        )
         if self.per_rank_users:  # every rank ranks its own users; the metrics are combined across ranks
             return rank_and_score(
                 user_emb,
