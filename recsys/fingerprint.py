@@ -87,6 +87,7 @@ FIELDS: dict[str, object] = {
     "model.features": Absent({}),
     **{f"model.{k}": HASH for k in ("tower_dims", "temperature", "logq_correction", "logq_weight")},
     **{f"model.{k}": HASH for k in ("num_uniform_negatives", "loss", "margin", "negative_weight", "query_user_id")},
+    "model.softmax_block_mb": SKIP,  # how the loss is computed (row blocks or whole), not what
     "model.query_neighbors": Absent(False),  # resolved first: null and true build the same model
     "model.query_encoder": Absent(QueryEncoderKind.bag),
     **{f"model.sasrec.{k}": Absent(None, unless=_bag_encoder) for k in ("dim", "num_layers", "num_heads", "dropout")},

@@ -26,7 +26,7 @@ OPEN_SECTIONS = (
     "model.managed.zch_size",
 )
 # fields added after the rules became a table: the earlier rules never saw them (their defaults leave the hash)
-NEWER_FIELDS = {"data": ("slices", "slice", "slice_window"), "model": ("id_mapping", "managed")}
+NEWER_FIELDS = {"data": ("slices", "slice", "slice_window"), "model": ("id_mapping", "managed", "softmax_block_mb")}
 NEWER_SYNTHETIC = ("churn_periods", "item_lifetime_periods")
 
 
