@@ -24,6 +24,7 @@ from recsys.config import Config
 from recsys.continuous import check_managed, check_slice_order, checkpoint_config, init_checkpoint, saved_world_size
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
+from recsys.distributed.managed import restore_counts
 from recsys.distributed.sharding import ShardedModel
 from recsys.fingerprint import config_fingerprint, weights_fingerprint
 from recsys.refusals import ANOTHER_RUN_DIR, MissingPath, RunRefused
@@ -179,6 +180,7 @@ class CheckpointManager:
             return state
         state = TrainerState(**asdict(load_checkpoint(self.sharded, resume_from, env=self.env)))
         env = self.env
+        restore_counts(self.sharded.module, state.managed_counts, env.rank)  # the run's counts, not this process's
         state.global_batch_size = self.tcfg.global_batch_size
         if env.is_main:
             log.info(
