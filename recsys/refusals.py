@@ -26,7 +26,7 @@ from pathlib import Path
 from data_pipelines.errors import ConfigError, DatasetError, one_line
 from recsys.logs import FILE_ONLY
 
-__all__ = ["REFUSALS", "MissingPath", "PathTaken", "RunRefused", "refusals"]
+__all__ = ["ANOTHER_RUN_DIR", "REFUSALS", "MissingPath", "PathTaken", "RunRefused", "refusals"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,9 @@ class PathTaken(RunRefused, FileExistsError):
 
 
 REFUSALS = (DatasetError, ConfigError, RunRefused)
+
+# where a refusal sends a run that cannot use its run dir: a run_name names it unless hydra.run.dir is set by hand
+ANOTHER_RUN_DIR = "another run dir (another run_name, or another hydra.run.dir where it is set by hand)"
 
 
 def _sweep_dir() -> Path | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -71,10 +72,11 @@ from recsys.run_checks import (
 )
 from recsys.rundir.checkpoint import load_checkpoint
 from recsys.rundir.config import checkpoint_dir, load_run_config
-from recsys.rundir.dir import RESULTS_FILE, result_ks
+from recsys.rundir.dir import RESULTS_FILE, check_finished_evaluation, result_ks
 from recsys.rundir.lock import lock_run_dir
 from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import format_results_table
+from recsys.rundir.record import write_run_record
 from recsys.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -152,22 +154,24 @@ def shard_for_training(cfg: Config, data: RetrievalData, env: DistEnv) -> Sharde
     return sharded
 
 
-def fit(cfg: Config, run_dir: str | Path) -> dict[str, Any]:
+def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Train, validate each epoch, restore the best epoch, rank valid and test with the configured rankers (then,
     with trainer.refit, train again on train + valid and rank test with the points valid chose); returns what
-    results.json holds."""
+    results.json holds. ``record``: the run's ``.hydra/`` files (name -> YAML text), written once the run trains
+    or evaluates (recsys/rundir/record.py); a run refused, or already complete, leaves the run dir's as they were."""
     env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
     lock = None
     try:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
         check_ranker_names(resolved_rankers(cfg))  # a typo fails now, not after training
+        check_finished_evaluation(cfg, Path(run_dir))  # a finished run asked for other eval.*: refused, naming them
         if env.is_main:
             log.info(
                 "evaluation stage: rankers %s; the headline and the bundle: %s",
                 ", ".join(resolved_rankers(cfg)),
                 served_ranker(cfg),
             )
-        results = _train_and_test(cfg, Path(run_dir), env)
+        results = _train_and_test(cfg, Path(run_dir), env, record=record)
         if cfg.trainer.refit:
             refit_cfg = refit_config(cfg, results["train"]["best_epoch"])
             chosen = {name: row["point"] for name, row in results.get("rankers", {}).items()}
@@ -243,8 +247,11 @@ def run_evaluator(cfg: Config, data: RetrievalData) -> Evaluator:
     )
 
 
-def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | None = None) -> dict[str, Any]:
-    """Train (``Trainer``), then the evaluation stage on the best epoch's weights; writes results.json."""
+def _train_and_test(
+    cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | None = None, record: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Train (``Trainer``), then the evaluation stage on the best epoch's weights; writes results.json (and
+    ``record``, the run's .hydra/ files, once it is to train or evaluate)."""
     sharded: ShardedModel | None = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -261,10 +268,12 @@ def _train_and_test(cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | Non
             warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")
         checkpoints = CheckpointManager(cfg, run_dir, env, sharded, data)
         start = checkpoints.start()
-        if start.finished is not None:  # a finished run is not trained again
+        if start.finished is not None:  # a finished run is not trained again, nor its record rewritten
             if env.is_main:
                 print(format_results_table(start.finished, result_ks(start.finished)), flush=True)
             return start.finished
+        if record and env.is_main:
+            write_run_record(run_dir, record)
         batches, evaluator = train_batches(cfg, data, env, example_counts), run_evaluator(cfg, data)
         trainer = Trainer(
             cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator

@@ -19,10 +19,11 @@ CPU_ALLOCATOR_SETTINGS = tune_cpu_allocator() if __name__ == "__main__" else []
 import logging
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import register_configs, to_config
@@ -30,6 +31,17 @@ from recsys.logs import setup_logging
 from recsys.refusals import refusals
 from recsys.run import fit
 from recsys.rundir.preemption import PREEMPTED_EXIT_CODE, Preempted
+from recsys.rundir.record import has_record, write_run_record
+
+
+def run_record(cfg: DictConfig) -> dict[str, str]:
+    """The run's .hydra/ files as Hydra writes them (conf/config.yaml leaves the writing to the run)."""
+    hydra_cfg = HydraConfig.get()
+    return {
+        "config.yaml": OmegaConf.to_yaml(cfg),
+        "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})),
+        "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task),
+    }
 
 
 @record
@@ -39,9 +51,12 @@ def main(cfg: DictConfig) -> None:
     log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
     if int(os.environ.get("RANK", "0")) != 0:  # one log, from rank 0
         logging.getLogger().setLevel(logging.WARNING)
+    run_dir, record_files = Path(HydraConfig.get().runtime.output_dir), run_record(cfg)
+    if int(os.environ.get("RANK", "0")) == 0 and not has_record(run_dir):  # a new run dir: nothing to keep
+        write_run_record(run_dir, record_files)
     with refusals():  # bad input files, config values, a held run dir...: one line on stderr, exit 1
         try:
-            fit(to_config(cfg), HydraConfig.get().runtime.output_dir)
+            fit(to_config(cfg), run_dir, record_files)
         except Preempted as e:  # SIGTERM: checkpointed; a status schedulers can tell from a failure
             print(str(e), file=sys.stderr)
             sys.exit(PREEMPTED_EXIT_CODE)

@@ -181,6 +181,9 @@ class Trainer:
         self.state = TrainerState(**state)
 
     def checkpoint(self, name: str | None = None, with_optimizer: bool = True) -> None:
+        """Collective: the weights with the loop's state, the managed tables' counts so far among it."""
+        stats = managed_stats(self.sharded.module, self.env.world_size)
+        self.state.managed_counts = {t: {k: c[k] for k in ("admitted", "evicted")} for t, c in stats.items()}
         self.checkpoints.save(self.state, name=name, with_optimizer=with_optimizer)
 
     # ------------------------------------------------------------------ loop

@@ -4,6 +4,7 @@ managed-collision tables (model.id_mapping=managed), on 1 rank here and on 2 ran
 remapping). Also: a 2-rank checkpoint loaded on 1 rank, the serving bundle's raw-id maps, and the refusals."""
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -239,3 +240,22 @@ def test_item_churn_brings_new_items_each_period_and_leaves_churn_free_data_alon
     users = [interactions["user_id"][period == p].nunique() for p in range(4)]
     assert min(users) > 0.9 * spec.num_users  # users stay across periods
     assert cache_key(TINY_SPEC, "recbole", 0) == cache_key(replace(TINY_SPEC, item_lifetime_periods=5), "recbole", 0)
+
+
+def test_the_managed_counts_of_a_killed_and_resumed_run_are_the_whole_runs(data_root, process_group, tmp_path):
+    """Issue 43 item 5: results.json's managed counts describe the whole run, also when it was killed and resumed
+    (they were the resumed process's alone: 0 ids admitted where the run admitted every id it holds)."""
+    overrides = [*continuous_slice(0, str(tmp_path), "s"), f"data.root={data_root}", "trainer.checkpoint_every_steps=3"]
+    whole = fit(tiny_config([*overrides, "trainer.keep_last_checkpoints=0"]), tmp_path / "whole")
+
+    # the state a kill after step 3 (mid-epoch 0) leaves: the checkpoints up to it, no results
+    killed = tmp_path / "killed"
+    fit(tiny_config([*overrides, "trainer.keep_last_checkpoints=0"]), killed)
+    for path in (killed / "checkpoints").iterdir():
+        if path.name != "step_00000003":
+            shutil.rmtree(path)
+    (killed / "results.json").unlink()
+    resumed = fit(tiny_config(overrides), killed)  # trainer.resume=auto
+    assert resumed["train"]["steps"] == whole["train"]["steps"]
+    assert whole["managed"]["item"]["admitted"] == whole["managed"]["item"]["ids"] > 0
+    assert resumed["managed"] == whole["managed"]

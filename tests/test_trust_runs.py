@@ -275,6 +275,7 @@ def test_run_side_refusals_are_one_line_with_the_traceback_in_train_log(
         monkeypatch.setattr(run_dir_check, "held_elsewhere", lambda run_dir: None)
         assert run_module(monkeypatch, "recsys.train", [*base, *QUIET]) == 1
         assert "another training holds this run dir" in one_error_line(capsys.readouterr().err)
+        assert files(run_dir / ".hydra") == hydra_before  # the run writes its record only once it trains
     # bad config values; weights of another model config; with Hydra's job logging: train.log has the traceback
     for args, said in (
         (["trainer.global_batch_size=1"], "error: bad config values: trainer.global_batch_size=1"),

@@ -18,7 +18,8 @@ recsys changes, measured on CPU with torchrec 1.8 / fbgemm-gpu-cpu 1.8 (docs/con
 - Row-wise pooled lookups need as many rows on every rank (the backward all-gathers equal blocks): training batches
   are cut equal (recsys.data.batches.TrainBatches ``equal_shares``) and the evaluation pads shorter shares.
 
-It also counts, per table: ids admitted into free rows, ids evicted for new ones (``ManagedStats``).
+It also counts, per table: ids admitted into free rows, ids evicted for new ones (``managed_stats``), counts a
+checkpoint keeps so that a resumed run counts on from them (``restore_counts``).
 """
 
 from __future__ import annotations
@@ -165,6 +166,15 @@ def zero_managed_tables(dmp: nn.Module) -> None:
 def refresh_managed(dmp: nn.Module) -> None:
     for sharded in sharded_managed(dmp):
         sharded.refresh()
+
+
+def restore_counts(dmp: nn.Module, counts: dict[str, dict[str, int]], rank: int) -> None:
+    """The run's counts so far (``managed_stats``' admitted / evicted, saved with its checkpoint) as this process's
+    starting counts: on rank 0, so that the sum over ranks is the run's whatever the number of ranks now."""
+    for sharded in sharded_managed(dmp):
+        for table in sharded._managed_collision_collection._managed_collision_modules:
+            saved = counts.get(table, {}) if rank == 0 else {}
+            sharded.counts[table] = TableCounts(int(saved.get("admitted", 0)), int(saved.get("evicted", 0)))
 
 
 def managed_stats(dmp: nn.Module, world_size: int) -> dict[str, dict[str, int]]:

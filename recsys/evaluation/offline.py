@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from recsys.config import FUSED_RANKER, Config, EvaluateConfig, IdMapping, resolved_rankers
+from recsys.config import FUSED_RANKER, Config, EvaluateConfig, resolved_rankers
 from recsys.data.dataset import RetrievalData
 from recsys.data.feature_builder import run_feature_builder
 from recsys.distributed.collectives import all_gather_rows
@@ -113,9 +113,8 @@ def evaluate_trained(
             log.info("the run trained on its valid split (data.train_on_valid): valid is not evaluated")
         log.info("%s loaded; embedding %d items and the users of %s", checkpoint, data.num_items, ", ".join(names))
     item_emb = embed(two_tower, builder, side="candidate", ids=np.arange(data.num_items), timeline=None, **common)
-    unranked = None  # never-trained items of managed tables: left out, as the run left them out
-    if cfg.model.id_mapping == IdMapping.managed:
-        unranked = unranked_items(data, two_tower, device=env.device, world_size=env.world_size).numpy()
+    # never-trained items of managed tables: left out, as the run left them out
+    unranked = unranked_items(data, two_tower, device=env.device, world_size=env.world_size)
     splits = {split: _embed_split_users(ecfg, evaluator, split, embed_users, env, user_range) for split in names}
     if not env.is_main:
         return None
@@ -132,7 +131,7 @@ def evaluate_trained(
         checkpoint=str(checkpoint.resolve()),
         extra={"run_dir": str(run_dir.resolve()), "world_size": env.world_size},
         graphs={split: evaluator.csr(evaluator.protocol(split).timeline) for split in names},
-        unranked_items=unranked if unranked is not None and unranked.any() else None,
+        unranked_items=None if unranked is None else unranked.numpy(),
     )
     options = _report_options(ecfg, cfg, env)
     out_dir = report_dir(ecfg, run_dir)

@@ -231,15 +231,14 @@ class Evaluator:
         protocol, user_emb, item_emb = self.embeddings(
             two_tower, split, device=device, rank=rank, world_size=world_size
         )
-        unranked = None
-        if self.data.raw_item_ids is not None:  # model.id_mapping=managed
-            unranked = unranked_items(self.data, two_tower, device=device, world_size=world_size)
+        # never-trained items of managed tables, left out as the evaluation stage leaves them out
+        unranked = unranked_items(self.data, two_tower, device=device, world_size=world_size)
         score = dict(
             exclude=protocol.exclude,
             relevant=protocol.relevant,
             ks=self.ks,
             chunk_size=self.chunk_size,
-            unranked=unranked if unranked is not None and unranked.any() else None,
+            unranked=unranked,
         )
         if self.per_rank_users:  # every rank ranks its own users; the metrics are combined across ranks
             return rank_and_score(

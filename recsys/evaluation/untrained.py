@@ -74,16 +74,22 @@ def find_untrained(
         users, user_rule = ~held_users, HELD_RULE
     else:
         users, user_rule = np.bincount(data.splits["train"].user_ids, minlength=data.num_users) == 0, NO_ROWS_RULE
-    if managed:
-        items = unranked_items(data, two_tower, device=device, world_size=world_size).numpy()
-        return Untrained(users, items, user_rule, HELD_RULE, left_out=True)
+    held_items = held_ids(two_tower, "item", data.raw_item_ids, device, world_size) if managed else None
+    if held_items is not None:
+        return Untrained(users, ~held_items, user_rule, HELD_RULE, left_out=True)
     # the whole split's counts, also where this rank reads its own users only
     return Untrained(users, data.item_counts() == 0, user_rule, NO_ROWS_RULE, left_out=False)
 
 
-def unranked_items(data: RetrievalData, two_tower: nn.Module, *, device: torch.device, world_size: int) -> torch.Tensor:
-    """Collective, model.id_mapping=managed: bool [I], the items the managed item table does not hold (left out)."""
-    return torch.from_numpy(~held_ids(two_tower, "item", data.raw_item_ids, device, world_size))
+def unranked_items(
+    data: RetrievalData, two_tower: nn.Module, *, device: torch.device, world_size: int
+) -> torch.Tensor | None:
+    """Collective: bool [I], the items the two-tower leaves out (those its managed item table does not hold); None
+    when it ranks every item (vocabulary tables, or a managed table that holds them all)."""
+    if data.raw_item_ids is None:  # vocabulary tables: every item has a row of its own
+        return None
+    held = held_ids(two_tower, "item", data.raw_item_ids, device, world_size)
+    return None if held is None or held.all() else torch.from_numpy(~held)
 
 
 def count_untrained(untrained: Untrained, users: np.ndarray, relevant: UserItemCSR, reduce=None) -> dict:

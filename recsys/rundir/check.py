@@ -8,7 +8,7 @@
   ``runs/`` of its own: absolute, with ``..``, or through a symbolic link (to another run, or out of
   ``runs/``) it is refused, so no checkpoint, lock or ``.hydra/`` lands outside ``runs/`` or in
   another run's folder; a run dir another training holds (its ``.lock``) is refused before Hydra
-  rewrites its ``.hydra/``.
+  opens its train.log (its ``.hydra/`` only the run that trains there writes: recsys/rundir/record.py).
 
 Both print one line (``error: ...``) and exit 1: Hydra turns a callback's exception into a warning
 and goes on.
@@ -73,12 +73,14 @@ def run_name_problem(run_name: str, run_dir: str) -> str | None:
 
 
 class RunNameStaysInRuns(Callback):
+    def __init__(self, probe_lock: bool = True) -> None:
+        self.probe_lock = probe_lock  # false: data_pipelines.prepare, which takes no lock and writes no run dir
+
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, str(config.hydra.run.dir))
-        writes_hydra = config.hydra.output_subdir is not None  # data_pipelines.prepare writes no .hydra/, takes no lock
-        if writes_hydra and int(os.environ.get("RANK", "0")) == 0:  # rank 0 locks; another may find its own lock
+        if self.probe_lock and int(os.environ.get("RANK", "0")) == 0:  # rank 0 locks; another may find its own lock
             held = held_elsewhere(Path(str(config.hydra.run.dir)))
-            if held:  # refused before Hydra rewrites that run's .hydra/ (the lock itself is taken in fit)
+            if held:  # refused before Hydra opens that run's train.log (the lock itself is taken in fit)
                 _refuse(held)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:

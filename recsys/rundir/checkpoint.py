@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,9 @@ class TrainerState:
     global_batch_size: int = (
         0  # of the run that saved it: next_batch counts batches of this size (0: unknown, older checkpoints)
     )
+    # model.id_mapping=managed: per table, the ids admitted and evicted by the run so far (summed over ranks), which a
+    # resumed process counts on from (the module's own counters start at 0 in every process)
+    managed_counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def _state_dicts(sharded: ShardedModel, with_optimizer: bool) -> dict[str, Any]:

@@ -14,7 +14,9 @@ report of the old weights stays beside the new ones; a run that trains further f
 finds logs but no checkpoint to resume (an attempt that crashed before its first) moves the logs and
 outputs to ``logs.replaced.<n>/``.
 ``trainer.resume=auto`` on a run whose newest checkpoint is past its last epoch (or early-stopped)
-does not train again: it says so and returns the results it wrote then.
+does not train again: it says so and returns the results it wrote then; asked for other evaluation
+settings (``eval.*``), which its results, served ranker and bundle were not made with, it is refused
+naming them (``check_finished_evaluation``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from recsys.rundir.checkpoint import TrainerState, read_trainer_state
+from recsys.config import Config, read_config_file
+from recsys.fingerprint import config_fingerprint
+from recsys.refusals import ANOTHER_RUN_DIR, RunRefused
+from recsys.rundir.checkpoint import CONFIG_FILE, TrainerState, latest_checkpoint, read_trainer_state
 from recsys.rundir.outputs import drop_records_after
 
 log = logging.getLogger(__name__)
@@ -160,6 +166,52 @@ def completed_results(run_dir: Path, checkpoint: Path | None, fingerprint: str, 
     for split in ("valid", "test"):  # the file's keys are sorted: the model first again, as the trainer prints it
         saved[split] = dict(sorted(saved[split].items(), key=lambda item: item[0] != "two_tower"))
     return saved
+
+
+# eval.* keys that say how the stage batches its work, not what it ranks: a change of them changes no figure
+EVAL_WORK_KEYS = ("batch_size", "chunk_size")
+
+
+def _flat(values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if value == "" else "null" if value is None else str(value)
+
+
+def check_finished_evaluation(cfg: Config, run_dir: Path) -> None:
+    """trainer.resume=auto on a finished run (``completed_results``' test, from its files alone): refuse ``eval.*``
+    settings other than those its evaluation stage used, naming each, before any work. The run is not trained or
+    ranked again, so its results.json, served/ and bundle would say nothing of them."""
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    if cfg.trainer.resume != "auto" or checkpoint is None or not (run_dir / RESULTS_FILE).is_file():
+        return
+    state = read_trainer_state(checkpoint)
+    if state.fingerprint != config_fingerprint(cfg) or not is_finished(state, cfg.trainer.epochs):
+        return
+    if not (checkpoint / CONFIG_FILE).is_file():  # saved before checkpoints held their config: nothing to compare
+        return
+    saved = _flat(asdict(read_config_file(checkpoint / CONFIG_FILE).eval), "eval.")
+    now = _flat(asdict(cfg.eval), "eval.")
+    changed = [
+        f"{key}={_shown(now[key])} (the run's: {_shown(saved.get(key))})"
+        for key in now
+        if key.split(".")[1] not in EVAL_WORK_KEYS and now[key] != saved.get(key)
+    ]
+    if changed:
+        raise RunRefused(
+            f"{run_dir}: this run is complete and its evaluation used other settings: {'; '.join(changed)}. "
+            "Its results, served ranker and bundle are those settings'; nothing is trained or ranked again here. "
+            f"Keep the run's settings, or train with these in {ANOTHER_RUN_DIR}, or here with trainer.resume=none "
+            "(this run is set aside, not deleted)"
+        )
 
 
 def result_ks(results: dict[str, Any]) -> list:

@@ -20,7 +20,7 @@ import socket
 import time
 from pathlib import Path
 
-from recsys.refusals import RunRefused
+from recsys.refusals import ANOTHER_RUN_DIR, RunRefused
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class RunLock:
             os.close(fd)
             raise RunDirLockedError(
                 f"{self.path.parent}: another training holds this run dir ({_describe(self.path)}); "
-                "wait for it to finish, or use another run_name"
+                f"wait for it to finish, or train in {ANOTHER_RUN_DIR}"
             ) from None
         previous = _read(self.path)
         if previous:  # its owner exited without releasing (killed): the kernel dropped its flock
@@ -89,7 +89,7 @@ def held_elsewhere(run_dir: Path) -> str | None:
     except BlockingIOError:
         return (
             f"{path.parent}: another training holds this run dir ({_describe(path)}); "
-            "wait for it to finish, or use another run_name"
+            f"wait for it to finish, or train in {ANOTHER_RUN_DIR}"
         )
     finally:
         os.close(fd)  # drops the probe's flock, if it got it

@@ -24,12 +24,14 @@ from recsys.config import Config
 from recsys.continuous import check_managed, check_slice_order, checkpoint_config, init_checkpoint, saved_world_size
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
+from recsys.distributed.managed import restore_counts
 from recsys.distributed.sharding import ShardedModel
 from recsys.fingerprint import config_fingerprint, weights_fingerprint
-from recsys.refusals import MissingPath, RunRefused
+from recsys.refusals import ANOTHER_RUN_DIR, MissingPath, RunRefused
 from recsys.rundir.checkpoint import (
     STATE_FILE,
     TrainerState,
+    check_checkpoint_files,
     complete_checkpoints,
     has_optimizer_state,
     is_complete_checkpoint,
@@ -127,13 +129,19 @@ class CheckpointManager:
         self.root = run_dir / "checkpoints"
         self.fingerprint = config_fingerprint(cfg)
         self.config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+        self.init_path: Path | None = None  # trainer.init_from's checkpoint, once start() has checked it
 
     def step_path(self, step: int) -> Path:
         return self.root / f"step_{step:08d}"
 
     def start(self) -> Start:
-        """Which checkpoint the run continues, or (trainer.resume=auto) the results of a finished one."""
+        """Which checkpoint the run continues, or (trainer.resume=auto) the results of a finished one. Whatever
+        would refuse loading it (or trainer.init_from's) is refused here, before the run writes anything."""
         resume_from = resume_path(self.cfg, self.root, self.env)
+        if resume_from is not None:
+            self._check_resumable(resume_from)
+        elif self.tcfg.init_from:
+            self.init_path = self._check_init_from(Path(self.tcfg.init_from))
         done = None
         if self.tcfg.resume == "auto":  # the same answer on every rank: the same files
             done = completed_results(self.run_dir, resume_from, self.fingerprint, self.tcfg.epochs)
@@ -170,20 +178,9 @@ class CheckpointManager:
             if self.tcfg.init_from:
                 self._init_from(Path(self.tcfg.init_from))
             return state
-        saved_state = read_trainer_state(resume_from)
-        saved_cfg = checkpoint_config(resume_from)
-        if saved_cfg is not None:  # another zch_size / policy / world size, named before the fingerprint differs
-            check_managed(
-                "trainer.resume", resume_from, saved_cfg, self.cfg, saved_world_size(saved_state), self.env.world_size
-            )
-        if saved_state.fingerprint != self.fingerprint:  # before loading: other shapes would fail inside DCP
-            raise RunRefused(
-                f"{resume_from}: saved for another data/model config (fingerprint {saved_state.fingerprint}, "
-                f"now {self.fingerprint}); use trainer.resume=none or another run_name"
-            )
-        _check_same_batches(saved_state, resume_from, self.tcfg.global_batch_size)
         state = TrainerState(**asdict(load_checkpoint(self.sharded, resume_from, env=self.env)))
         env = self.env
+        restore_counts(self.sharded.module, state.managed_counts, env.rank)  # the run's counts, not this process's
         state.global_batch_size = self.tcfg.global_batch_size
         if env.is_main:
             log.info(
@@ -200,10 +197,24 @@ class CheckpointManager:
         state.world_size = env.world_size
         return state
 
-    def _init_from(self, path: Path) -> None:
-        """trainer.init_from: another checkpoint's weights (a run dir: its newest step checkpoint), with
-        trainer.init_optimizer its optimizer state too; step, data position and RNG stay new
-        (recsys/continuous.py)."""
+    def _check_resumable(self, resume_from: Path) -> None:
+        """``resume_from`` was saved by this data / model config with what this run can load, or a refusal."""
+        saved_state = read_trainer_state(resume_from)
+        saved_cfg = checkpoint_config(resume_from)
+        if saved_cfg is not None:  # another zch_size / policy / world size, named before the fingerprint differs
+            check_managed(
+                "trainer.resume", resume_from, saved_cfg, self.cfg, saved_world_size(saved_state), self.env.world_size
+            )
+        if saved_state.fingerprint != self.fingerprint:  # before loading: other shapes would fail inside DCP
+            raise RunRefused(
+                f"{resume_from}: saved for another data/model config (fingerprint {saved_state.fingerprint}, "
+                f"now {self.fingerprint}); use trainer.resume=none (this run is set aside) or {ANOTHER_RUN_DIR}"
+            )
+        _check_same_batches(saved_state, resume_from, self.tcfg.global_batch_size)
+        check_checkpoint_files(resume_from)
+
+    def _check_init_from(self, path: Path) -> Path:
+        """trainer.init_from's checkpoint (a run dir: its newest), if this run can start from it, or a refusal."""
         path = init_checkpoint(path)
         state, saved_cfg = read_trainer_state(path), checkpoint_config(path)
         if saved_cfg is not None:
@@ -225,6 +236,15 @@ class CheckpointManager:
                 f"trainer.init_optimizer=true: {path} holds weights only (no optimizer state); name a step checkpoint "
                 "or the run dir, or set trainer.init_optimizer=false"
             )
+        check_checkpoint_files(path)
+        return path
+
+    def _init_from(self, path: Path) -> None:
+        """trainer.init_from: another checkpoint's weights (a run dir: its newest step checkpoint), with
+        trainer.init_optimizer its optimizer state too; step, data position and RNG stay new
+        (recsys/continuous.py)."""
+        path = self.init_path or self._check_init_from(path)  # start() checked it
+        with_optimizer = self.tcfg.init_optimizer
         rng = torch.get_rng_state()
         load_checkpoint(self.sharded, path, env=self.env, with_optimizer=with_optimizer)
         torch.set_rng_state(rng)  # this run's seed, not the source run's RNG

@@ -22,7 +22,5 @@ def served_from_weights(cfg: Config, data: RetrievalData, model, env: DistEnv, b
         model, run_feature_builder(cfg, data), side="candidate", ids=np.arange(data.num_items), timeline=None,
         batch_size=batch_size, device=env.device, rank=env.rank, world_size=env.world_size,
     )  # fmt: skip
-    unranked = None
-    if data.raw_item_ids is not None:  # model.id_mapping=managed
-        unranked = unranked_items(data, model, device=env.device, world_size=env.world_size)
+    unranked = unranked_items(data, model, device=env.device, world_size=env.world_size)
     return Served([TwoTowerPart(items, unranked)], [1.0])
