@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from recsys.config import Config, IdMapping, read_config_file
+from recsys.config import Config, IdMapping
 from recsys.data.dataset import RetrievalData
 from recsys.data.slices import slice_range
 from recsys.refusals import MissingPath, RunRefused
 from recsys.rundir.checkpoint import CONFIG_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint
+from recsys.rundir.saved_config import read_config_file
 
 log = logging.getLogger(__name__)
 

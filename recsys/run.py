@@ -33,8 +33,6 @@ from recsys.config import (
     ExportConfig,
     IdMapping,
     SparseOptimConfig,
-    resolved_rankers,
-    served_ranker,
 )  # fmt: skip
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import TrainBatches
@@ -59,13 +57,13 @@ from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.query_encoder import QueryEncoder
 from recsys.rankers.parts import BundleRun
-from recsys.rankers.registry import check_ranker_names
+from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, served_ranker
+from recsys.rankers.resources import Resources
 from recsys.rankers.served import Served
 from recsys.rankers.served_dir import SERVED_DIR, load_served
 from recsys.rankers.two_tower.weights import served_from_weights
 from recsys.run_checks import (
     check_exportable,
-    check_graph_filter_memory,
     note_dropped_rows,
     note_export_stage,
     warn_ks_beyond_catalogue,
@@ -163,7 +161,7 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
     lock = None
     try:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
-        check_ranker_names(resolved_rankers(cfg))  # a typo fails now, not after training
+        check_rankers(cfg)  # a typo or a bad setting fails now, not after training
         check_finished_evaluation(cfg, Path(run_dir))  # a finished run asked for other eval.*: refused, naming them
         if env.is_main:
             log.info(
@@ -256,12 +254,14 @@ def _train_and_test(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         data, example_counts = load_data(cfg, env)
-        check_graph_filter_memory(
+        check_resources(  # a ranker whose fit the host cannot hold is refused now, not after training
             cfg,
-            data.num_items,
-            sum(len(data.splits[s]) for s in ("train", "valid") if s in data.splits),
-            fits_per_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.data.shard_by_user else 1,
-            available=available_memory_bytes("cpu"),  # the fit runs on the host, whatever the device
+            Resources(
+                num_items=data.num_items,
+                interactions=sum(len(data.splits[s]) for s in ("train", "valid") if s in data.splits),
+                fits_per_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.data.shard_by_user else 1,
+                available_bytes=available_memory_bytes("cpu"),  # the fits run on the host, whatever the device
+            ),
         )
         sharded = shard_for_training(cfg, data, env)
         if env.is_main:

@@ -4,7 +4,6 @@
   already in train, duplicates), on the console and in train.log (results.json has them too);
 - a cut-off ``k`` at or beyond the catalogue, where every item is in the top k (Recall@k is 1 by
   construction);
-- a graph filter whose fit (after training) would not fit in this host's memory, refused before training;
 - which stage of a ``trainer.refit`` run ``recsys.export`` exports, and how to export the other;
 - a run whose query encoder the serving bundle cannot serve yet, refused before ``recsys.export`` loads it.
 """
@@ -17,14 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from data_pipelines.dataset_dir import dropped_rows_report, read_meta
-from data_pipelines.errors import ConfigError
-from recsys.config import Config, IdMapping, query_uses_neighbors, resolved_rankers, uses_sequence_encoder
-from recsys.rankers.graph_filter.ranker import fit_peak_bytes
+from recsys.config import Config, IdMapping, query_uses_neighbors, uses_sequence_encoder
 from recsys.refusals import RunRefused
 
 __all__ = [
     "check_exportable",
-    "check_graph_filter_memory",
     "note_dropped_rows",
     "note_export_stage",
     "warn_ks_beyond_catalogue",
@@ -51,31 +47,6 @@ def warn_ks_beyond_catalogue(ks: Sequence[int], num_items: int, setting: str) ->
             ", ".join(map(str, beyond)),
             num_items,
             num_items,
-        )
-
-
-def check_graph_filter_memory(
-    cfg: Config, num_items: int, interactions: int, *, fits_per_host: int, available: int | None
-) -> None:
-    """Refuse a run whose evaluation stage fits the graph filter (a ranker ``graph_filter`` or a fusion with it)
-    when ``fits_per_host`` fits over ``num_items`` items and ``interactions`` rows would need more than the
-    ``available`` bytes: found now, not after training. None (unknown memory): no check."""
-    if available is None or not any("graph_filter" in name.split("+") for name in resolved_rankers(cfg)):
-        return
-    g = cfg.eval.graph_filter
-    need = fits_per_host * fit_peak_bytes(
-        num_items, interactions, rank=g.rank, low_rank=g.low_rank, oversample=g.oversample
-    )
-    if need > available:
-        per_host = (
-            f"{fits_per_host} fits on this host (one per rank with data.shard_by_user), " if fits_per_host > 1 else ""
-        )
-        raise ConfigError(
-            f"eval.graph_filter.rank={g.rank}: the graph filter's fit after training over {num_items:,} items and "
-            f"{interactions:,} interactions needs about {need / 2**30:.1f} GiB ({per_host}[items, rank] float32 blocks), "
-            f"more than the {available / 2**30:.1f} GiB available: lower eval.graph_filter.rank (the memory is "
-            "about proportional to it; docs/performance.md, 'The servable graph filter as the catalogue grows') or "
-            "leave the graph filter out (eval.rankers=[two_tower,popularity])"
         )
 
 

@@ -35,6 +35,7 @@ from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import managed_stats
 from recsys.distributed.sharding import ShardedModel
+from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.evaluation.sharded import Evaluator
 from recsys.lr_schedule import LrSchedule
 from recsys.rundir.checkpoint import TrainerState
@@ -299,9 +300,9 @@ class Trainer:
                 log.info("epoch %d: trained on train + valid (no validation)", epoch)
         else:
             valid = self._evaluate("valid")
-            score = valid["two_tower"][metric]
+            score = valid[TRAINED_ROW][metric]
             self.metrics_log.write(
-                {"step": state.step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid["two_tower"].items()}}
+                {"step": state.step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid[TRAINED_ROW].items()}}
             )
             if env.is_main:
                 log.info("epoch %d: valid %s = %.4f (best %.4f)", epoch, metric, score, max(state.best_score, score))

@@ -31,7 +31,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=4, help="blocks timed per process")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument(
-        "--rank", type=int, default=256, help="eigenpairs of the graph filter's spectrum (eval.graph_filter.rank)"
+        "--rank",
+        type=int,
+        default=256,
+        help="eigenpairs of the graph filter's spectrum (eval.settings.graph_filter.rank)",
     )
     p.add_argument("--child", choices=["default", "tuned"], help=argparse.SUPPRESS)
     return p.parse_args(argv)

@@ -95,9 +95,19 @@ def documented_classes() -> list[type]:
             for inner in _dataclasses_in(_hints(cls)[f.name]):
                 visit(inner)
 
-    for cls in (Config, EvaluateConfig, ExportConfig, PlanConfig):
+    for cls in (Config, EvaluateConfig, ExportConfig, PlanConfig, *ranker_settings().values()):
         visit(cls)
     return seen
+
+
+RANKER_SETTINGS = "eval.settings"  # a dict whose entries each ranker's package types (recsys/rankers/registry.py)
+
+
+def ranker_settings() -> dict[str, type]:
+    """Each registered ranker's (and combinator's) settings dataclass by name."""
+    from recsys.rankers.registry import COMBINATORS, RANKERS
+
+    return {name: spec.settings for name, spec in {**RANKERS, **COMBINATORS}.items() if spec.settings is not None}
 
 
 def undocumented_fields() -> list[str]:
@@ -201,6 +211,8 @@ def _table(cls: type, prefix: str, composed: Any) -> Iterator[str]:
         inner = _dataclasses_in(hint)
         if inner and isinstance(value, dict):
             value = _without_defaults(value, inner[0])
+        if f"{prefix}{f.name}" == RANKER_SETTINGS:
+            value = "{" + ", ".join(f"{name}: ..." for name in value or {}) + "}"  # each: a section below
         key = f"`{prefix}{f.name}`"
         yield f"| {key} | {_type_name(hint)} | {_code(_value(value))} | {_cell(comments[f.name])} |"
 
@@ -221,6 +233,15 @@ def _sections(cls: type, prefix: str, composed: Any, level: int, skip: tuple[str
             yield _cell(comments[f.name])
             yield ""
             yield from _sections(hint, f"{prefix}{f.name}.", sub, level + 1)
+        elif f"{prefix}{f.name}" == RANKER_SETTINGS:
+            for name, settings in ranker_settings().items():
+                yield ""
+                yield f"{'#' * level} `{RANKER_SETTINGS}.{name}`"
+                yield ""
+                yield _cell(" ".join((settings.__doc__ or "").split()))
+                yield ""
+                given = sub.get(name) if isinstance(sub, dict) else None
+                yield from _sections(settings, f"{RANKER_SETTINGS}.{name}.", given, level + 1)
         elif inner := _dataclasses_in(hint):
             yield ""
             yield f"{'#' * level} `{prefix}{f.name}.<name>`"

@@ -1,6 +1,7 @@
 """One value per default: what the config groups' YAML gives a plain run equals the dataclass defaults of
 recsys/config/, so that a test or script building ``Config()`` trains what ``python -m recsys.train`` trains.
 
+Each ranker's settings (``eval.settings.<name>``, conf/eval/rankers/) equal its package's dataclass defaults.
 The data group is the exception by design: ``data`` picks a dataset and its protocol (synthetic, recbole's
 profile bag), and the dataclass holds the neutral values every dataset starts from. Tables exist only in YAML.
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from recsys.config import Config, register_configs, to_config
+from recsys.rankers.registry import COMBINATORS, RANKERS
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CHOSEN_BY_GROUPS = ("data", "model.tables", "sharding.tables")
@@ -29,6 +31,10 @@ def test_the_yaml_defaults_are_the_dataclass_defaults():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         composed = asdict(to_config(compose(config_name="config")))
     dataclass = dict(_leaves(asdict(Config())))
+    # each ranker's settings (eval.settings.<name>) default to its package's dataclass (recsys/rankers/registry.py)
+    for name in composed["eval"]["settings"]:
+        spec = {**RANKERS, **COMBINATORS}[name]
+        dataclass |= dict(_leaves(asdict(spec.settings()), f"eval.settings.{name}"))
     differ = {
         path: (value, dataclass.get(path, "<missing>"))
         for path, value in _leaves(composed)

@@ -22,8 +22,8 @@ def run_copy(trained_run, tmp_path_factory, data_root):
     """The shared tiny run, copied (this module's evaluations write into it), after a refused training in it."""
     run_dir = tmp_path_factory.mktemp("evaluated") / "run"
     shutil.copytree(trained_run.run_dir, run_dir)
-    # a second run in the same dir with other tower widths is refused, but Hydra has already rewritten
-    # .hydra/config.yaml by then: evaluation must still rebuild the model the checkpoint holds
+    # a second run in the same dir with other tower widths is refused, and leaves .hydra/config.yaml the run's own
+    # (a refused run writes no record: tests/test_run_record.py); evaluation rebuilds the model the checkpoint holds
     argv = [
         "recsys.train",
         "+experiment=tiny",
@@ -50,7 +50,7 @@ def run_copy(trained_run, tmp_path_factory, data_root):
         False
     )  # its setup_logging() sent Python warnings to logging for good: give them back to pytest
     assert exited.value.code != 0 and "saved for another data/model config" in out.getvalue()
-    assert list(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model.tower_dims) == [24, 8]
+    assert list(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model.tower_dims) == [32, 16]
     return run_dir
 
 

@@ -6,10 +6,11 @@ import json
 import numpy as np
 import torch
 
-from recsys.config import FUSED_RANKER, query_layout
+from recsys.config import query_layout
 from recsys.data.eval_batches import latest_items
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.evaluation.sharded import Evaluator, embed
+from recsys.rankers.registry import DEFAULT_FUSION as FUSED_RANKER
 from recsys.rankers.served_dir import served_ranking
 from recsys.run import load_trained
 from tests.helpers.launch import launch

@@ -5,19 +5,18 @@ beta = 0 ranking as the two-tower, the valid grid choosing the better ranking, a
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 
-from recsys.config import EvalConfig, FusionConfig, GraphFilterConfig, check_values
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.rankers.base import EvalSplit, point_key
 from recsys.rankers.fusion import FusionFit, FusionRanker
-from recsys.rankers.graph_filter.ranker import GraphFilterFit, GraphFilterRanker, GraphFilterVectors, fit_peak_bytes
+from recsys.rankers.graph_filter.ranker import GraphFilterFit, GraphFilterRanker, GraphFilterVectors
+from recsys.rankers.graph_filter.settings import fit_peak_bytes
 from recsys.rankers.graph_filter.spectral import fit_spectrum
+from recsys.rankers.registry import check_rankers
 from recsys.rankers.two_tower.ranker import TwoTowerFit, TwoTowerRanker
 from tests.helpers.config import tiny_config
 
@@ -138,20 +137,16 @@ def test_the_stage_chooses_on_valid_ranks_test_at_that_point_and_states_it():
     embeddings = {
         s: (torch.randn(80, 8, generator=generator), torch.randn(40, 8, generator=generator)) for s in ("valid", "test")
     }
-    cfg = EvalConfig(
-        graph_filter=GraphFilterConfig(rank=40, low_rank=5, alphas=[0.0, 0.3], sharpen=[0.0, 2.5]),
-        fusion=FusionConfig(betas=[0.0, 0.5, 2.0]),
-    )
     two_tower = TwoTowerRanker(embeddings, "train")
     gf = GraphFilterRanker(
-        alphas=cfg.graph_filter.alphas,
-        sharpens=cfg.graph_filter.sharpen,
+        alphas=[0.0, 0.3],
+        sharpens=[0.0, 2.5],
         rank=40,
         low_rank=5,
         iterations=4,
         oversample=10,
     )
-    fused = FusionRanker(two_tower, gf, cfg.fusion.betas)
+    fused = FusionRanker(two_tower, gf, [0.0, 0.5, 2.0])
     test_graph = train.union(valid_rel)
     valid = EvalSplit("valid", np.arange(80), train, train, valid_rel, ("train",))
     test = EvalSplit("test", np.arange(80), test_graph, test_graph, test_rel, ("train", "valid"))
@@ -185,26 +180,36 @@ def test_the_stage_chooses_on_valid_ranks_test_at_that_point_and_states_it():
     assert given["rankers"][fused.name]["tuned_on"] == "given"
 
 
-def test_graph_filter_config_refusals():
+def test_ranker_settings_refusals_name_each_key():
+    """Each ranker's package checks its settings (eval.settings.<name>): every bad key named at once."""
     base = tiny_config()
-    check_values(base)
-    bad = replace(
-        base,
-        eval=EvalConfig(
-            graph_filter=GraphFilterConfig(sharpen=[-2.5], rank=0, iterations=0),
-            fusion=FusionConfig(betas=[0.5, -1.0]),
-            rankers=["two_tower", "popularity"],
-            serve="popularity",
-        ),
+    check_rankers(base)
+    bad = tiny_config(
+        [
+            "eval.settings.graph_filter.sharpen=[-2.5]",
+            "eval.settings.graph_filter.rank=0",
+            "eval.settings.graph_filter.iterations=0",
+            "eval.settings.fusion.betas=[0.5,-1.0]",
+            "eval.rankers=[two_tower,popularity,two_tower+graph_filter]",
+            "eval.serve=popularity",
+        ]
     )
     with pytest.raises(ValueError) as e:
-        check_values(bad)
-    assert "eval.fusion.betas=[0.5, -1.0]" in str(e.value) and "eval.graph_filter.rank=0" in str(e.value)
-    assert "eval.graph_filter.sharpen=[-2.5]: must be a non-empty list of values >= 0" in str(e.value)
-    assert "eval.graph_filter.iterations=0" in str(e.value)
-    assert "eval.serve='popularity': must be one of eval.rankers" in str(e.value)
+        check_rankers(bad)
+    said = str(e.value)
+    assert "eval.settings.fusion.betas=[0.5, -1.0]" in said and "eval.settings.graph_filter.rank=0" in said
+    assert "eval.settings.graph_filter.sharpen=[-2.5]: must be a non-empty list of values >= 0" in said
+    assert "eval.settings.graph_filter.iterations=0" in said
+    assert "eval.serve='popularity': must be one of eval.rankers' servable ones" in said
     with pytest.raises(ValueError, match="eval.rankers=.*must list two_tower"):
-        check_values(replace(base, eval=EvalConfig(rankers=["popularity"])))
+        check_rankers(tiny_config(["eval.rankers=[popularity]"]))
+    # a typo in a ranker's settings, or a value of the wrong type: named with its place
+    with pytest.raises(ValueError, match=r"eval.settings.graph_filter: Key 'rnak' not in 'GraphFilterSettings'"):
+        check_rankers(tiny_config(["+eval.settings.graph_filter.rnak=3"]))
+    with pytest.raises(
+        ValueError, match=r"eval.settings.graph_filter: Value 'many' of type 'str' could not be converted"
+    ):
+        check_rankers(tiny_config(["eval.settings.graph_filter.rank=many"]))
 
 
 def test_the_fit_memory_estimate_brackets_the_measured_peaks():

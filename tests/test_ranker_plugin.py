@@ -48,7 +48,7 @@ class RecentPopularity(Ranker):
 
 @pytest.fixture
 def toy_ranker():
-    register_ranker(TOY, lambda context: RecentPopularity())
+    register_ranker(TOY, lambda context, settings: RecentPopularity())
     yield TOY
     RANKERS.pop(TOY)
 

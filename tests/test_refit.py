@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.config import FUSED_RANKER as FUSED_MODEL
 from recsys.config import check_values
 from recsys.data.neighbors import with_item_neighbors
 from recsys.distributed.rank_data import load_rank_data
 from recsys.evaluate import EvaluateConfig, evaluate_run
+from recsys.rankers.registry import DEFAULT_FUSION as FUSED_MODEL
 from recsys.run import REFIT_DIR, open_dataset
 from tests.helpers.config import tiny_config
 from tests.test_no_categories import fit_given_split
@@ -24,7 +24,7 @@ from tests.test_no_categories import fit_given_split
 def refit_run(tmp_path_factory, process_group):
     return fit_given_split(
         tmp_path_factory.mktemp("refit"),
-        ["trainer.refit=true", "data.item_neighbors=4", "eval.graph_filter.alphas=[0.1,0.2]"],
+        ["trainer.refit=true", "data.item_neighbors=4", "eval.settings.graph_filter.alphas=[0.1,0.2]"],
     )
 
 

@@ -9,8 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from recsys.config import FUSED_RANKER as FUSED_MODEL
-from recsys.config import EvalConfig, GraphFilterConfig
+from recsys.config import EvalConfig
 from recsys.evaluation.ease_plan import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
 from recsys.evaluation.ials import fit_ials, ials_topk
 from recsys.evaluation.interactions import UserItemCSR
@@ -24,6 +23,7 @@ from recsys.evaluation.report import (
     format_markdown,
 )
 from recsys.evaluation.retrieval import exact_topk, popularity_topk
+from recsys.rankers.registry import DEFAULT_FUSION as FUSED_MODEL
 
 NUM_USERS, NUM_ITEMS, DIM, KS = 120, 80, 8, [5, 10, 20]
 
@@ -88,7 +88,7 @@ OPTIONS = ReportOptions(
     ease_lambdas=(1.0, 30.0), ann_kinds=("flat", "hnsw"), num_seed_items=3, num_similar_items=4,
     ials_regularizations=(0.1, 10.0), ials_alphas=(3.0, 30.0), ials_factors=8, ials_iterations=5,
     # two low-pass weights (the default is one): the graph filter alone has a grid for valid to choose from
-    ranker_config=EvalConfig(graph_filter=GraphFilterConfig(alphas=[0.1, 0.2])),
+    ranker_config=EvalConfig(settings={"graph_filter": {"alphas": [0.1, 0.2]}}),
 )  # fmt: skip
 
 

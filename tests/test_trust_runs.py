@@ -310,8 +310,8 @@ def test_a_graph_filter_too_big_for_the_host_is_refused_before_training(
     with pytest.raises(ConfigError) as e:
         fit(cfg, tmp_path / "run")
     said = str(e.value)
-    assert said.startswith("eval.graph_filter.rank=2048: the graph filter's fit after training over ")
-    assert "more than the 0.0 GiB available: lower eval.graph_filter.rank" in said
+    assert said.startswith("eval.settings.graph_filter.rank=2048: the graph filter's fit after training over ")
+    assert "more than the 0.0 GiB available: lower eval.settings.graph_filter.rank" in said
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first step
     # without the graph filter the same host trains
     cfg = tiny_config([f"data.root={data_root}", *SHORT, "eval.rankers=[two_tower,popularity]"])

@@ -14,8 +14,8 @@ checks beside its dataclass::
     training.py      optim.*, sharding.*, trainer.*   check_optim, check_trainer
     evaluation.py    eval.*                           check_eval
     run.py           Config (+ data.*: data_pipelines/config.py), what the sections imply together
-                     (the query's features, the rankers), check_data, check_values (every section's
-                     checks), reading a run's saved config
+                     (the query's features), check_data, check_values (every section's
+                     checks)
     need.py          the collector the checks report to
     entry_points.py  recsys.evaluate / recsys.export / plan schemas, register_configs
 
@@ -43,12 +43,8 @@ from recsys.config.entry_points import (
     register_configs,
 )
 from recsys.config.evaluation import (
-    FUSED_RANKER,
-    SERVABLE_RANKERS,
     VALID_METRICS,
     EvalConfig,
-    FusionConfig,
-    GraphFilterConfig,
 )
 from recsys.config.model import (
     FEATURE_SOURCES,
@@ -66,18 +62,13 @@ from recsys.config.model import (
 )
 from recsys.config.run import (
     PROTOCOL_QUERY,
-    RETIRED_KEYS,
     Config,
     check_values,
     describe_query,
-    drop_retired_keys,
     query_layout,
     query_uses_neighbors,
     query_uses_user_id,
-    read_config_file,
     resolve_protocol,
-    resolved_rankers,
-    served_ranker,
     to_config,
     uses_sequence_encoder,
 )
@@ -98,13 +89,10 @@ from recsys.config.training import (
 
 __all__ = [
     "FEATURE_SOURCES",
-    "FUSED_RANKER",
     "PIPELINES",
     "POOLINGS",
     "PRECISIONS",
     "PROTOCOL_QUERY",
-    "RETIRED_KEYS",
-    "SERVABLE_RANKERS",
     "TOWERS",
     "VALID_METRICS",
     "Backend",
@@ -120,8 +108,6 @@ __all__ = [
     "EvictionPolicy",
     "ExportConfig",
     "FeatureConfig",
-    "FusionConfig",
-    "GraphFilterConfig",
     "IdMapping",
     "InteractionsDataConfig",
     "ManagedConfig",
@@ -145,16 +131,12 @@ __all__ = [
     "TrainerConfig",
     "check_values",
     "describe_query",
-    "drop_retired_keys",
     "query_layout",
     "query_uses_neighbors",
     "query_uses_user_id",
-    "read_config_file",
     "reject_unknown_keys",
     "register_configs",
     "resolve_protocol",
-    "resolved_rankers",
-    "served_ranker",
     "to_config",
     "to_typed",
     "uses_sequence_encoder",

@@ -31,7 +31,7 @@ class EvaluateConfig:
     # λ timed on a probe factorisation and scaled by I³); 0 = no limit
     ease_max_minutes: float = 60.0
     ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
-    # GF-CF's graph filter alone and fused with the two-tower (the run's eval.graph_filter grids, tuned on valid)
+    # GF-CF's graph filter alone and fused with the two-tower (the run's eval.settings.graph_filter grids, tuned on valid)
     graph_filter: bool = True
     ann_kinds: list[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
     max_users: int = (

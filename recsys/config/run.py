@@ -7,12 +7,12 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data_pipelines.config import DataConfig, Protocol, QueryHistory, to_typed
 from data_pipelines.errors import ConfigError
-from recsys.config.evaluation import FUSED_RANKER, SERVABLE_RANKERS, EvalConfig, check_eval
-from recsys.config.model import IdMapping, ModelConfig, QueryEncoderKind, check_model
+from recsys.config.evaluation import EvalConfig, check_eval
+from recsys.config.model import ModelConfig, QueryEncoderKind, check_model
 from recsys.config.need import Need
 from recsys.config.training import OptimConfig, ShardingConfig, TrainerConfig, check_optim, check_trainer
 
@@ -63,26 +63,6 @@ def query_layout(cfg: Config) -> dict[str, bool]:
     }
 
 
-def resolved_rankers(cfg: Config) -> list[str]:
-    """``eval.rankers``, or when null: the two-tower and popularity, and the two-tower fused with the graph
-    filter where the data is a profile-bag graph (data.item_neighbors > 0: the random-split protocols) and the ids
-    are the vocabulary's, outside data.slices; the run logs what this gave (recsys.run)."""
-    if cfg.eval.rankers is not None:
-        return list(cfg.eval.rankers)
-    # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md
-    fused = cfg.data.item_neighbors > 0 and cfg.model.id_mapping == IdMapping.vocab and not cfg.data.slices
-    return ["two_tower", "popularity"] + ([FUSED_RANKER] if fused else [])
-
-
-def served_ranker(cfg: Config) -> str:
-    """The ranker results.json's headline and recsys.export's bundle are: ``eval.serve``, else the last servable
-    one of the resolved rankers (servable: two_tower, graph_filter and their fusions)."""
-    if cfg.eval.serve:
-        return cfg.eval.serve
-    servable = [n for n in resolved_rankers(cfg) if all(p in SERVABLE_RANKERS for p in n.split("+"))]
-    return servable[-1] if servable else "two_tower"
-
-
 def check_values(cfg: Config) -> None:
     """Refuse values no run can use, naming the key, before any work (types are Hydra's job); each section's
     rules sit beside its dataclass."""
@@ -97,7 +77,7 @@ def check_values(cfg: Config) -> None:
     check_optim(cfg.optim, need)
     check_model(cfg.model, cfg.data, need)
     check_data(cfg, need)
-    check_eval(cfg.eval, resolved_rankers(cfg), served_ranker(cfg), need)
+    check_eval(cfg.eval, need)
     if problems:
         raise ConfigError("bad config values: " + "; ".join(problems))
 
@@ -145,29 +125,6 @@ def check_data(cfg: Config, need: Need) -> None:
         cfg.trainer.refit,
         "data.slices trains each slice for trainer.epochs: no refit",
     )
-
-
-# eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
-RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
-
-
-def drop_retired_keys(saved_cfg) -> None:
-    """Remove keys an older run's config holds that this code no longer has (none changes what was trained)."""
-    for section, keys in RETIRED_KEYS.items():
-        node = OmegaConf.select(saved_cfg, section)
-        if node is not None:
-            for key in keys:
-                node.pop(key, None)
-
-
-def read_config_file(path) -> Config:
-    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
-    saved_cfg = OmegaConf.load(path)
-    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
-        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
-        saved_cfg.model.query_neighbors = False
-    drop_retired_keys(saved_cfg)
-    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
 
 
 # What each split protocol implies for the query's features when the data config leaves them null: the one

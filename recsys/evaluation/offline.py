@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from recsys.config import FUSED_RANKER, Config, EvaluateConfig, resolved_rankers
+from recsys.config import Config, EvaluateConfig
 from recsys.data.dataset import RetrievalData
 from recsys.data.feature_builder import run_feature_builder
 from recsys.distributed.collectives import all_gather_rows
@@ -24,6 +24,7 @@ from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.untrained import unranked_items
+from recsys.rankers.registry import DEFAULT_FUSION, resolved_rankers
 
 log = logging.getLogger("recsys.evaluate")
 
@@ -84,7 +85,7 @@ def report_stage_rankers(cfg: Config) -> tuple[str, ...]:
     """The report's rows ranked by the evaluation stage: the graph filter alone and fused with the two-tower, and
     every other ranker the run's ``eval.rankers`` lists (a registered one included), so the run's rows reappear."""
     listed = [name for name in resolved_rankers(cfg) if name not in REPORT_OWN_RANKERS]
-    return tuple(dict.fromkeys(["graph_filter", FUSED_RANKER, *listed]))
+    return tuple(dict.fromkeys(["graph_filter", DEFAULT_FUSION, *listed]))
 
 
 def evaluate_trained(

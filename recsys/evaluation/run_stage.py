@@ -20,14 +20,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from recsys.config import Config, IdMapping, resolved_rankers, served_ranker
+from recsys.config import Config, IdMapping
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.evaluation.untrained import count_untrained, find_untrained, say_untrained
 from recsys.rankers.base import EvalSplit, Point
-from recsys.rankers.registry import RankerContext, build_rankers
+from recsys.rankers.registry import RankerContext, build_rankers, resolved_rankers, served_ranker
 from recsys.rankers.served_dir import save_served
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
 from recsys.evaluation.retrieval import exact_topk, popularity_topk
 
+TRAINED_ROW = "two_tower"  # the trained model's row: the name its ranker has in eval.rankers and results.json
 Ranked = tuple[torch.Tensor, torch.Tensor]  # (scores [U, k], item ids [U, k])
 Metrics = dict[str, float]
 Scorer = Callable[..., Metrics]  # (topk ids [U, k] numpy, relevant CSR, ks, num_items=...) -> metrics
@@ -34,7 +35,7 @@ def rank_and_score(
     ks: Sequence[int],
     chunk_size: int,
     item_counts: torch.Tensor | None = None,
-    model: str = "two_tower",
+    model: str = TRAINED_ROW,
     others: Mapping[str, Callable[[], Ranked]] = {},
     score: Scorer = compute_metrics,
     unranked: torch.Tensor | None = None,

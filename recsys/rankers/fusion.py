@@ -19,13 +19,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
+from recsys.config.need import Need
 from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker, blockwise_topk
 from recsys.rankers.parts import either
 from recsys.rankers.served import Served
 from recsys.rankers.spread import SPREAD_FLOOR, fuse_queries, item_covariance
+
+
+@dataclass
+class FusionSettings:
+    """Every fusion ranker ``first+second`` (``eval.settings.fusion``: conf/eval/rankers/fusion.yaml)."""
+
+    # weights of the second part, chosen on valid (0: the first alone)
+    betas: list[float] = field(default_factory=lambda: [0.0, 0.05, 0.1, 0.2])
+
+
+def check_settings(s: FusionSettings, need: Need, key: str) -> None:
+    ok = len(s.betas) > 0 and all(b >= 0 for b in s.betas)
+    need(ok, f"{key}.betas", list(s.betas), "must be a non-empty list of values >= 0")
 
 
 def spread_normalised_rows(scores: torch.Tensor) -> torch.Tensor:

@@ -1,26 +1,45 @@
-"""The rankers by name, built from the run's config and what it computed before the evaluation stage.
+"""The rankers by name: each one's package (how it is built, its settings, their rules, its resource check), the run's
+default list and served ranker, and the checks every entry point makes of them before any work.
 
     rankers, parts = build_rankers(["two_tower", "popularity", "two_tower+graph_filter"], context)
 
-A name ``a+b`` is the fusion of the rankers ``a`` and ``b`` (``fusion``); any other name is looked up in
-``RANKERS``. A new ranker is one module plus one entry here (``register_ranker``, also from a test or a plugin).
+A name ``a+b`` is the fusion of the rankers ``a`` and ``b`` (recsys/rankers/fusion.py, with ``eval.settings.fusion``);
+any other name is looked up in ``RANKERS``. A ranker's settings live at ``eval.settings.<name>`` (a Hydra group
+``conf/eval/rankers/<name>.yaml``), typed by its package's dataclass. A new ranker is one package plus one
+``register_ranker`` (also from a test or a plug-in module: ``eval.plugins``); a servable one registers its part too
+(recsys/rankers/parts.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from recsys.config import EvalConfig
+from data_pipelines.errors import ConfigError
+from recsys.config import Config, EvalConfig, IdMapping
+from recsys.config.need import Need
+from recsys.evaluation.scoring import TRAINED_ROW
+from recsys.rankers import fusion
 from recsys.rankers.base import Ranker
 from recsys.rankers.fusion import FusionRanker
+from recsys.rankers.graph_filter import settings as graph_filter_settings
 from recsys.rankers.graph_filter.ranker import GraphFilterRanker
 from recsys.rankers.graph_filter.spectral import Reduce
+from recsys.rankers.parts import servable
 from recsys.rankers.popularity.ranker import PopularityRanker
+from recsys.rankers.resources import Resources
 from recsys.rankers.two_tower.ranker import TwoTowerRanker
+
+SETTINGS = "eval.settings"  # where each ranker's settings live: eval.settings.<name>
+FUSION = "fusion"  # the settings of every fusion a+b
+TRAINED = TRAINED_ROW  # the ranker of the trained weights: every run lists it
+DEFAULT_FUSION = f"{TRAINED}+graph_filter"  # what the default list adds where the data is a profile-bag graph
 
 
 @dataclass
@@ -38,29 +57,138 @@ class RankerContext:
     unranked_items: torch.Tensor | None = None
 
 
-RankerFactory = Callable[[RankerContext], Ranker]
+@dataclass(frozen=True)
+class RankerSpec:
+    """One ranker's package: ``build(context, settings)``; ``settings``: the dataclass of ``eval.settings.<name>``
+    (None: it has none); ``check(settings, need, key)``: their rules; ``resources(settings, resources, key)``: the
+    refusal of a fit the host cannot hold ("" when it can), asked before any work."""
 
-RANKERS: dict[str, RankerFactory] = {
-    "two_tower": lambda c: TwoTowerRanker(c.embeddings, c.trained_on, c.unranked_items),
-    "popularity": lambda c: PopularityRanker(c.train_counts),
-    "graph_filter": lambda c: GraphFilterRanker(
-        alphas=c.eval.graph_filter.alphas,
-        sharpens=c.eval.graph_filter.sharpen,
-        rank=c.eval.graph_filter.rank,
-        low_rank=c.eval.graph_filter.low_rank,
-        iterations=c.eval.graph_filter.iterations,
-        oversample=c.eval.graph_filter.oversample,
-        seed=c.seed,
-        reduce=c.reduce,
+    build: Callable[[RankerContext, Any], Ranker]
+    settings: type | None = None
+    check: Callable[[Any, Need, str], None] | None = None
+    resources: Callable[[Any, Resources, str], str] | None = None
+
+
+def _graph_filter(c: RankerContext, s: graph_filter_settings.GraphFilterSettings) -> Ranker:
+    return GraphFilterRanker(
+        alphas=s.alphas, sharpens=s.sharpen, rank=s.rank, low_rank=s.low_rank, iterations=s.iterations,
+        oversample=s.oversample, seed=c.seed, reduce=c.reduce,
+    )  # fmt: skip
+
+
+RANKERS: dict[str, RankerSpec] = {
+    TRAINED: RankerSpec(lambda c, s: TwoTowerRanker(c.embeddings, c.trained_on, c.unranked_items)),
+    "popularity": RankerSpec(lambda c, s: PopularityRanker(c.train_counts)),
+    "graph_filter": RankerSpec(
+        _graph_filter,
+        graph_filter_settings.GraphFilterSettings,
+        graph_filter_settings.check_settings,
+        graph_filter_settings.check_resources,
     ),
+}
+COMBINATORS: dict[str, RankerSpec] = {
+    FUSION: RankerSpec(lambda c, s: s, fusion.FusionSettings, fusion.check_settings),
 }
 
 
-def register_ranker(name: str, factory: RankerFactory) -> None:
-    """Make ``name`` usable in eval.rankers (and as a part of fusions)."""
+def register_ranker(
+    name: str,
+    build: Callable[[RankerContext, Any], Ranker],
+    *,
+    settings: type | None = None,
+    check: Callable[[Any, Need, str], None] | None = None,
+    resources: Callable[[Any, Resources, str], str] | None = None,
+) -> None:
+    """Make ``name`` usable in eval.rankers (and as a part of fusions); ``build(context, settings)``."""
     if "+" in name:
         raise ValueError(f"ranker name {name!r}: '+' joins the parts of a fusion")
-    RANKERS[name] = factory
+    RANKERS[name] = RankerSpec(build, settings, check, resources)
+
+
+def settings_of(name: str, given: Mapping[str, Any], specs: Mapping[str, RankerSpec] = RANKERS) -> Any:
+    """``name``'s settings: its dataclass's defaults with ``given[name]`` (eval.settings) over them, typed; a
+    ConfigError naming ``eval.settings.<name>`` and the key when one is unknown or of the wrong type."""
+    spec = specs[name]
+    if spec.settings is None:
+        return None
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(spec.settings), given.get(name) or {})
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{SETTINGS}.{name}: {e.msg.splitlines()[0]}") from None
+
+
+def resolved_rankers(cfg: Config) -> list[str]:
+    """``eval.rankers``, or when null: the two-tower and popularity, and the two-tower fused with the graph
+    filter where the data is a profile-bag graph (data.item_neighbors > 0: the random-split protocols) and the ids
+    are the vocabulary's, outside data.slices; the run logs what this gave (recsys.run)."""
+    if cfg.eval.rankers is not None:
+        return list(cfg.eval.rankers)
+    # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md
+    fused = cfg.data.item_neighbors > 0 and cfg.model.id_mapping == IdMapping.vocab and not cfg.data.slices
+    return [TRAINED, "popularity"] + ([DEFAULT_FUSION] if fused else [])
+
+
+def is_servable(name: str) -> bool:
+    """Whether the bundle can serve ``name``: every part of it has a registered servable part."""
+    return all(servable(part) for part in name.split("+"))
+
+
+def served_ranker(cfg: Config) -> str:
+    """The ranker results.json's headline and recsys.export's bundle are: ``eval.serve``, else the last servable
+    one of the resolved rankers."""
+    if cfg.eval.serve:
+        return cfg.eval.serve
+    names = [n for n in resolved_rankers(cfg) if n.split("+")[0] in RANKERS and is_servable(n)]
+    return names[-1] if names else TRAINED
+
+
+def check_rankers(cfg: Config) -> None:
+    """The rankers before any work: known names, their settings' types and rules (each ranker's package), the served
+    one among them and servable; one ConfigError naming every key that is wrong."""
+    names, serve = resolved_rankers(cfg), served_ranker(cfg)
+    check_ranker_names(names)
+    problems: list[str] = []
+
+    def need(ok: bool, key: str, value: Any, rule: str) -> None:
+        if not ok:
+            problems.append(f"{key}={value!r}: {rule}")
+
+    need(TRAINED in names, "eval.rankers", names, f"must list {TRAINED} (what was trained)")
+    servable_names = [n for n in names if is_servable(n)]
+    need(
+        serve in servable_names,
+        "eval.serve",
+        serve,
+        f"must be one of eval.rankers' servable ones ({', '.join(servable_names)})",
+    )
+    for name, spec in _used_specs(names).items():
+        try:
+            settings = settings_of(name, cfg.eval.settings, {name: spec})
+        except ConfigError as e:
+            problems.append(str(e))
+            continue
+        if spec.check is not None:
+            spec.check(settings, need, f"{SETTINGS}.{name}")
+    if problems:
+        raise ConfigError("bad config values: " + "; ".join(problems))
+
+
+def check_resources(cfg: Config, resources: Resources) -> None:
+    """Refuse (ConfigError) a ranker whose fit the host cannot hold: each used ranker's resource check."""
+    for name, spec in _used_specs(resolved_rankers(cfg)).items():
+        if spec.resources is not None:
+            why = spec.resources(settings_of(name, cfg.eval.settings, {name: spec}), resources, f"{SETTINGS}.{name}")
+            if why:
+                raise ConfigError(why)
+
+
+def _used_specs(names: Sequence[str]) -> dict[str, RankerSpec]:
+    """The specs of the rankers ``names`` are built from, fusions' settings included."""
+    used = {part: RANKERS[part] for name in names for part in name.split("+") if part in RANKERS}
+    if any("+" in name for name in names):
+        used[FUSION] = COMBINATORS[FUSION]
+    return used
 
 
 def check_ranker_names(names: Sequence[str]) -> None:
@@ -79,14 +207,16 @@ def build_rankers(names: Sequence[str], context: RankerContext) -> tuple[list[Ra
     """(the rankers ``names`` lists, in order; the parts its fusions need that it does not list)."""
     check_ranker_names(names)
     built: dict[str, Ranker] = {}
+    given = context.eval.settings
 
     def get(name: str) -> Ranker:
         if name not in built:
             if "+" in name:
                 first, second = name.split("+")
-                built[name] = FusionRanker(get(first), get(second), context.eval.fusion.betas)
+                betas = settings_of(FUSION, given, COMBINATORS).betas
+                built[name] = FusionRanker(get(first), get(second), betas)
             else:
-                built[name] = RANKERS[name](context)
+                built[name] = RANKERS[name].build(context, settings_of(name, given))
         return built[name]
 
     listed = [get(name) for name in names]

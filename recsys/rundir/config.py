@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recsys.config import Config, read_config_file
+from recsys.config import Config
 from recsys.fingerprint import config_fingerprint
 from recsys.refusals import MissingPath, RunRefused
 from recsys.rundir.checkpoint import CONFIG_FILE, STATE_FILE, read_trainer_state
+from recsys.rundir.saved_config import read_config_file
 
 
 def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:

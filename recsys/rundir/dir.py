@@ -28,11 +28,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from recsys.config import Config, read_config_file
+from recsys.config import Config
 from recsys.fingerprint import config_fingerprint
 from recsys.refusals import ANOTHER_RUN_DIR, RunRefused
 from recsys.rundir.checkpoint import CONFIG_FILE, TrainerState, latest_checkpoint, read_trainer_state
 from recsys.rundir.outputs import drop_records_after
+from recsys.rundir.saved_config import read_config_file
 
 log = logging.getLogger(__name__)
 

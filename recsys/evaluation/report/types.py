@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from recsys.config import FUSED_RANKER, EvalConfig
+from recsys.config import EvalConfig
 from recsys.evaluation.ann import ANN_KINDS, AnnParams
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES
 from recsys.evaluation.ease import DEFAULT_LAMBDAS, MAX_EASE_ITEMS
@@ -138,7 +138,7 @@ class ReportOptions:
     ials_factors: int = DEFAULT_FACTORS
     ials_iterations: int = DEFAULT_ITERATIONS
     graph_filter: bool = True
-    stage_rankers: Sequence[str] = ("graph_filter", FUSED_RANKER)
+    stage_rankers: Sequence[str] = ("graph_filter", "two_tower+graph_filter")
     ranker_config: EvalConfig = field(default_factory=EvalConfig)
     ann_kinds: Sequence[str] = ANN_KINDS
     ann_params: AnnParams = field(default_factory=AnnParams)

@@ -44,16 +44,6 @@ def sharpening_coefficients(sharpen: float) -> list[float]:
     return [(-sharpen) ** n / math.factorial(n) for n in range(5)]
 
 
-def fit_peak_bytes(num_items: int, interactions: int, *, rank: int, low_rank: int, oversample: int) -> int:
-    """Estimated memory one fit holds at its peak, with its vectors: four [I, rank + oversample] float32 blocks
-    of the eigensolver, the query table and item vectors [I, rank + low_rank] each, and the normalised graph
-    and its transpose (CSR, int64 indices: 24 bytes an interaction each). Against scripts/bench_graph_filter.py's
-    peak RSS growth (10^4-10^6 items, rank 256-2048): from 5% under to 40% over."""
-    rank = min(rank, num_items)
-    width = min(num_items, rank + oversample)
-    return 4 * num_items * (4 * width + 2 * (rank + min(low_rank, rank))) + 48 * interactions
-
-
 @dataclass
 class GraphFilterVectors:
     """The filter of one spectrum in dot-product form, every part kept apart so a grid reuses them."""

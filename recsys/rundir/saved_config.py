@@ -1,0 +1,47 @@
+"""A run's saved config (.hydra/config.yaml, a checkpoint's config.yaml) as this code reads it: what earlier runs
+wrote is brought to today's schema first (keys retired, sections moved), none of which changes what was trained."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from recsys.config import Config, to_config
+
+# eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
+RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
+
+
+def drop_retired_keys(saved_cfg) -> None:
+    """Remove keys an older run's config holds that this code no longer has (none changes what was trained)."""
+    for section, keys in RETIRED_KEYS.items():
+        node = OmegaConf.select(saved_cfg, section)
+        if node is not None:
+            for key in keys:
+                node.pop(key, None)
+
+
+# eval sections of runs from before each ranker kept its settings under eval.settings.<name>
+MOVED_TO_SETTINGS = ("graph_filter", "fusion")
+
+
+def move_ranker_settings(saved_cfg) -> None:
+    """An older run's eval.graph_filter / eval.fusion moved to where rankers keep their settings (eval.settings)."""
+    node = OmegaConf.select(saved_cfg, "eval")
+    if node is None:
+        return
+    for name in MOVED_TO_SETTINGS:
+        if name in node:
+            if "settings" not in node:
+                node.settings = {}
+            node.settings[name] = node.pop(name)
+
+
+def read_config_file(path) -> Config:
+    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
+    saved_cfg = OmegaConf.load(path)
+    if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
+        # written before model.query_neighbors existed: those models' queries did not read the neighbour table
+        saved_cfg.model.query_neighbors = False
+    drop_retired_keys(saved_cfg)
+    move_ranker_settings(saved_cfg)
+    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))

@@ -1,0 +1,70 @@
+"""A servable ranker added in tests/ only (tests/plugins/toy_ranker: one package, and one YAML for its settings) is
+trained beside the two-tower, chosen as the served ranker, exported, loaded through the bundle's registry and serves
+exactly the run's ranking; nothing in recsys/ names it."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_pipelines.prepare import prepare_dataset
+from recsys.data.eval_batches import latest_items
+from recsys.data.feature_builder import run_feature_builder
+from recsys.evaluation.sharded import Evaluator
+from recsys.export import ExportConfig, export_run
+from recsys.rankers.registry import RANKERS
+from recsys.rankers.served_dir import served_ranking
+from recsys.run import fit, open_dataset
+from recsys.serving import load_bundle
+from tests.helpers.config import tiny_config
+
+PLUGIN_CONF = Path(__file__).resolve().parent / "plugins" / "conf"
+
+
+@pytest.fixture
+def toy_plugin():
+    """The plug-in imported (it registers its ranker and its part), and unregistered afterwards."""
+    import recsys.rankers.parts as parts
+
+    module = importlib.import_module("tests.plugins.toy_ranker")
+    yield module.NAME
+    RANKERS.pop(module.NAME), parts._PART_TYPES.pop(module.NAME)
+    sys.modules.pop("tests.plugins.toy_ranker")
+
+
+def test_a_plugin_ranker_is_trained_exported_and_served_as_the_run_ranked_it(
+    toy_plugin, tmp_path, data_root, process_group
+):
+    overrides = [
+        f"data.root={data_root}",
+        "trainer.epochs=1",
+        f"hydra.searchpath=[file://{PLUGIN_CONF}]",
+        "+eval/rankers@eval.settings.toy=toy",  # tests/plugins/conf/eval/rankers/toy.yaml
+        "eval.rankers=[two_tower,popularity,toy]",
+        "eval.serve=toy",
+    ]
+    cfg = tiny_config(overrides)
+    assert cfg.eval.settings["toy"] == {"dim": 16, "seed": 3}
+    run_dir = tmp_path / "run"
+    results = fit(cfg, run_dir)
+    assert results["headline"]["ranker"] == "toy" and results["rankers"]["toy"]["settings"] == {"dim": 16, "seed": 3}
+    assert results["test"]["toy"]["recall@20"] > 0
+
+    bundle_dir = export_run(ExportConfig(run_dir=str(run_dir)))
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    assert [p["ranker"] for p in manifest["served"]["parts"]] == ["toy"]
+    bundle = load_bundle(bundle_dir)
+    users, run_topk = served_ranking(run_dir)
+    data = open_dataset(cfg, prepare_dataset(cfg.data))
+    evaluator = Evaluator(data, run_feature_builder(cfg, data), ks=[20], batch_size=64, chunk_size=64)
+    test_users, _, _, timeline = evaluator.protocol("test")
+    assert np.array_equal(test_users, users)
+    lengths, items = latest_items(timeline, users, data.num_users, len(timeline))  # every train + valid item
+    ids, _ = bundle.recommend_batch(np.split(items, np.cumsum(lengths)[:-1]), 20)
+    assert np.array_equal(ids, run_topk[:, :20])
+    assert toy_plugin in RANKERS
