@@ -1,8 +1,8 @@
 """The process's CPU memory allocation, set for big tensors that are allocated and freed over and over.
 
 A CPU run allocates, fills and frees the same big tensors many times a second: each training step's
-batch and softmax tensors, each evaluation block's [4096, I] float32 scores (671 MB on Gowalla's 41k
-items), the graph filter's sparse products. With glibc's defaults every allocation over its mmap
+batch and softmax tensors, each evaluation block's [4096, I] float32 scores (hundreds of MB at tens of
+thousands of items), the graph filter's sparse products. With glibc's defaults every allocation over its mmap
 threshold is mapped fresh from the kernel and unmapped when freed, and freed heap above the trim
 threshold goes back too, so each reuse pays one page fault per 4 KB page, which can cost more than the
 matmul that fills the block. Two switches, both process-wide:
@@ -13,7 +13,7 @@ matmul that fills the block. Two switches, both process-wide:
 - glibc's ``mallopt``: the mmap threshold fixed at 32 MB (glibc's cap) and the trim threshold at 1 GB,
   so blocks under 32 MB are reused from the heap instead of going back to the kernel after each step.
 
-What they buy on Gowalla, the same rankings faster: docs/performance.md, "The CPU allocator"
+What they buy, the same rankings faster: docs/performance.md, "The CPU allocator"
 (``python scripts/bench_cpu_memory.py`` measures it). A variable the user set
 (``THP_MEM_ALLOC_ENABLE``, ``GLIBC_TUNABLES`` or ``MALLOC_*``) wins over either switch. Only the
 entry points call this (``recsys.train``, ``recsys.evaluate``, ``recsys.export``), and only when run as

@@ -106,7 +106,7 @@ class ModelConfig:
     temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
     logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
     # the correction subtracts this times log q(i): 1 = the unbiased estimate; w shifts the learned
-    # scores by (w - 1) log q(i), so < 1 favours tail items and > 1 head items (Gowalla: 1 won both ways)
+    # scores by (w - 1) log q(i), so < 1 favours tail items and > 1 head items (the default's measure: docs/quality.md)
     logq_weight: float = 1.0
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
     loss: RetrievalLoss = (
@@ -122,7 +122,7 @@ class ModelConfig:
     query_user_id: bool | None = None
     # the query also pools its history bag through the neighbour table (the table of the candidates'
     # co-occurrence neighbours), so a history item meets a candidate's neighbours in one space: an
-    # item-kNN-like term at the cost of one more bag lookup per query (chosen on Gowalla: docs/quality.md).
+    # item-kNN-like term at the cost of one more bag lookup per query (the default's measure: docs/quality.md).
     # null = whenever that table exists (data.item_neighbors > 0) and the query pools a history bag
     query_neighbors: bool | None = None
     # how the query reads its history: bag (the mean-pooled item bag) | sasrec (the recent items in order through

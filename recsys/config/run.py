@@ -33,8 +33,8 @@ class Config:
 def query_uses_user_id(cfg: Config) -> bool:
     """Whether the query tower sees the user id: ``model.query_user_id``, or by the history choice when null.
 
-    With a profile bag the user-id table overfitted Gowalla within two epochs (valid recall fell from
-    epoch 1), while the bag alone kept improving for eight (docs/quality.md)."""
+    With a profile bag the user-id table overfits early (a row per user against a bag of the user's own items)
+    where the bag alone keeps improving (measured: docs/quality.md)."""
     if cfg.model.query_user_id is not None:
         return cfg.model.query_user_id
     return cfg.data.query_history != "profile" or cfg.data.history_length <= 0

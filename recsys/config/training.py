@@ -59,7 +59,7 @@ class SparseOptimConfig:
 @dataclass
 class DenseOptimConfig:
     name: DenseOptimizer = DenseOptimizer.adam  # tower optimizer
-    lr: float = 3e-4  # tower learning rate (chosen on Gowalla: docs/quality.md)
+    lr: float = 3e-4  # tower learning rate (the default's measure: docs/quality.md)
     weight_decay: float = 0.0  # 0 disables
 
 

@@ -10,8 +10,7 @@ model over ids alone never sees (docs/quality.md).
 Cost: the products ``X[:, chunk]^T X`` touch sum over users of (items per user)^2 pairs in all;
 items are processed in chunks whose product holds at most ``max_chunk_pairs`` entries, so memory
 stays bounded whatever the catalog size. Of a long row only the entries that can make its top k are sorted
-(``_score_floors``): Gowalla's 20 neighbours take ~6 s, not the ~25 s of sorting every pair
-(scripts/bench_item_neighbors.py).
+(``_score_floors``), a fraction of sorting every pair (scripts/bench_item_neighbors.py; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ def _score_floors(rows: np.ndarray, scores: np.ndarray, num_rows: int, k: int) -
     A row of more than ``SAMPLE_PER_K * k`` entries takes the k-th best of ``SAMPLE_PER_K * k`` of them, evenly
     spaced: never above the row's own k-th best (a subset's k-th best cannot beat the whole row's), so every
     entry of the top k, ties at its edge included, stays; the sort then sees ~1/SAMPLE_PER_K of a long row
-    (the whole sort was ~90% of the neighbours' time on Gowalla). Shorter rows keep every entry (-inf)."""
+    (the whole sort was most of the neighbours' time). Shorter rows keep every entry (-inf)."""
     floors = np.full(num_rows, -np.inf)
     lengths = np.bincount(rows, minlength=num_rows)
     sample = SAMPLE_PER_K * k

@@ -12,7 +12,7 @@ learns from); a user's history row is the items masked for the split (train for 
 valid for test), the same items the two-tower's query sees. λ is the value of a log-spaced grid
 with the best validation Recall@20 (``tune_ease``).
 
-Cost: G is [I, I] and the inverse O(I³) (27k items: ~2e13 flops, 2.9 GB per float32 matrix).
+Cost: G is [I, I] (4 I² bytes in float32) and the inverse O(I³) flops.
 Scoring costs nnz(history) x I per split.
 
 Memory: G is kept in float32 (co-occurrence counts are integers, exact below 2**24 users) and the
@@ -21,12 +21,8 @@ its inverse, then B, all in A's memory), so the λ sweep holds G + A, plus B's f
 scoring when A is float64, and never one B per λ (the report keeps the best B so far, one more
 float32 matrix, only when that fits too: it saves refitting it). ``plan_ease`` estimates that peak
 (``ease_peak_bytes``) before anything is allocated and picks float64 when it fits in the memory
-available, else float32, else skips. At Gowalla's 40,981 items one float32 matrix is 6.7 GB:
-float64 needs 28.9 GB, float32 15.4 GB (both with 4096-row scoring chunks), so a 24 GB machine
-runs float32. Measured (peak RSS growth over the data, report path with one λ, 30,000 users):
-0.95 GB against 0.91 GB estimated at 8,000 items in float32, 1.09 against 1.42 in float64, 2.88
-against 2.83 at 16,000 items in float32; the 10% headroom of ``USABLE_MEMORY_SHARE`` covers the
-difference. Time is O(I³) per λ. The memory and time plan: recsys/evaluation/ease_plan.py; the
+available, else float32, else skips; the estimate against measured peaks, and what a 24 GB host runs at
+tens of thousands of items: docs/evaluation.md. Time is O(I³) per λ. The memory and time plan: recsys/evaluation/ease_plan.py; the
 benchmark of both against a synthetic matrix: scripts/bench_ease.py.
 """
 

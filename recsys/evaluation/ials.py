@@ -46,8 +46,8 @@ DEFAULT_FACTORS = 64  # D: Rendle et al. 2021 gain little past 64-128 at these c
 DEFAULT_ITERATIONS = 15  # ALS sweeps; implicit's default, where validation recall has levelled off
 DEFAULT_REGULARIZATIONS = (0.1, 1.0, 10.0)  # λ, decade steps
 DEFAULT_ALPHAS = (3.0, 10.0, 30.0)  # α: weight of a seen item against 1 for an unseen one, half-decade steps
-# Below this many training pairs implicit runs on one thread: its OpenMP workers wait on each other
-# every half-sweep, and on a busy 2-core box a 240-user fit took 0.35 s on 2 threads, 0.02 s on 1.
+# Below this many training pairs implicit runs on one thread: its OpenMP workers wait on each other every
+# half-sweep, which on a small fit costs more than the work it shares.
 SINGLE_THREAD_PAIRS = 100_000
 
 

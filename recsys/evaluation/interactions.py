@@ -20,7 +20,7 @@ import numpy as np
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
     """``np.unique(values)`` of a 1-d array by a sort and a neighbour comparison: numpy 2.4's ``np.unique`` hashes
-    first and took 1.4 s on 800k int64 keys where this takes 0.03 s (the evaluation stage builds several CSRs)."""
+    first, far slower on int64 keys (measured: docs/performance.md); the evaluation stage builds several CSRs."""
     out = np.sort(values)
     if out.size > 1:
         out = out[np.concatenate(([True], out[1:] != out[:-1]))]

@@ -198,10 +198,9 @@ def _mask_excluded(scores: torch.Tensor, exclude: UserItemCSR, start: int, stop:
 def _topk_sorted(scores: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.topk(scores, n, dim=1, sorted=True)``, on CPU by FAISS's k-selection heaps.
 
-    ``torch.topk`` on CPU copies every row into (value, index) pairs and partially sorts them:
-    ~117 ms for 4096 x 27k scores on 2 cores, more than the matmul that made them (~105 ms).
-    FAISS's ``HeapArray.addn`` keeps one n-slot min-heap per row and compares each score with
-    its heap's top only (~77 ms, OpenMP over rows). Ties may come out in another order than
+    ``torch.topk`` on CPU copies every row into (value, index) pairs and partially sorts them, which can cost more
+    than the matmul that made the scores; FAISS's ``HeapArray.addn`` keeps one n-slot min-heap per row and compares
+    each score with its heap's top only (OpenMP over rows; measured: docs/performance.md). Ties may come out in another order than
     topk's; the caller's tie rule does not depend on it. Slots that no finite score filled come
     back as FAISS's sentinel (lowest float, id -1) and are returned as -inf, like topk's -inf picks.
     """

@@ -29,7 +29,7 @@ def accidental_hits(
     """(rows, columns) of every candidate whose item is its query's positive, the label itself excepted.
 
     Found by sorting the candidates' ids (or ``candidates_sorted``, ``sorted_candidates``' result), never as a
-    B_q x C comparison, which is ~35x slower on CPU at large batches (docs/performance.md, "What changed for
+    B_q x C comparison, far slower on CPU at large batches (docs/performance.md, "What changed for
     speed"). (On CUDA the pair count would need a host sync to size the result; the loss uses the dense mask there.)
     """
     sorted_ids, order = candidates_sorted if candidates_sorted is not None else sorted_candidates(candidate_item_ids)

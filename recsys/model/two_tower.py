@@ -97,8 +97,8 @@ def tower_inputs(
 
     Each KeyedTensor is split by rows first (its backward: one contiguous cat), then each tower takes a column
     view where its keys are adjacent in the lookup's order (the usual case: no copy). torchrec's
-    KeyedTensor.regroup built both towers' columns for every row with a strided cat on CPU: ~20 ms of a 115 ms
-    Gowalla step, forward and backward (docs/performance.md)."""
+    KeyedTensor.regroup builds both towers' columns for every row with a strided cat, a large share of a CPU step
+    (measured: docs/performance.md, "What changed for speed")."""
     rows = [kt.values().split([num_queries, kt.values().size(0) - num_queries]) for kt in pooled]
 
     def columns(side: int, keys: Sequence[str]) -> torch.Tensor:

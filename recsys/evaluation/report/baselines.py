@@ -75,8 +75,8 @@ def fit_ease(inputs: EvalInputs, options: ReportOptions, num_items: int) -> tupl
 
 
 def _ease_too_slow(num_items: int, plan: EasePlan, device: str, options: ReportOptions) -> str | None:
-    """Why the λ sweep would take longer than ``options.ease_max_minutes`` (None: it would not): at
-    Gowalla's 41k items one λ is about an hour on 2 CPU cores, and the default grid has seven."""
+    """Why the λ sweep would take longer than ``options.ease_max_minutes`` (None: it would not): each λ is an O(I³)
+    factorisation, hours for a few λ at tens of thousands of items on a small host (docs/evaluation.md)."""
     if not options.ease_max_minutes:
         return None
     per_lambda = options.ease_seconds_per_lambda

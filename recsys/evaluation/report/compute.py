@@ -27,7 +27,7 @@ from recsys.evaluation.report.types import MODEL_LABELS, EvalInputs, EvalReport,
 from recsys.evaluation.retrieval import exact_topk
 from recsys.evaluation.scoring import rank_and_score
 
-log = logging.getLogger("recsys.evaluation.report")  # one line per stage: the report takes ~40 s on the default run
+log = logging.getLogger("recsys.evaluation.report")  # one line per stage: the report's steps take seconds to minutes
 
 
 def _tensor(x: np.ndarray | torch.Tensor, device: str) -> torch.Tensor:

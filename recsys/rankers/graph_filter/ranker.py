@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 def sharpening_coefficients(sharpen: float) -> list[float]:
     """c_n with p(-T P~) = sum_n c_n P~^n: one RK4 step of dU/dt = -U P~ over [0, T] is exp(-T P~)'s Taylor
-    polynomial of order 4 (BSPM's Gowalla setting: T = 2.5, one step); T = 0 leaves the filter as it is."""
+    polynomial of order 4 (BSPM's published setting: T = 2.5, one step); T = 0 leaves the filter as it is."""
     if sharpen == 0:
         return [1.0]
     return [(-sharpen) ** n / math.factorial(n) for n in range(5)]

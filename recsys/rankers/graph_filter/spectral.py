@@ -12,7 +12,7 @@ users' rows only (``reduce``: an all-reduce over ranks) fits the same spectrum a
 
 Cost: each iteration applies P~ to an [I, rank + oversample] block (2 x nnz(R) x (rank + oversample)
 multiply-adds) and orthonormalises it (Cholesky QR, twice: O(I (rank + oversample)^2)); memory is a few
-[I, rank + oversample] float32 blocks (Gowalla, rank 1024: 190 MB each).
+[I, rank + oversample] float32 blocks (4 I (rank + oversample) bytes each).
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def torch_csr(matrix: sp.csr_matrix) -> torch.Tensor:
 
 def orthonormalise(block: torch.Tensor) -> torch.Tensor:
     """An orthonormal basis of ``block``'s columns [I, L] by Cholesky QR, done twice (CholeskyQR2, Yamamoto et
-    al. 2015: as accurate as Householder QR for a well-conditioned block, and 4x faster here, being all matrix
-    products); a rank-deficient block (a graph of lower rank than the block's width) takes Householder QR."""
+    al. 2015: as accurate as Householder QR for a well-conditioned block, and faster, being all matrix products); a rank-deficient block (a graph of lower rank than the block's width) takes Householder QR."""
     q = block
     for _ in range(2):
         chol, info = torch.linalg.cholesky_ex((q.t() @ q).double())
