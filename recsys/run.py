@@ -258,6 +258,7 @@ def _train_and_test(
             cfg,
             Resources(
                 num_items=data.num_items,
+                num_users=data.num_users,
                 interactions=sum(len(data.splits[s]) for s in ("train", "valid") if s in data.splits),
                 fits_per_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.data.shard_by_user else 1,
                 available_bytes=available_memory_bytes("cpu"),  # the fits run on the host, whatever the device

@@ -78,3 +78,31 @@ def test_a_registered_ranker_has_its_row_in_the_run_and_the_report(toy_ranker, t
                     metric,
                 )
         assert rows[report["model"]]["recall@20"] == pytest.approx(results[split]["two_tower"]["recall@20"], abs=1e-6)
+
+
+def test_ease_and_ials_are_rows_like_any_ranker_in_the_run_and_the_report(tmp_path, data_root, process_group):
+    """eval.rankers=[two_tower,popularity,ease,ials]: all four in results.json, each tuned on valid and fit again on
+    train + valid for test; recsys.evaluate's report gives the same figures for them to the last digit (one stage)."""
+    run_dir = tmp_path / "run"
+    settings = [
+        "eval.settings.ease.lambdas=[30.0,300.0]",
+        "eval.settings.ials.factors=8",
+        "eval.settings.ials.iterations=4",
+    ]
+    cfg = tiny_config(
+        [f"data.root={data_root}", "trainer.epochs=1", "eval.rankers=[two_tower,popularity,ease,ials]", *settings]
+    )
+    fit(cfg, run_dir)
+    (run_dir / ".hydra").mkdir(exist_ok=True)
+    OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")
+    results = json.loads((run_dir / "results.json").read_text())
+    assert set(results["test"]) == {"two_tower", "popularity", "ease", "ials"}
+    for name in ("ease", "ials"):
+        assert results["rankers"][name]["fit_on"] == {"valid": "train", "test": "train + valid"}
+        assert results["rankers"][name]["tuned_on"].startswith("valid recall@20")
+    evaluate_run(EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ks=[10, 20, 50], graph_filter=True))
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    for split in ("valid", "test"):
+        for name in ("ease", "ials"):
+            assert report["splits"][split]["metrics"][name] == results[split][name], (split, name)
+    assert report["ease"]["point"] == results["rankers"]["ease"]["point"]

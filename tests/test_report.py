@@ -84,12 +84,15 @@ def _dataset_dir(tmp_path):
     return root
 
 
-OPTIONS = ReportOptions(
-    ease_lambdas=(1.0, 30.0), ann_kinds=("flat", "hnsw"), num_seed_items=3, num_similar_items=4,
-    ials_regularizations=(0.1, 10.0), ials_alphas=(3.0, 30.0), ials_factors=8, ials_iterations=5,
+SETTINGS = {
     # two low-pass weights (the default is one): the graph filter alone has a grid for valid to choose from
-    ranker_config=EvalConfig(settings={"graph_filter": {"alphas": [0.1, 0.2]}}),
-)  # fmt: skip
+    "graph_filter": {"alphas": [0.1, 0.2]},
+    "ease": {"lambdas": [1.0, 30.0]},
+    "ials": {"regularizations": [0.1, 10.0], "alphas": [3.0, 30.0], "factors": 8, "iterations": 5},
+}
+OPTIONS = ReportOptions(
+    ann_kinds=("flat", "hnsw"), num_seed_items=3, num_similar_items=4, ranker_config=EvalConfig(settings=SETTINGS)
+)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +140,11 @@ def test_json_numbers_equal_compute_metrics(written):
         assert len(curve) == 20 and curve[9] == pytest.approx(expected["recall@10"])
     assert on_disk["checkpoint"] == "runs/x/checkpoints/epoch_3"
     assert on_disk["dataset"]["counts"] == {"train": 1, "valid": 2, "test": 3}
-    assert on_disk["ease"]["lambda"] in (1.0, 30.0) and set(on_disk["ease"]["grid"]) == {"1.0", "30.0"}
+    assert on_disk["ease"]["point"]["lambda"] in (1.0, 30.0) and set(on_disk["ease"]["grid"]) == {
+        "lambda=1",
+        "lambda=30",
+    }
+    assert on_disk["ease"]["fit_on"] == {"valid": "train", "test": "train + valid"}  # refit for test, as the run does
     assert on_disk["ann"]["indexes"]["flat"]["recall_vs_exact"] == 1.0
     assert 0.0 <= on_disk["ann"]["indexes"]["hnsw"]["recall_vs_exact"] <= 1.0
     assert len(on_disk["gaps"]) == 2 and "% of EASE's" in on_disk["gaps"][1] and "× popularity's" in on_disk["gaps"][1]
@@ -192,8 +199,11 @@ def test_ease_and_ann_skipped_with_reasons(monkeypatch):
 
     monkeypatch.setattr(report_module, "compare_ann", no_faiss)
     inputs = _inputs()  # no dataset dir: indices instead of raw ids, no titles
-    result = compute_report(inputs, ReportOptions(ease_max_items=50, num_seed_items=2, ials=False, graph_filter=False))
-    assert "catalogue of 80 items > 50" in result.report["ease"]["skipped"]
+    small = EvalConfig(settings={"ease": {"max_items": 50}})
+    result = compute_report(
+        inputs, ReportOptions(ranker_config=small, num_seed_items=2, ials=False, graph_filter=False)
+    )
+    assert result.report["ease"]["skipped"].startswith("eval.settings.ease.max_items=50: EASE over 80 items")
     assert "iALS disabled" in result.report["ials"]["skipped"] and "iALS not run" in result.report["gaps"][0]
     assert "pip install faiss-cpu" in result.report["ann"]["skipped"]
     assert set(result.report["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
@@ -205,68 +215,78 @@ def test_ease_and_ann_skipped_with_reasons(monkeypatch):
 def test_ials_block_and_its_numbers(written):
     inputs, report, out = written
     ials = report["ials"]
-    grid = {(g["regularization"], g["alpha"]): g["recall@20"] for g in ials["grid"]}
-    assert list(grid) == [(0.1, 3.0), (0.1, 30.0), (10.0, 3.0), (10.0, 30.0)]
-    assert grid[(ials["regularization"], ials["alpha"])] == max(grid.values())
-    assert (ials["factors"], ials["iterations"], ials["seed"]) == (8, 5, 0) and ials[
-        "tuned_on"
-    ] == "valid recall@20, 120 users"
-    # the report's iALS numbers are those of the chosen point refitted and ranked with the same masking
-    model = fit_ials(
-        inputs.train, regularization=ials["regularization"], alpha=ials["alpha"], factors=8, iterations=5, seed=0
+    point = ials["point"]
+    assert list(ials["grid"]) == [
+        "regularization=0.1,alpha=3", "regularization=0.1,alpha=30", "regularization=10,alpha=3", "regularization=10,alpha=30"
+    ]  # fmt: skip
+    assert ials["grid"][f"regularization={point['regularization']:g},alpha={point['alpha']:g}"] == max(
+        ials["grid"].values()
     )
+    assert ials["fit"]["test"]["factors"] == 8 and ials["tuned_on"] == "valid recall@20, 120 users"
+    # the report's iALS numbers are the stage's: the chosen point fit on the interactions each split follows (train
+    # for valid, train + valid for test) and ranked with the same masking
     for name, split in inputs.splits.items():
+        model = fit_ials(inputs.graphs[name], **point, factors=8, iterations=5, seed=0)
         _, ids = ials_topk(model, split.exclude, 20, exclude=split.exclude)
         expected = compute_metrics(ids.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
         assert report["splits"][name]["metrics"]["ials"] == pytest.approx(expected, rel=1e-12)
     assert "% of iALS's" in report["gaps"][1]
     md = (out / "report.md").read_text()
-    assert (
-        "## iALS" in md
-        and "| iALS |" in md
-        and f"λ = {ials['regularization']:g}, α = {ials['alpha']:g} (8 factors" in md
-    )
-    assert "Inverse in float64 on cpu: estimated peak" in md and report["ease"]["dtype"] == "float64"
+    assert "## iALS" in md and "| iALS |" in md
+    assert f"regularization = {point['regularization']:g}, alpha = {point['alpha']:g}, chosen by valid recall@20" in md
+    assert "Test fit: dtype float64" in md and report["ease"]["fit"]["test"]["dtype"] == "float64"
 
 
 def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
     _, full, _ = written
     inputs = _inputs()
-    fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False, graph_filter=False)
+    fast = dict(
+        ranker_config=EvalConfig(settings=SETTINGS), ann_kinds=(), num_seed_items=0, ials=False, graph_filter=False
+    )
     need64 = ease_peak_bytes(NUM_ITEMS, torch.float64, num_users=NUM_USERS)
     need32 = ease_peak_bytes(NUM_ITEMS, torch.float32, num_users=NUM_USERS)
-    assert full["ease"]["dtype"] == "float64" and full["ease"]["best_b_kept"]
-    for budget, kept in ((need64 - 1, True), (need32 + 1, False)):  # / 0.9: the share a plan may use
-        half = compute_report(inputs, ReportOptions(ease_available_bytes=int(budget / 0.9), **fast)).report
-        assert half["ease"]["dtype"] == "float32" and half["ease"]["lambda"] == full["ease"]["lambda"]
-        assert half["ease"]["best_b_kept"] == kept  # else B is refitted in G's memory
-        for name in inputs.splits:  # float32's top-k is float64's on this catalogue
-            assert half["splits"][name]["metrics"]["ease"] == pytest.approx(
-                full["splits"][name]["metrics"]["ease"], rel=1e-12
-            )
-    none = compute_report(inputs, ReportOptions(ease_available_bytes=need32 // 2, **fast)).report
-    assert none["ease"]["skipped"].startswith(f"needs {need32 / 1e9:.1f} GB, have {need32 // 2 / 1e9:.1f} GB")
+    assert full["ease"]["fit"]["test"]["dtype"] == "float64"
+    half = compute_report(
+        inputs, ReportOptions(available_bytes=int((need64 - 1) / 0.9), **fast)
+    ).report  # / 0.9: the share a plan may use
+    assert half["ease"]["fit"]["test"]["dtype"] == "float32" and half["ease"]["point"] == full["ease"]["point"]
+    for name in inputs.splits:  # float32's top-k is float64's on this catalogue
+        assert half["splits"][name]["metrics"]["ease"] == pytest.approx(
+            full["splits"][name]["metrics"]["ease"], rel=1e-12
+        )
+    none = compute_report(inputs, ReportOptions(available_bytes=need32 // 2, **fast)).report
+    assert f"needs {need32 / 1e9:.1f} GB, have {need32 // 2 / 1e9:.1f} GB" in none["ease"]["skipped"]
     assert set(none["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
-    assert "EASE skipped: needs " in format_markdown(json.loads(json.dumps(none, default=float)))
+    assert "EASE skipped: eval.rankers lists ease, whose fit needs " in format_markdown(
+        json.loads(json.dumps(none, default=float))
+    )
 
 
-def test_ease_skips_a_sweep_longer_than_its_time_budget(written):
-    """Gowalla's 41k items take about an hour per λ on 2 cores: the report says so instead of running
-    for a day; within the budget it runs as before."""
+def test_ease_skips_a_sweep_longer_than_its_time_budget(written, monkeypatch):
+    """A large catalogue takes hours per λ on a small host: the report says so instead of running for a day; within
+    the budget it runs as before."""
+    import recsys.rankers.ease.settings as ease_settings
+
     _, full, _ = written
     inputs = _inputs()
-    fast = dict(ease_lambdas=(1.0, 30.0), ann_kinds=(), num_seed_items=0, ials=False, graph_filter=False)
-    slow = compute_report(inputs, ReportOptions(ease_seconds_per_lambda=1200.0, ease_max_minutes=30, **fast)).report
-    # 3 factorisations (two λ, then the best refitted) x 20 min > 30 min
-    assert slow["ease"]["skipped"].startswith("the λ sweep would take ~60 min here (> ease_max_minutes=30): 3 O(I³)")
-    assert "ease" not in slow["splits"]["test"]["metrics"]
-    assert "EASE skipped: the λ sweep would take ~60 min" in format_markdown(
+
+    def report(minutes_per_lambda: float, max_minutes: float) -> dict:
+        monkeypatch.setattr(ease_settings, "factorisation_seconds", lambda items, dtype: 60 * minutes_per_lambda)
+        settings = {**SETTINGS, "ease": {"lambdas": [1.0, 30.0], "max_minutes": max_minutes}}
+        options = ReportOptions(
+            ranker_config=EvalConfig(settings=settings), ann_kinds=(), num_seed_items=0, ials=False, graph_filter=False
+        )
+        return compute_report(inputs, options).report
+
+    slow = report(20.0, 30)
+    # 3 factorisations (two λ on valid, the chosen one for test) x 20 min > 30 min
+    assert slow["ease"]["skipped"].startswith("eval.settings.ease.max_minutes=30: EASE's 2 λ on valid and one for test")
+    assert "about 60 minutes here" in slow["ease"]["skipped"] and "ease" not in slow["splits"]["test"]["metrics"]
+    assert "EASE skipped: eval.settings.ease.max_minutes=30" in format_markdown(
         json.loads(json.dumps(slow, default=float))
     )
-    quick = compute_report(inputs, ReportOptions(ease_seconds_per_lambda=1.0, ease_max_minutes=30, **fast)).report
-    assert quick["ease"]["lambda"] == full["ease"]["lambda"]
-    unlimited = compute_report(inputs, ReportOptions(ease_seconds_per_lambda=1e9, ease_max_minutes=0, **fast)).report
-    assert unlimited["ease"]["lambda"] == full["ease"]["lambda"]
+    assert report(1 / 60, 30)["ease"]["point"] == full["ease"]["point"]
+    assert report(1e9, 0)["ease"]["point"] == full["ease"]["point"]  # 0: no limit
 
 
 def test_factorisation_estimate_scales_with_the_cube_of_the_catalogue(monkeypatch):

@@ -4,11 +4,12 @@ and every schema's registration with Hydra."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from recsys.choices import ANN_KINDS, EASE_LAMBDAS
+from recsys.choices import ANN_KINDS
 from recsys.config.model import ModelConfig
 from recsys.config.run import Config
 from recsys.config.training import Device, OptimConfig, ShardingConfig
@@ -22,15 +23,10 @@ class EvaluateConfig:
     checkpoint: str = ""  # checkpoint dir to load; "" = <run_dir>/checkpoints/best
     ks: list[int] = field(default_factory=lambda: [10, 20, 50, 100])  # cut-offs reported
     splits: list[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
-    ease: bool = True  # EASE baseline (float64, else float32 by the memory free, else skipped with the reason; and up to ease_max_items)
-    ease_max_items: int = 50_000  # EASE needs an items x items inverse
-    # λ grid tuned on valid; each value is one O(items³) factorisation (its time: docs/evaluation.md), so
-    # large catalogs may want one or two values
-    ease_lambdas: list[float] = field(default_factory=lambda: list(EASE_LAMBDAS))
-    # EASE is skipped, saying so with the estimate, when its λ sweep would take longer than this (each
-    # λ timed on a probe factorisation and scaled by I³); 0 = no limit
-    ease_max_minutes: float = 60.0
-    ials: bool = True  # iALS baseline (implicit's ALS, tuned on valid like EASE)
+    ease: bool = True  # EASE's row (ranked by the run's evaluation stage; skipped, saying why, when its memory or time check refuses it)
+    ials: bool = True  # iALS's row (implicit's ALS, ranked by the run's evaluation stage like EASE)
+    # rankers' settings over the run's eval.settings for this report, by ranker: e.g. settings.ease.lambdas=[300]
+    settings: dict[str, Any] = field(default_factory=dict)
     # GF-CF's graph filter alone and fused with the two-tower (the run's eval.settings.graph_filter grids, tuned on valid)
     graph_filter: bool = True
     ann_kinds: list[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables

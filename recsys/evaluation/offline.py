@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -143,16 +144,18 @@ def evaluate_trained(
 
 
 def _report_options(ecfg: EvaluateConfig, cfg: Config, env: DistEnv) -> ReportOptions:
-    """The report's settings: the entry point's, and the run's rankers and their ``eval`` settings."""
+    """The report's settings: the entry point's, and the run's rankers and their ``eval`` settings (the entry point's
+    ``settings`` over the run's, ranker by ranker)."""
+    given = ecfg.settings or {}
+    settings = {
+        name: {**cfg.eval.settings.get(name, {}), **given.get(name, {})} for name in {*cfg.eval.settings, *given}
+    }
     return ReportOptions(
         ease=ecfg.ease,
-        ease_max_items=ecfg.ease_max_items,
-        ease_max_minutes=ecfg.ease_max_minutes,
-        ease_lambdas=tuple(ecfg.ease_lambdas),
         ials=ecfg.ials,
         graph_filter=ecfg.graph_filter,
         stage_rankers=report_stage_rankers(cfg),
-        ranker_config=cfg.eval,
+        ranker_config=replace(cfg.eval, settings=settings),
         ann_kinds=ecfg.ann_kinds,
         chunk_size=ecfg.chunk_size,
         device=env.device.type,

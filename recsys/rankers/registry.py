@@ -27,10 +27,14 @@ from recsys.config.need import Need
 from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.rankers import fusion
 from recsys.rankers.base import Ranker
+from recsys.rankers.ease import settings as ease_settings
+from recsys.rankers.ease.ranker import EaseRanker
 from recsys.rankers.fusion import FusionRanker
 from recsys.rankers.graph_filter import settings as graph_filter_settings
 from recsys.rankers.graph_filter.ranker import GraphFilterRanker
 from recsys.rankers.graph_filter.spectral import Reduce
+from recsys.rankers.ials import settings as ials_settings
+from recsys.rankers.ials.ranker import IalsRanker
 from recsys.rankers.parts import servable
 from recsys.rankers.popularity.ranker import PopularityRanker
 from recsys.rankers.resources import Resources
@@ -55,6 +59,7 @@ class RankerContext:
     reduce: Reduce | None = None  # sums over the ranks that hold the users' rows between them (data.shard_by_user)
     # bool [I]: items the two-tower's weights hold no row of their own for (recsys/evaluation/untrained.py), left out
     unranked_items: torch.Tensor | None = None
+    available_bytes: int | None = None  # memory a fit may plan with (EASE's dtype); None: measured when it fits
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,18 @@ RANKERS: dict[str, RankerSpec] = {
         graph_filter_settings.GraphFilterSettings,
         graph_filter_settings.check_settings,
         graph_filter_settings.check_resources,
+    ),
+    "ease": RankerSpec(
+        lambda c, s: EaseRanker(s, c.available_bytes),
+        ease_settings.EaseSettings,
+        ease_settings.check_settings,
+        ease_settings.check_resources,
+    ),
+    "ials": RankerSpec(
+        lambda c, s: IalsRanker(s, c.seed),
+        ials_settings.IalsSettings,
+        ials_settings.check_settings,
+        ials_settings.check_resources,
     ),
 }
 COMBINATORS: dict[str, RankerSpec] = {

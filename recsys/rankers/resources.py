@@ -9,6 +9,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Resources:
     num_items: int
+    num_users: int  # users of the dataset (the rows a fit's X has)
     interactions: int  # rows the evaluation stage fits on (train + valid)
     fits_per_host: int = 1  # fits running at once on this host (one per rank with data.shard_by_user)
     available_bytes: int | None = None  # the host's memory available; None: unknown (no check)

@@ -18,11 +18,9 @@ import torch
 from recsys.data.dataset import read_dataset_meta, read_vocabularies
 from recsys.evaluation.ann import compare_ann
 from recsys.evaluation.breakdowns import breakdowns
-from recsys.evaluation.ease import ease_topk
-from recsys.evaluation.ials import ials_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics, hit_matrix
-from recsys.evaluation.report.baselines import fit_ease, fit_ials, rank_stage_rankers
+from recsys.evaluation.report.baselines import BASELINES, rank_stage_rankers
 from recsys.evaluation.report.types import MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
 from recsys.evaluation.retrieval import exact_topk
 from recsys.evaluation.scoring import rank_and_score
@@ -112,15 +110,14 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         if inputs.item_train_counts is None
         else np.asarray(inputs.item_train_counts)
     )
-    ease_b, ease_info = fit_ease(inputs, options, num_items)
-    ials_model, ials_info = fit_ials(inputs, options)
     stage_ids, stage_info = rank_stage_rankers(inputs, options)
-    baselines = _Baselines(ease_b, ials_model, stage_ids)
+    ease_info, ials_info, graph_info = _stage_blocks(stage_info, options)
+    baselines = _Baselines(stage_ids)
     ranked = {
         name: _rank_split(name, split, items, item_counts, baselines, inputs, options, ks)
         for name, split in inputs.splits.items()
     }
-    del baselines, ease_b, ials_model, stage_ids  # free B (I x I), the iALS factors and the rankings before ANN
+    del baselines, stage_ids  # free the rankings before ANN
     splits_out = {name: r.section for name, r in ranked.items()}
     headline_k = options.headline_k if options.headline_k in ks else kmax
     names = _load_names(inputs.dataset_dir, inputs.train.num_users, num_items)
@@ -137,7 +134,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         "splits": splits_out,
         "ease": ease_info,
         "ials": ials_info,
-        "graph_filter": stage_info,
+        "graph_filter": graph_info,
         "ann": _ann_section(inputs, options, kmax, ks, num_items),
         "gaps": _gap_statements(splits_out, inputs.model_name, headline_k, ease_info, ials_info),
         "more_like_this": _more_like_this(items, item_counts, names, options),
@@ -153,30 +150,36 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
     return EvalReport(report=report, recommendations=recommendations, curves=curves)
 
 
+def _stage_blocks(stage_info: dict, options: ReportOptions) -> tuple[dict, dict, dict]:
+    """report.json's "ease", "ials" and "graph_filter" blocks from the stage's rows: each baseline's row (or why it
+    was skipped or not asked for), and every other ranker the stage ranked."""
+    rows = stage_info.get("rankers", {})
+    blocks = []
+    for baseline in BASELINES:
+        if baseline in rows:
+            blocks.append({"ranker": baseline, **rows[baseline]})
+        else:
+            blocks.append({"skipped": f"{MODEL_LABELS[baseline]} disabled (ReportOptions.{baseline}=False)"})
+    others = {n: row for n, row in rows.items() if n not in BASELINES}
+    if not options.graph_filter:
+        graph = {"skipped": "graph filter disabled (ReportOptions.graph_filter=False)"}
+    else:
+        graph = {**{k: v for k, v in stage_info.items() if k != "rankers"}, "rankers": others}
+    return blocks[0], blocks[1], graph
+
+
 @dataclass
 class _Baselines:
-    """What the report ranks beside the model: EASE's B, iALS's factors (None: not fit) and the top-k ids the
-    evaluation stage ranked ({split: {ranker: ids}})."""
+    """What the report ranks beside the model: the top-k ids the evaluation stage ranked ({split: {ranker: ids}})."""
 
-    ease_b: Any
-    ials_model: Any
     stage_ids: dict[str, dict[str, np.ndarray]]
 
     def rankers(self, name: str, split: SplitInputs, kmax: int, options: ReportOptions) -> dict[str, Any]:
         """Ranker name -> a function returning its (scores, ids) of ``split``'s users."""
-        others: dict[str, Any] = {}
-        if self.ease_b is not None:
-            others["ease"] = lambda: ease_topk(
-                self.ease_b, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size
-            )
-        if self.ials_model is not None:
-            others["ials"] = lambda: ials_topk(
-                self.ials_model, split.exclude, kmax, exclude=split.exclude, chunk_size=options.chunk_size,
-                device=options.device,
-            )  # fmt: skip
-        for ranker, ids in self.stage_ids.get(name, {}).items():  # ranked by the evaluation stage already
-            others[ranker] = lambda ids=ids: (torch.zeros(ids.shape), torch.from_numpy(ids))
-        return others
+        return {  # ranked by the evaluation stage already
+            ranker: (lambda ids=ids: (torch.zeros(ids.shape), torch.from_numpy(ids)))
+            for ranker, ids in self.stage_ids.get(name, {}).items()
+        }
 
 
 @dataclass

@@ -115,42 +115,32 @@ def _splits(report: dict) -> list[str]:
 
 
 def _ease(report: dict) -> list[str]:
-    """EASE's λ, memory plan and grid, or why it was skipped."""
-    out: list[str] = []
-    ease = report["ease"]
-    out += ["## EASE", ""]
-    if "skipped" in ease:
-        out += [f"EASE skipped: {ease['skipped']}.", ""]
-    else:
-        out += [f"λ = {ease['lambda']:g}, chosen by {ease['tuned_on']}; fitted on {ease['fit_on']}.", ""]
-        if ease.get("dtype"):
-            have = ease.get("available_memory_gb")
-            out += [f"Inverse in {ease['dtype']} on {ease['device']}: estimated peak {ease['peak_memory_gb_estimate']:.1f} GB"
-                    + (f" of {have:.1f} GB available." if have is not None else " (available memory unknown)."), ""]  # fmt: skip
-        out += _table(["λ", "valid recall"], [[f"{float(l):g}", v] for l, v in ease["grid"].items()]) + [""]
-
-    return out
+    return _baseline(report.get("ease", {"skipped": "n/a"}), "EASE")
 
 
 def _ials(report: dict) -> list[str]:
-    """iALS's grid, or why it was skipped."""
-    out: list[str] = []
-    ials = report.get("ials", {"skipped": "n/a"})
-    out += ["## iALS", ""]
-    if "skipped" in ials:
-        out += [f"iALS skipped: {ials['skipped']}.", ""]
-    else:
-        out += [
-            f"λ = {ials['regularization']:g}, α = {ials['alpha']:g} ({ials['factors']} factors, {ials['iterations']} iterations, "
-            f"seed {ials['seed']}), chosen by {ials['tuned_on']} in {ials['tuning_seconds']:.0f} s; fitted on {ials['fit_on']}; "
-            f"{ials['library']}.", "",
-        ]  # fmt: skip
-        metric = next(key for key in ials["grid"][0] if key not in ("regularization", "alpha"))
-        out += _table(
-            ["λ", "α", f"valid {metric.split('@')[0]}"],
-            [[f"{g['regularization']:g}", f"{g['alpha']:g}", g[metric]] for g in ials["grid"]],
-        ) + [""]
+    return _baseline(report.get("ials", {"skipped": "n/a"}), "iALS")
 
+
+def _baseline(row: dict, title: str) -> list[str]:
+    """A baseline ranked by the evaluation stage: its chosen point, what it was fit on, its valid grid; or why it was
+    skipped."""
+    out = [f"## {title}", ""]
+    if "skipped" in row:
+        return out + [f"{title} skipped: {row['skipped']}.", ""]
+    point = ", ".join(f"{name} = {value:g}" for name, value in row["point"].items()) or "no settings to tune"
+    fit_on = row.get("fit_on", {})
+    out += [f"{point}, chosen by {row['tuned_on']}; fitted on {fit_on.get('valid', '?')} for valid and "
+            f"{fit_on.get('test', '?')} for test (the run's evaluation stage).", ""]  # fmt: skip
+    fit = row.get("fit", {}).get("test", {})
+    details = [f"{key} {value}" for key, value in fit.items() if key not in ("fit_on", "seconds")]
+    if details:
+        out += [f"Test fit: {', '.join(details)}; {fit.get('seconds', 0):.0f} s.", ""]
+    if row.get("grid"):
+        out += _table(
+            ["setting", "valid " + row["tuned_on"].split()[1].rstrip(",")], [[k, v] for k, v in row["grid"].items()]
+        )
+        out += [""]
     return out
 
 

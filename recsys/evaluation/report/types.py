@@ -13,8 +13,6 @@ import torch
 from recsys.config import EvalConfig
 from recsys.evaluation.ann import ANN_KINDS, AnnParams
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES
-from recsys.evaluation.ease import DEFAULT_LAMBDAS, MAX_EASE_ITEMS
-from recsys.evaluation.ials import DEFAULT_ALPHAS, DEFAULT_FACTORS, DEFAULT_ITERATIONS, DEFAULT_REGULARIZATIONS
 from recsys.evaluation.interactions import UserItemCSR
 
 MODEL_LABELS = {
@@ -89,21 +87,10 @@ class ReportOptions:
     """What to compute beyond the model's own metrics.
 
     Attributes:
-        ease: fit EASE (needs a "valid" split, num_items <= ``ease_max_items`` and the memory of
-            ``ease_plan.plan_ease``: float64 where it fits, else float32, else skipped with the reason).
-        ease_lambdas: λ grid; the best validation recall@``ease_tune_k`` wins.
-        ease_tune_k: cut-off of the tuning metric (20); also iALS's.
-        ease_tune_users: validation users sampled for tuning (None: all); also iALS's.
-        ease_max_items: above this, EASE is skipped with the reason recorded.
-        ease_max_minutes: EASE is skipped, with the estimate, when its λ sweep would take longer (each λ
-            an O(I³) factorisation, timed on a probe: ``ease_plan.factorisation_seconds``); 0 = no limit.
-        ease_seconds_per_lambda: that estimate, given instead of measured (tests).
-        ease_available_bytes: memory EASE may plan with; None = measured when the report runs
-            (free memory of the CUDA device, else MemAvailable).
-        ials: fit iALS (the ``implicit`` library; needs a "valid" split).
-        ials_regularizations, ials_alphas: iALS's grid (their product); best validation
-            recall@``ease_tune_k`` wins.
-        ials_factors, ials_iterations: fixed D and ALS sweeps.
+        ease / ials: add EASE's / iALS's rows (rankers of recsys/rankers/, settings in ``ranker_config``'s
+            ``settings``), ranked through the evaluation stage like the others, or left out with why their resource
+            check refused them (recsys/evaluation/report/baselines.py).
+        available_bytes: the memory the rankers' resource checks plan with; None = measured when the report runs.
         graph_filter: rank ``stage_rankers`` through the run's evaluation stage (recsys.evaluation.stage), each
             fit on the interactions its split follows (``EvalInputs.graphs``) and tuned on valid; needs a "valid"
             split.
@@ -119,24 +106,14 @@ class ReportOptions:
         num_seed_items / num_similar_items: "more like this": the most popular items and how many
             nearest items (cosine of item embeddings) each.
         chunk_size: query rows per score matrix chunk (memory ~ chunk_size x I x 4 bytes).
-        device: torch device for exact scoring, EASE (when it fits there) and iALS's scoring.
+        device: torch device for the model's exact scoring.
         activity_edges, head_share, tail_share: bucket definitions (``breakdowns`` module).
-        seed: sampling seed (EASE / iALS tuning users, iALS's initial factors, latency sample).
+        seed: iALS's initial factors, the graph filter's eigensolver, the latency sample.
     """
 
     ease: bool = True
-    ease_lambdas: Sequence[float] = DEFAULT_LAMBDAS
-    ease_tune_k: int = 20
-    ease_tune_users: int | None = 10_000
-    ease_max_items: int = MAX_EASE_ITEMS
-    ease_available_bytes: int | None = None
-    ease_max_minutes: float = 60.0
-    ease_seconds_per_lambda: float | None = None
     ials: bool = True
-    ials_regularizations: Sequence[float] = DEFAULT_REGULARIZATIONS
-    ials_alphas: Sequence[float] = DEFAULT_ALPHAS
-    ials_factors: int = DEFAULT_FACTORS
-    ials_iterations: int = DEFAULT_ITERATIONS
+    available_bytes: int | None = None
     graph_filter: bool = True
     stage_rankers: Sequence[str] = ("graph_filter", "two_tower+graph_filter")
     ranker_config: EvalConfig = field(default_factory=EvalConfig)

@@ -1,0 +1,48 @@
+"""EASE's settings (``eval.settings.ease``: conf/eval/rankers/ease.yaml), their rules, and its resource check: the
+[I, I] matrices must fit in the memory available and the λ grid's O(I³) factorisations in the time allowed, both
+refused before any training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recsys.choices import EASE_LAMBDAS
+from recsys.config.need import Need
+from recsys.evaluation.ease_plan import factorisation_seconds, plan_ease
+from recsys.rankers.resources import Resources
+
+
+@dataclass
+class EaseSettings:
+    """Steck's EASE (recsys/evaluation/ease.py): B = I - P diagMat(1 / diag P), P = (X'X + λI)^-1, scores x_u B."""
+
+    # the λ grid chosen on valid: each value one O(I³) factorisation per split, so large catalogues may want fewer
+    lambdas: list[float] = field(default_factory=lambda: list(EASE_LAMBDAS))
+    max_items: int = 50_000  # larger catalogues are refused: B alone is I² float32
+    # refused when the factorisations (the grid on valid, one λ for test) would take longer than this, each timed on
+    # a probe and scaled by I³; 0 = no limit
+    max_minutes: float = 60.0
+
+
+def check_settings(s: EaseSettings, need: Need, key: str) -> None:
+    need(len(s.lambdas) > 0 and all(v > 0 for v in s.lambdas), f"{key}.lambdas", list(s.lambdas), "must be values > 0")
+    need(s.max_items >= 1, f"{key}.max_items", s.max_items, "must be >= 1")
+    need(s.max_minutes >= 0, f"{key}.max_minutes", s.max_minutes, "must be >= 0 (0: no limit)")
+
+
+def check_resources(s: EaseSettings, r: Resources, key: str) -> str:
+    """The refusal of a fit that would not fit in memory or time ("" when it would)."""
+    if r.num_items > s.max_items:
+        return f"{key}.max_items={s.max_items}: EASE over {r.num_items:,} items needs an [I, I] inverse; raise it or drop ease"
+    plan = plan_ease(r.num_items, r.num_users, r.available_bytes)
+    if plan.dtype is None:
+        return f"eval.rankers lists ease, whose fit {plan.skipped}: drop it from eval.rankers"
+    if s.max_minutes:
+        minutes = factorisation_seconds(r.num_items, plan.dtype) * (len(s.lambdas) + 1) / 60
+        if minutes > s.max_minutes:
+            return (
+                f"{key}.max_minutes={s.max_minutes:g}: EASE's {len(s.lambdas)} λ on valid and one for test over "
+                f"{r.num_items:,} items would take about {minutes:.0f} minutes here; fewer {key}.lambdas, a larger "
+                "max_minutes, or drop ease"
+            )
+    return ""
