@@ -212,6 +212,7 @@ def write_bundle(
             np.save(tmp / "raw_ids_items.npy", data.raw_item_ids.astype(np.int64))
             manifest["id_mapping"] = "managed"
             manifest["managed"] = {table: {"segments": m["segments"]} for table, m in id_maps.items()}
+        manifest["files"] = sorted(p.name for p in tmp.iterdir())  # load_bundle refuses a bundle missing one
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         check_replaceable(out)  # again: something may have appeared there while the items were embedded

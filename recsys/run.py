@@ -60,8 +60,11 @@ from recsys.model.build import build_task
 from recsys.rankers.registry import check_ranker_names
 from recsys.rankers.served import SERVED_DIR, ServedState, load_served, two_tower_state
 from recsys.run_checks import (
+    check_batch_fits,
+    check_evaluate_names,
     check_exportable,
     check_graph_filter_memory,
+    check_index_kind,
     note_dropped_rows,
     note_export_stage,
     warn_ks_beyond_catalogue,
@@ -243,6 +246,8 @@ def _train_and_test(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         data, example_counts = load_data(cfg, env)
+        num_examples = len(data.example_rows()) if example_counts is None else sum(example_counts)
+        check_batch_fits(cfg.trainer.global_batch_size, num_examples, data.dir)  # before the model is built
         check_graph_filter_memory(
             cfg,
             data.num_items,
@@ -320,6 +325,7 @@ def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
     """Collective over all ranks: the offline report of a trained run; returns it on rank 0 (None elsewhere)."""
     run_dir = Path(ecfg.run_dir)
     cfg = load_run_config(run_dir, ecfg.checkpoint)
+    check_evaluate_names(ecfg.ann_kinds, ecfg.splits, cfg)  # before the weights load and the items are embedded
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None
     try:
@@ -371,6 +377,7 @@ def export_run(ecfg: ExportConfig) -> Path:
     """
     run_dir = Path(ecfg.run_dir)
     out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
+    check_index_kind(ecfg.index)
     check_replaceable(out)  # before any work, on every rank
     note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
     cfg = load_run_config(run_dir, ecfg.checkpoint)

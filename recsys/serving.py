@@ -52,11 +52,13 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
+from data_pipelines.errors import one_line  # plain Python
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum  # numpy only
 from recsys.data.raw_ids import KEY_SPACE, hash_keys_numpy  # numpy / torch only
 from recsys.query_encoder import QueryEncoder, dynamic_shapes, example_inputs, load_encoder  # noqa: F401 (torch only)
 from recsys.rankers.fusion import spread  # torch only
-from recsys.safe_load import numpy_load
+from recsys.refusals import MissingPath  # plain Python
+from recsys.safe_load import UnreadableFile, numpy_load
 from recsys.serving_inputs import (
     as_raw_ids,
     as_top_k,
@@ -321,12 +323,23 @@ def load_bundle(path: str | Path) -> ServingBundle:
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path}: missing; is {root} a bundle written by `python -m recsys.export`?")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UnreadableFile(
+            f"{manifest_path}: not a readable JSON manifest ({one_line(e)}); written in part or edited? Export the "
+            "run again (python -m recsys.export run_dir=...)"
+        ) from None
+    if not isinstance(manifest, dict):
+        raise UnreadableFile(f"{manifest_path}: not a bundle manifest (a JSON object); export the run again")
     if manifest.get("format") != BUNDLE_FORMAT:
         raise ValueError(
             f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
             "export the run again (python -m recsys.export run_dir=...)"
         )
+    for name in manifest.get("files", []):  # every file export wrote (bundles before the list: not checked)
+        if not (root / name).exists():
+            raise MissingPath(f"{root / name}: missing; the bundle is incomplete (its manifest lists it): export again")
     encoder = load_encoder(root / "query_encoder.pt", manifest, manifest_path) if manifest["two_tower_dim"] else None
     graph_query = torch.from_numpy(numpy_load(root / "graph_query.npy")) if manifest["graph_dim"] else None
     covariances = None

@@ -21,6 +21,7 @@ from typing import Iterator, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from data_pipelines.errors import ConfigError
 from recsys.data.batch import Batch
 from recsys.data.batch_bounds import batch_bounds, rank_shares
 from recsys.data.dataset import Interactions, RetrievalData
@@ -223,7 +224,7 @@ class TrainBatches:
         global_batch_size, world_size, counts = self.global_batch_size, self.world_size, self.rank_example_counts
         total = len(self.example_rows) if counts is None else sum(counts)
         if total < global_batch_size:
-            raise ValueError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
+            raise ConfigError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
         bounds = batch_bounds(total, global_batch_size, world_size)
         if equal_shares and world_size > 1:
             if global_batch_size % world_size or counts is not None:

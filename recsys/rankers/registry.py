@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from data_pipelines.errors import ConfigError
 from recsys.config import EvalConfig
 from recsys.rankers.base import Ranker
 from recsys.rankers.fusion import FusionRanker
@@ -68,11 +69,11 @@ def check_ranker_names(names: Sequence[str]) -> None:
     for name in names:
         for part in name.split("+"):
             if part not in RANKERS:
-                raise ValueError(
+                raise ConfigError(
                     f"eval.rankers: unknown ranker {part!r} in {name!r}; known: {', '.join(sorted(RANKERS))}, and fusions a+b of them"
                 )
         if name.count("+") > 1:
-            raise ValueError(f"eval.rankers: {name!r}: a fusion has two parts (a+b)")
+            raise ConfigError(f"eval.rankers: {name!r}: a fusion has two parts (a+b)")
 
 
 def build_rankers(names: Sequence[str], context: RankerContext) -> tuple[list[Ranker], list[Ranker]]:
