@@ -57,6 +57,7 @@ from recsys.evaluation.sharded import Evaluator, embed
 from recsys.evaluation.untrained import unranked_items
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
+from recsys.rankers.plugins import load_plugins
 from recsys.rankers.registry import check_ranker_names
 from recsys.rankers.served import SERVED_DIR, ServedState, load_served, two_tower_state
 from recsys.run_checks import (
@@ -159,6 +160,7 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
     lock = None
     try:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
+        load_plugins(cfg.eval.plugins)  # their rankers registered before the names are checked
         check_ranker_names(resolved_rankers(cfg))  # a typo fails now, not after training
         check_finished_evaluation(cfg, Path(run_dir))  # a finished run asked for other eval.*: refused, naming them
         if env.is_main:
@@ -325,6 +327,7 @@ def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
     """Collective over all ranks: the offline report of a trained run; returns it on rank 0 (None elsewhere)."""
     run_dir = Path(ecfg.run_dir)
     cfg = load_run_config(run_dir, ecfg.checkpoint)
+    load_plugins(cfg.eval.plugins)  # the run's plug-in rankers, as it ranked with them
     check_evaluate_names(ecfg.ann_kinds, ecfg.splits, cfg)  # before the weights load and the items are embedded
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None

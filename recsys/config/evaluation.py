@@ -44,6 +44,9 @@ class EvalConfig:
     # fusions "a+b"); null: two_tower and popularity, with two_tower+graph_filter where the query is a profile bag
     # over a co-occurrence graph (data.item_neighbors > 0), as resolved and logged at the start of the run
     rankers: list[str] | None = None
+    # modules imported before the rankers are resolved, each registering its rankers (recsys/rankers/plugins.py):
+    # plug-in rankers for eval.rankers; recsys.evaluate imports the run's too
+    plugins: list[str] = field(default_factory=list)
     # the ranker results.json's headline and recsys.export's bundle are (servable, among the rankers); "": the
     # last servable one of ``rankers``
     serve: str = ""

@@ -70,7 +70,8 @@ def check_ranker_names(names: Sequence[str]) -> None:
         for part in name.split("+"):
             if part not in RANKERS:
                 raise ConfigError(
-                    f"eval.rankers: unknown ranker {part!r} in {name!r}; known: {', '.join(sorted(RANKERS))}, and fusions a+b of them"
+                    f"eval.rankers: unknown ranker {part!r} in {name!r}; known: {', '.join(sorted(RANKERS))}, and "
+                    "fusions a+b of them (a plug-in's rankers: name its module in eval.plugins)"
                 )
         if name.count("+") > 1:
             raise ConfigError(f"eval.rankers: {name!r}: a fusion has two parts (a+b)")
