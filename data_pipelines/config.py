@@ -190,7 +190,7 @@ class DataConfig:
     item_neighbors: int | None = None
     # true: the valid split's rows are trained on too, there is no validation, trainer.epochs is the
     # number of epochs and the last epoch's weights are tested (the refit after model selection:
-    # trainer.refit sets it for its second stage; docs/evaluation.md, "Refit on train + valid")
+    # trainer.refit sets it for its second stage; docs/evaluation.md, "Refit on train and valid")
     train_on_valid: bool = False
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables

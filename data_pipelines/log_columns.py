@@ -25,7 +25,9 @@ Timestamps (``TimeUnits``): numbers keep their unit, told by their size (``data.
 timestamp_unit=auto``: |t| < 1e11 seconds, < 1e14 milliseconds, < 1e17 microseconds, else
 nanoseconds) or declared; one unit for every file of the dataset (a column mixing them is
 refused, naming a row of each); ISO-8601 strings and typed times become that unit too (seconds
-when it is auto). meta.json ``timestamps`` names the unit.
+when it is auto). meta.json ``timestamps`` names the unit. ISO-8601 strings with a UTC offset ("Z",
+"+02:00") are read at it, those without as UTC; a dataset mixing the two (in one column, or across
+its chunks and files) is refused, naming a row of each: which zone a naive time meant is not known.
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ def ids(column: Column, label: str, field: str, first_row: int = 0, id_type: str
 
 UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
 _UNITS = ("s", "ms", "us", "ns")
+# an ISO-8601 time of day followed by a UTC offset ("T10:00:00Z", " 10:00+02:00", "T1000-0530"); a date alone has none
+_WITH_OFFSET = r"[T ]\d{2}(?::?\d{2}(?::?\d{2}(?:[.,]\d+)?)?)?\s*(?:[Zz]|[+-]\d{2}(?::?\d{2})?)$"
 _UNIT_BOUNDS = np.array([1e11, 1e14, 1e17])  # |t| below each: s, ms, us (1e11 s and 1e14 ms are the year 5138)
 _NS_PER = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 
@@ -150,6 +154,8 @@ class TimeUnits:
         self.declared = str(declared)
         self.unit = None if self.declared == "auto" else self.declared
         self._where: tuple[str, str] | None = None  # (file, row) that fixed the unit, for a later one's error
+        # the first ISO-8601 time read with a UTC offset and the first without: (file, "row N = 'text'")
+        self._zones: dict[bool, tuple[str, str]] = {}
 
     @property
     def name(self) -> str:
@@ -186,6 +192,33 @@ class TimeUnits:
             classes = np.searchsorted(_UNIT_BOUNDS, size, side="right")
             row = int(np.argmax(classes != first))
             self._fix(_UNITS[int(classes[row])], label, f"row {first_row + row + 1} = {_show(values[row])}", field)
+
+    def zones(self, text: pd.Series, label: str, field: str, first_row: int) -> None:
+        """ISO-8601 strings all with a UTC offset or all without, over the dataset, or an error naming a row of each."""
+        with_offset = text.str.strip().str.contains(_WITH_OFFSET, regex=True).to_numpy(dtype=bool)
+        self._zoned(with_offset, lambda row: repr(text.iloc[row]), label, field, first_row)
+
+    def typed_zone(self, column: Column, label: str, field: str, first_row: int) -> None:
+        """A typed time column (a CSV reader's inferred ISO times, parquet): zoned or naive, as the strings are."""
+        zoned = getattr(column.type, "tz", None) is not None
+        self._zoned(np.full(len(column), zoned), lambda row: repr(str(column[row].as_py())), label, field, first_row)
+
+    def _zoned(self, with_offset: np.ndarray, shown, label: str, field: str, first_row: int) -> None:
+        for kind in (True, False):
+            if kind not in self._zones and (with_offset == kind).any():
+                row = int(np.argmax(with_offset == kind))
+                self._zones[kind] = (label, f"row {first_row + row + 1} = {shown(row)}")
+        if len(self._zones) < 2:
+            return
+        (naive_label, naive), (offset_label, offset) = self._zones[False], self._zones[True]
+        where = label if label in (naive_label, offset_label) else naive_label
+        naive_at = naive if naive_label == where else f"{naive_label}: {naive}"
+        offset_at = offset if offset_label == where else f"{offset_label}: {offset}"
+        raise DatasetError(
+            f"{where}: field {field!r} mixes times with and without a UTC offset: {naive_at} has none, "
+            f"{offset_at} has one; a time without one would be read as UTC, which it may not be. Give every time "
+            "its offset (or none, and every time is read as UTC)"
+        )
 
     def typed(self, label: str, field: str, first_row: int) -> str:
         """The unit typed times of ``label`` become (and a check that they may)."""
@@ -224,10 +257,12 @@ def _timestamps(column: Column | None, n: int, label: str, field: str, first_row
         units.numbers(values, label, field, first_row)
         return np.floor(values).astype(np.int64)
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        units.typed_zone(column, label, field, first_row)
         ns = pc.cast(pc.cast(column, pa.timestamp("ns")), pa.int64()).to_numpy()
         return _in_unit(np.asarray(ns), "ns", units.typed(label, field, first_row))
     if _is_text(kind):
         text = column.to_pandas()
+        units.zones(text, label, field, first_row)
         parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
         if parsed.isna().any():
             row = int(np.argmax(parsed.isna().to_numpy()))

@@ -57,13 +57,17 @@ from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
 from recsys.query_encoder import QueryEncoder
 from recsys.rankers.parts import BundleRun
+from recsys.rankers.plugins import load_plugins
 from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, served_ranker
 from recsys.rankers.resources import Resources
 from recsys.rankers.served import Served
 from recsys.rankers.served_dir import SERVED_DIR, load_served
 from recsys.rankers.two_tower.weights import served_from_weights
 from recsys.run_checks import (
+    check_batch_fits,
+    check_evaluate_names,
     check_exportable,
+    check_index_kind,
     note_dropped_rows,
     note_export_stage,
     warn_ks_beyond_catalogue,
@@ -161,6 +165,7 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
     lock = None
     try:
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
+        load_plugins(cfg.eval.plugins)  # their rankers registered before the names are checked
         check_rankers(cfg)  # a typo or a bad setting fails now, not after training
         check_finished_evaluation(cfg, Path(run_dir))  # a finished run asked for other eval.*: refused, naming them
         if env.is_main:
@@ -254,6 +259,8 @@ def _train_and_test(
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         data, example_counts = load_data(cfg, env)
+        num_examples = len(data.example_rows()) if example_counts is None else sum(example_counts)
+        check_batch_fits(cfg.trainer.global_batch_size, num_examples, data.dir)  # before the model is built
         check_resources(  # a ranker whose fit the host cannot hold is refused now, not after training
             cfg,
             Resources(
@@ -332,6 +339,8 @@ def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
     """Collective over all ranks: the offline report of a trained run; returns it on rank 0 (None elsewhere)."""
     run_dir = Path(ecfg.run_dir)
     cfg = load_run_config(run_dir, ecfg.checkpoint)
+    load_plugins(cfg.eval.plugins)  # the run's plug-in rankers, as it ranked with them
+    check_evaluate_names(ecfg.ann_kinds, ecfg.splits, cfg)  # before the weights load and the items are embedded
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None
     try:
@@ -381,6 +390,7 @@ def export_run(ecfg: ExportConfig) -> Path:
     """
     run_dir = Path(ecfg.run_dir)
     out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
+    check_index_kind(ecfg.index)
     check_replaceable(out)  # before any work, on every rank
     note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
     cfg = load_run_config(run_dir, ecfg.checkpoint)

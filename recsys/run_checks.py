@@ -5,7 +5,9 @@
 - a cut-off ``k`` at or beyond the catalogue, where every item is in the top k (Recall@k is 1 by
   construction);
 - which stage of a ``trainer.refit`` run ``recsys.export`` exports, and how to export the other;
-- a run whose query encoder the serving bundle cannot serve yet, refused before ``recsys.export`` loads it.
+- a run whose query encoder the serving bundle cannot serve yet, refused before ``recsys.export`` loads it;
+- a global batch larger than the training examples, refused before the model is built;
+- names the entry points take (an index kind, ANN kinds, splits, the run's rankers), refused before any loading.
 """
 
 from __future__ import annotations
@@ -16,17 +18,57 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from data_pipelines.dataset_dir import dropped_rows_report, read_meta
+from data_pipelines.errors import ConfigError
+from recsys.choices import ANN_KINDS
 from recsys.config import Config, IdMapping, query_uses_neighbors, uses_sequence_encoder
+from recsys.rankers.registry import check_ranker_names
 from recsys.refusals import RunRefused
 
 __all__ = [
+    "check_batch_fits",
+    "check_evaluate_names",
     "check_exportable",
+    "check_index_kind",
     "note_dropped_rows",
     "note_export_stage",
     "warn_ks_beyond_catalogue",
 ]
 
 log = logging.getLogger(__name__)
+
+
+def check_batch_fits(global_batch_size: int, num_examples: int, dataset_dir: Path) -> None:
+    """One global batch must fit in an epoch's training examples (summed over ranks), or a refusal saying what fits."""
+    if num_examples < global_batch_size:
+        raise ConfigError(
+            f"trainer.global_batch_size={global_batch_size}: more than the {num_examples} training examples of "
+            f"{dataset_dir} (an epoch is at least one batch); lower it: trainer.global_batch_size={max(num_examples, 1)} "
+            "or less, or bring more rows"
+        )
+
+
+def check_index_kind(index: str) -> None:
+    """recsys.export's ``index``: a FAISS index kind the bundle can be written with."""
+    if index not in ANN_KINDS:
+        raise ConfigError(
+            f"index={index}: choose one of {', '.join(ANN_KINDS)} (the FAISS index written with the bundle)"
+        )
+
+
+def check_evaluate_names(ann_kinds: Sequence[str], splits: Sequence[str], cfg: Config) -> None:
+    """recsys.evaluate's names, before anything loads: its ANN kinds and splits, and the rankers the run's
+    ``eval.rankers`` lists (a plug-in's must be registered in this process too: eval.plugins)."""
+    unknown = [kind for kind in ann_kinds if kind not in ANN_KINDS]
+    if unknown:
+        raise ConfigError(
+            f"ann_kinds={list(ann_kinds)}: {', '.join(unknown)} unknown; choose from {', '.join(ANN_KINDS)}"
+        )
+    bad = [split for split in splits if split not in ("valid", "test")]
+    if bad:
+        raise ConfigError(f"splits={list(splits)}: {', '.join(bad)} is not evaluated; choose from valid, test")
+    from recsys.evaluation.offline import report_stage_rankers  # noqa: PLC0415 (the report's module, heavy)
+
+    check_ranker_names(report_stage_rankers(cfg))
 
 
 def note_dropped_rows(dataset_dir: Path) -> None:

@@ -9,7 +9,9 @@ downloaded bundle), so nothing read from one may run code when it is loaded:
   metadata classes DCP writes;
 - ``np.load`` with ``allow_pickle=False``; YAML through OmegaConf (a safe loader); JSON; parquet.
 
-A refused file raises :class:`UnsafeFileError` naming it, before anything from it is built.
+A refused file raises :class:`UnsafeFileError` naming it, before anything from it is built; a file that cannot
+be read at all (truncated, not of its kind) raises :class:`UnreadableFile` naming it. Both are refusals: an entry
+point prints them as one line (recsys/refusals.py).
 """
 
 from __future__ import annotations
@@ -23,9 +25,23 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 
+from recsys.refusals import RunRefused
 
-class UnsafeFileError(pickle.UnpicklingError):
+
+class UnsafeFileError(RunRefused, pickle.UnpicklingError):
     """A file asked to build an object (or call a function) that a plain data file never holds."""
+
+
+class UnreadableFile(RunRefused):
+    """A file that cannot be read as what it should be (written in part, damaged, or another kind of file)."""
+
+
+def _unreadable(path: Path, e: BaseException) -> UnreadableFile:
+    reason = (str(e).splitlines() or [type(e).__name__])[0]
+    return UnreadableFile(
+        f"{path}: cannot be read ({type(e).__name__}: {reason}); written in part or damaged? "
+        "Write it again (train, export) or restore it"
+    )
 
 
 # (module, name) pairs a DCP .metadata pickle written by torch / torchrec may reference: dataclasses,
@@ -101,6 +117,10 @@ def torch_load_weights(path: Path, **kwargs: Any) -> Any:
             f"{path}: refused to load: it holds more than tensors and plain values (a crafted "
             f"file?); nothing from it was run ({str(e).splitlines()[0]})"
         ) from None
+    except FileNotFoundError:
+        raise
+    except (RuntimeError, OSError, EOFError, ValueError) as e:  # torch's zip reader, a short read
+        raise _unreadable(path, e) from None
 
 
 def numpy_load(path: Path, **kwargs: Any) -> np.ndarray:
@@ -109,7 +129,11 @@ def numpy_load(path: Path, **kwargs: Any) -> np.ndarray:
         return np.load(path, allow_pickle=False, **kwargs)
     except ValueError as e:
         if "allow_pickle" not in str(e):
-            raise
+            raise _unreadable(path, e) from None
         raise UnsafeFileError(
             f"{path}: refused to load: an object array (a pickle), not a numeric one; nothing from it was run"
         ) from None
+    except (OSError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise _unreadable(path, e) from None

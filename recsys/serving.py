@@ -38,6 +38,7 @@ it: it decides which items are recommended.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,9 +46,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from recsys.rankers.parts import Catalogue, Query, read_entries
+from data_pipelines.errors import one_line  # plain Python
+from recsys.rankers.parts import Catalogue, Query
 from recsys.rankers.served import Served
-from recsys.safe_load import numpy_load
+from recsys.refusals import MissingPath  # plain Python
+from recsys.safe_load import UnreadableFile, numpy_load
 from recsys.serving_inputs import (
     as_raw_ids,
     as_top_k,
@@ -188,12 +191,23 @@ def load_bundle(path: str | Path) -> ServingBundle:
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path}: missing; is {root} a bundle written by `python -m recsys.export`?")
-    manifest = read_entries(root, "manifest.json")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UnreadableFile(
+            f"{manifest_path}: not a readable JSON manifest ({one_line(e)}); written in part or edited? Export the "
+            "run again (python -m recsys.export run_dir=...)"
+        ) from None
+    if not isinstance(manifest, dict):
+        raise UnreadableFile(f"{manifest_path}: not a bundle manifest (a JSON object); export the run again")
     if manifest.get("format") != BUNDLE_FORMAT:
         raise ValueError(
             f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
             "export the run again (python -m recsys.export run_dir=...)"
         )
+    for name in manifest.get("files", []):  # every file export wrote (bundles before the list: not checked)
+        if not (root / name).exists():
+            raise MissingPath(f"{root / name}: missing; the bundle is incomplete (its manifest lists it): export again")
     from recsys.evaluation.ann import require_faiss  # noqa: PLC0415 (faiss, only where a bundle is loaded)
 
     return ServingBundle(

@@ -43,8 +43,8 @@ GROUPS = {
 }
 # the other entry points: (heading, schema, root config in conf/, keys documented with the training config)
 ENTRY_POINTS = (
-    ("`python -m recsys.evaluate run_dir=...`", EvaluateConfig, "evaluate", ()),
-    ("`python -m recsys.export run_dir=...`", ExportConfig, "export", ()),
+    ("`recsys.evaluate` (`run_dir=...`)", EvaluateConfig, "evaluate", ()),
+    ("`recsys.export` (`run_dir=...`)", ExportConfig, "export", ()),
     ("`python scripts/plan_sharding.py`", PlanConfig, "plan", ("model", "sharding", "optim")),
 )
 

@@ -259,3 +259,25 @@ def test_the_managed_counts_of_a_killed_and_resumed_run_are_the_whole_runs(data_
     assert resumed["train"]["steps"] == whole["train"]["steps"]
     assert whole["managed"]["item"]["admitted"] == whole["managed"]["item"]["ids"] > 0
     assert resumed["managed"] == whole["managed"]
+
+
+def test_the_daily_experiment_on_the_users_own_log_names_it_as_theirs(tmp_path):
+    """Issue 43 item 16: +experiment=daily data=interactions named the user's dataset synthetic_churn-...; the
+    generator's churn settings are the synthetic_churn data group's, which data=interactions replaces."""
+    from hydra import compose, initialize_config_dir
+
+    from recsys.config import register_configs, to_config
+    from tests.helpers.config import CONF_DIR
+
+    def daily_config(*overrides: str):
+        register_configs()
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return to_config(compose(config_name="config", overrides=["+experiment=daily", *overrides]))
+
+    (tmp_path / "log.csv").write_text("user_id,item_id,timestamp\n1,2,3\n")
+    own = daily_config("data=interactions", f"data.interactions.path={tmp_path / 'log.csv'}")
+    assert own.data.name == "interactions" and own.data.source == "interactions"
+    assert own.data.slices == 8 and own.model.id_mapping == "managed"  # the experiment's replay still applies
+    daily = daily_config()  # its own data: the generator with item churn, as before
+    assert daily.data.name == "synthetic_churn" and daily.data.synthetic.churn_periods == 8
+    assert (daily.data.synthetic.num_users, daily.data.synthetic.num_items) == (2000, 4000)

@@ -19,11 +19,11 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def run_copy(trained_run, tmp_path_factory, data_root):
-    """The shared tiny run, copied (this module's evaluations write into it), after a refused training in it."""
+    """The shared tiny run, copied (this module's evaluations write into it), after a refused training in it and an
+    edit of its .hydra/config.yaml."""
     run_dir = tmp_path_factory.mktemp("evaluated") / "run"
     shutil.copytree(trained_run.run_dir, run_dir)
-    # a second run in the same dir with other tower widths is refused, and leaves .hydra/config.yaml the run's own
-    # (a refused run writes no record: tests/test_run_record.py); evaluation rebuilds the model the checkpoint holds
+    # a second run in the same dir with other tower widths is refused, and leaves the run's .hydra/ as it was
     argv = [
         "recsys.train",
         "+experiment=tiny",
@@ -50,7 +50,13 @@ def run_copy(trained_run, tmp_path_factory, data_root):
         False
     )  # its setup_logging() sent Python warnings to logging for good: give them back to pytest
     assert exited.value.code != 0 and "saved for another data/model config" in out.getvalue()
-    assert list(OmegaConf.load(run_dir / ".hydra" / "config.yaml").model.tower_dims) == [32, 16]
+    hydra_config = run_dir / ".hydra" / "config.yaml"
+    assert list(OmegaConf.load(hydra_config).model.tower_dims) == [32, 16]
+    # edited by hand: evaluation must still rebuild the model the checkpoint holds (its own config.yaml)
+    edited = OmegaConf.load(hydra_config)
+    edited.model.tower_dims = [24, 8]
+    OmegaConf.save(edited, hydra_config)
+    assert list(OmegaConf.load(hydra_config).model.tower_dims) == [24, 8]
     return run_dir
 
 

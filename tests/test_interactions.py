@@ -473,3 +473,40 @@ def test_a_side_column_named_like_a_built_in_one_is_refused(tmp_path):
     users.to_csv(cfg.users_path, index=False)
     with pytest.raises(DatasetError, match=r"users\.csv: column 'user_id' has the name of a column .* \(user_id\)"):
         _prepare(cfg, tmp_path / "data")
+
+
+def test_iso_times_with_and_without_a_utc_offset_in_one_column_are_refused_naming_a_row_of_each(tmp_path):
+    """Issue 43 item 14: a naive time was read as UTC beside offset ones without a word. Mixed in one file, or
+    across the chunks and files of one dataset, they are refused naming a row of each; all naive, or all with an
+    offset, are read as before."""
+    log = _log(num_users=20)
+    log.loc[5, "ts"] = "2024-01-06T10:00:00"  # no offset, among "...Z" times
+    path = tmp_path / "clicks.csv"
+    log.to_csv(path, index=False)
+    cfg = InteractionsDataConfig(path=str(path), user_column="visitor", item_column="sku", timestamp_column="ts")
+    with pytest.raises(DatasetError) as e:
+        _prepare(cfg, tmp_path / "data")
+    said = str(e.value)
+    assert said.startswith(
+        f"{path}: field 'ts' mixes times with and without a UTC offset: row 6 = '2024-01-06T10:00:00'"
+    )
+    assert "row 1 = '2024-01-01T10:00:00Z' has one" in said and "\n" not in said
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+
+    # across two files of a given split: the first all with offsets, the second all naive
+    train, test = _log(num_users=20), _log(num_users=20, seed=1)
+    test["ts"] = test["ts"].str.rstrip("Z")
+    train.to_csv(tmp_path / "train.csv", index=False)
+    test.to_csv(tmp_path / "test.csv", index=False)
+    given = dataclasses.replace(
+        cfg, path="", train_path=str(tmp_path / "train.csv"), test_path=str(tmp_path / "test.csv")
+    )
+    with pytest.raises(DatasetError, match=r"test.csv: field 'ts' mixes times with and without a UTC offset"):
+        _prepare(given, tmp_path / "data2", protocol="given")
+
+    # one convention throughout: read as before (naive = UTC, stated in docs/your-own-data.md)
+    naive = _log(num_users=20)
+    naive["ts"] = naive["ts"].str.rstrip("Z")
+    naive.to_csv(path, index=False)
+    out = _prepare(cfg, tmp_path / "data3")
+    assert load_dataset(out).splits["train"].timestamps.min() == int(pd.Timestamp("2024-01-01T10:00:00Z").timestamp())

@@ -5,6 +5,7 @@ the same checkpoint (the toy's, the two-tower's and the fused ``two_tower+graph_
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -14,10 +15,12 @@ from omegaconf import OmegaConf
 
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.evaluation.retrieval import popularity_topk
+from recsys.rankers import registry
 from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
 from recsys.rankers.registry import RANKERS, register_ranker
 from recsys.run import fit
 from tests.helpers.config import tiny_config
+from tests.helpers.entry_points import QUIET, one_error_line, run_module
 
 TOY = "recent_popularity"
 
@@ -106,3 +109,50 @@ def test_ease_and_ials_are_rows_like_any_ranker_in_the_run_and_the_report(tmp_pa
         for name in ("ease", "ials"):
             assert report["splits"][split]["metrics"][name] == results[split][name], (split, name)
     assert report["ease"]["point"] == results["rankers"]["ease"]["point"]
+
+
+PLUGIN = '''
+"""A plug-in module: importing it registers its ranker (what eval.plugins names)."""
+import numpy as np
+
+from recsys.rankers.registry import register_ranker
+from tests.test_ranker_plugin import RecentPopularity
+
+register_ranker("recent_popularity", lambda context, settings: RecentPopularity())
+'''
+
+
+def test_the_entry_points_load_a_plugin_module_named_by_eval_plugins(
+    tmp_path, data_root, process_group, monkeypatch, capsys, request
+):
+    """Issue 43 item 15: ``eval.plugins=[module]`` imports the module before the rankers are resolved, in
+    ``recsys.train`` and (from the run's config) in ``recsys.evaluate``; a module that cannot be imported is one line."""
+    (tmp_path / "my_rankers.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    request.addfinalizer(lambda: sys.modules.pop("my_rankers", None))  # the plug-in's import is undone with the test
+    monkeypatch.setattr(registry, "RANKERS", dict(registry.RANKERS))  # and its registration
+    run_dir = tmp_path / "run"
+    args = [
+        "+experiment=tiny",
+        f"data.root={data_root}",
+        "trainer.epochs=1",
+        "eval.plugins=[my_rankers]",
+        f"eval.rankers=[two_tower,popularity,{TOY}]",
+        f"hydra.run.dir={run_dir}",
+        *QUIET,
+    ]
+    assert run_module(monkeypatch, "recsys.train", args) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["test"][TOY]["recall@20"] > 0
+
+    monkeypatch.setattr(registry, "RANKERS", {k: v for k, v in registry.RANKERS.items() if k != TOY})
+    sys.modules.pop("my_rankers")  # a fresh process: the run's config names the module, evaluate imports it
+    eval_args = [f"run_dir={run_dir}", "ann_kinds=[]", "ks=[10,20]", "ease=false", "ials=false", *QUIET]
+    assert run_module(monkeypatch, "recsys.evaluate", eval_args) == 0
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    assert report["splits"]["test"]["metrics"][TOY]["recall@20"] == pytest.approx(results["test"][TOY]["recall@20"])
+
+    capsys.readouterr()
+    assert run_module(monkeypatch, "recsys.train", [*args, "eval.plugins=[no_such_rankers]", "run_name=x"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: eval.plugins: cannot import 'no_such_rankers' (ModuleNotFoundError")

@@ -18,6 +18,9 @@ class EvalConfig:
     # rankers of the evaluation stage after training: names registered in recsys/rankers/registry.py, and fusions
     # "a+b" of them; null: the registry's default list for the data, resolved and logged at the start of the run
     rankers: list[str] | None = None
+    # modules imported before the rankers are resolved, each registering its rankers (recsys/rankers/plugins.py):
+    # plug-in rankers for eval.rankers; recsys.evaluate imports the run's too
+    plugins: list[str] = field(default_factory=list)
     # the ranker results.json's headline and recsys.export's bundle are (servable, among the rankers); "": the
     # last servable one of ``rankers``
     serve: str = ""

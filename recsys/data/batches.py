@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from data_pipelines.errors import ConfigError
 from recsys.data import arrays
 from recsys.data.arrays import Array, on_device
 from recsys.data.batch import Batch
@@ -199,7 +200,7 @@ class TrainBatches:
         global_batch_size, world_size, counts = self.global_batch_size, self.world_size, self.rank_example_counts
         total = len(self.example_rows) if counts is None else sum(counts)
         if total < global_batch_size:
-            raise ValueError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
+            raise ConfigError(f"trainer.global_batch_size={global_batch_size} exceeds the {total} training examples")
         bounds = batch_bounds(total, global_batch_size, world_size)
         if equal_shares and world_size > 1:
             if global_batch_size % world_size or counts is not None:

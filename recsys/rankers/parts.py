@@ -15,7 +15,6 @@ ones it holds. Imports torch and numpy only: a serving process loads parts witho
 from __future__ import annotations
 
 import importlib
-import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -155,14 +154,3 @@ def either(masks: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
         if mask is not None:
             out = mask.clone() if out is None else out | mask
     return out
-
-
-def read_entries(folder: Path, meta_file: str) -> dict:
-    """A JSON file of ``folder``, a ValueError naming it when it does not parse."""
-    path = folder / meta_file
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(
-            f"{path}: unreadable ({e}); export the run again (python -m recsys.export run_dir=...)"
-        ) from None

@@ -122,10 +122,10 @@ def register_ranker(
     RANKERS[name] = RankerSpec(build, settings, check, resources)
 
 
-def settings_of(name: str, given: Mapping[str, Any], specs: Mapping[str, RankerSpec] = RANKERS) -> Any:
+def settings_of(name: str, given: Mapping[str, Any], specs: Mapping[str, RankerSpec] | None = None) -> Any:
     """``name``'s settings: its dataclass's defaults with ``given[name]`` (eval.settings) over them, typed; a
     ConfigError naming ``eval.settings.<name>`` and the key when one is unknown or of the wrong type."""
-    spec = specs[name]
+    spec = (RANKERS if specs is None else specs)[name]  # RANKERS looked up now: a plug-in may have replaced it
     if spec.settings is None:
         return None
     try:
@@ -213,11 +213,12 @@ def check_ranker_names(names: Sequence[str]) -> None:
     for name in names:
         for part in name.split("+"):
             if part not in RANKERS:
-                raise ValueError(
-                    f"eval.rankers: unknown ranker {part!r} in {name!r}; known: {', '.join(sorted(RANKERS))}, and fusions a+b of them"
+                raise ConfigError(
+                    f"eval.rankers: unknown ranker {part!r} in {name!r}; known: {', '.join(sorted(RANKERS))}, and "
+                    "fusions a+b of them (a plug-in's rankers: name its module in eval.plugins)"
                 )
         if name.count("+") > 1:
-            raise ValueError(f"eval.rankers: {name!r}: a fusion has two parts (a+b)")
+            raise ConfigError(f"eval.rankers: {name!r}: a fusion has two parts (a+b)")
 
 
 def build_rankers(names: Sequence[str], context: RankerContext) -> tuple[list[Ranker], list[Ranker]]:

@@ -2,8 +2,9 @@
 ``on_run_start`` / ``on_multirun_start`` before it makes the job's output dir and its ``.hydra/``):
 
 - ``RunDirMustExist`` (conf/evaluate.yaml, conf/export.yaml): ``recsys.evaluate`` / ``recsys.export``
-  refuse a ``run_dir`` that does not exist, before Hydra creates their output dir (``<run_dir>/eval``,
-  ``<run_dir>``) in it: a typo must not leave an empty run behind.
+  refuse a missing ``run_dir`` argument (Hydra would fail on its own run dir, ``${run_dir}/...``), and a
+  ``run_dir`` that does not exist, before Hydra creates their output dir (``<run_dir>/eval``, ``<run_dir>``)
+  in it: a typo must not leave an empty run behind.
 - ``RunNameStaysInRuns`` (conf/config.yaml): ``recsys.train``'s ``run_name`` names a folder of
   ``runs/`` of its own: absolute, with ``..``, or through a symbolic link (to another run, or out of
   ``runs/``) it is refused, so no checkpoint, lock or ``.hydra/`` lands outside ``runs/`` or in
@@ -22,7 +23,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from recsys.rundir.lock import held_elsewhere
 
@@ -34,6 +35,11 @@ def _refuse(message: str) -> None:
 
 class RunDirMustExist(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if OmegaConf.is_missing(config, "run_dir"):  # else Hydra fails on its own run dir, ${run_dir}/..., unreadably
+            _refuse(
+                f"run_dir: required: the run dir `python -m recsys.train` wrote, e.g. "
+                f"python -m recsys.{config.hydra.job.name} run_dir=runs/<run_name>"
+            )
         run_dir = config.get("run_dir")
         if isinstance(run_dir, str) and run_dir and run_dir != "???" and not Path(run_dir).is_dir():
             _refuse(

@@ -169,8 +169,9 @@ def completed_results(run_dir: Path, checkpoint: Path | None, fingerprint: str, 
     return saved
 
 
-# eval.* keys that say how the stage batches its work, not what it ranks: a change of them changes no figure
-EVAL_WORK_KEYS = ("batch_size", "chunk_size")
+# eval.* keys that change no figure: how the stage batches its work, and where plug-in rankers come from (which
+# rankers rank is eval.rankers)
+EVAL_WORK_KEYS = ("batch_size", "chunk_size", "plugins")
 
 
 def _flat(values: dict[str, Any], prefix: str) -> dict[str, Any]:
