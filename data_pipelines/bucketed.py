@@ -11,7 +11,7 @@ Every step but the vocabularies and the k-core's counts looks at one user at a t
 whole users is all it needs. The protocols draw from one generator in canonical
 (user_id, timestamp, item_id) order, and buckets come in ascending user order, so the draws and the
 dataset are exactly those of the in-memory functions of ``splits`` on the whole log (checked by
-tests/test_out_of_core.py). Memory: O(distinct users + items) for the vocabularies and counts, plus
+tests/data_pipelines/test_out_of_core.py). Memory: O(distinct users + items) for the vocabularies and counts, plus
 one bucket (``memory_budget_bytes / _BUCKET_BYTES_PER_ROW`` rows) at a time.
 """
 

@@ -39,7 +39,7 @@ Generative story (all draws from ``numpy.random.default_rng`` streams spawned fr
    of tomorrow's log are partly new, and yesterday's partly gone (docs/continuous-training.md).
 
 With the defaults, an oracle ranking by the true logit has several times the Recall@20 of a
-popularity ranking, and popularity is itself far above random (tests/test_synthetic.py).
+popularity ranking, and popularity is itself far above random (tests/data_pipelines/test_synthetic.py).
 """
 
 from __future__ import annotations

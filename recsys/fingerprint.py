@@ -9,7 +9,7 @@ checkpoint and compared before resuming, initialising from, evaluating or export
   earlier run had, so their run dirs keep their fingerprint (``Absent(value, unless=...)``: also left out
   while another setting makes it unused).
 
-A new field must be added here (tests/test_fingerprint.py fails until it is). ``FINGERPRINT_VERSION`` says
+A new field must be added here (tests/rundir/test_fingerprint.py fails until it is). ``FINGERPRINT_VERSION`` says
 which rules a saved fingerprint was made with; changing a rule so that existing runs hash otherwise means a
 new version and a note in the refusal. Run dirs written at version 1 are tested (tests/fixtures/).
 """

@@ -27,7 +27,7 @@ the dataset's indices and looks their raw ids up): an id the tables do not hold 
 
 The served ranker is the run's headline (eval.serve), one part or a fusion of parts (recsys/rankers/served.py,
 fusion.py): its scores are inner products <query, item>, so the bundle ranks as the run's evaluation did
-(tests/test_export.py): ``bundle.recommend(history, k)``. No ranker is named here: the manifest says which parts a
+(tests/serving/test_export.py): ``bundle.recommend(history, k)``. No ranker is named here: the manifest says which parts a
 bundle holds, and each loads through the registry.
 
 Trust: :func:`load_bundle` runs no code from the bundle (weights load with ``torch.load(weights_only=True)``,

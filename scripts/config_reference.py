@@ -6,7 +6,7 @@
 Every key of every entry point's schema (recsys/config/, data_pipelines/config.py): its type, the
 default the entry point composes from conf/ (its config groups' defaults applied), and its meaning, which
 is the field's comment: the comment lines right above it plus those on its own line(s). `make docs`
-regenerates the page before building the site (scripts/mkdocs_hooks.py); tests/test_config_reference.py
+regenerates the page before building the site (scripts/mkdocs_hooks.py); tests/config/test_config_reference.py
 fails when the page is stale or when a field has no comment.
 """
 
@@ -111,7 +111,7 @@ def ranker_settings() -> dict[str, type]:
 
 
 def undocumented_fields() -> list[str]:
-    """``Class.field`` of every schema field without a comment (tests/test_config_reference.py wants none)."""
+    """``Class.field`` of every schema field without a comment (tests/config/test_config_reference.py wants none)."""
     return [
         f"{cls.__module__}.{cls.__name__}.{name}"
         for cls in documented_classes()

@@ -8,7 +8,7 @@ out or runs out of memory is recorded in the JSON and the next one runs:
 
     gpu               nvidia-smi -L
     stack             torch, fbgemm_gpu and torchrec import, with CUDA
-    gpu_tests         pytest -m gpu tests/test_gpu.py (passed / failed / skipped)
+    gpu_tests         pytest -m gpu tests/scripts/test_gpu.py (passed / failed / skipped)
     synthetic_B       the synthetic default (python -m recsys.train) on the GPU at global batch B = 8192 (2 epochs,
                       the last logged window of the second, as the issue measured), 32768 and 131072 (1 epoch each,
                       its last window): samples/s per GPU; "best_large_batch" is the faster of the two large ones
@@ -99,7 +99,7 @@ def steps(work: Path) -> list[tuple[str, int, list[str] | None]]:
     return [
         ("gpu", 5, ["nvidia-smi", "-L"]),
         ("stack", 25, ["-c", STACK]),
-        ("gpu_tests", 140, ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_gpu.py"]),
+        ("gpu_tests", 140, ["-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", "tests/scripts/test_gpu.py"]),
         ("synthetic_8192", 45, synthetic(work, 8192)),
         *((f"synthetic_{b}", 30, synthetic(work, b)) for b in LARGE_BATCHES),
         ("gowalla", 90, train_args(work, "gowalla", "+experiment=gowalla")),

@@ -12,7 +12,7 @@ query rows:
 
 Two score buffers alternate, so the host reads chunk j's counts (waiting on chunk j's event, not on the stream)
 while chunk j + 1 is queued behind it; only a chunk with a tie at its k-th score or inside its top k runs the host
-path's fix-ups. The result equals the host path's to the last id (tests/test_retrieval.py runs this path on CPU).
+path's fix-ups. The result equals the host path's to the last id (tests/evaluation/test_retrieval.py runs this path on CPU).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     served.json        the ranker, its chosen point, the parts' entries and weights, the test users' count and k
     test_topk.npy      int64 [U, k]: the run's test ranking of the served ranker (test_users.npy: its users)
 
-``recsys.export`` builds the bundle from these, so the bundle ranks as the run did (tests/test_export.py). Written to
+``recsys.export`` builds the bundle from these, so the bundle ranks as the run did (tests/serving/test_export.py). Written to
 a temporary folder and renamed into place. A run from before parts is read by recsys/rankers/legacy_served.py.
 """
 

@@ -2,7 +2,7 @@
 
 The two rules differ: GitHub lowercases, drops punctuation and turns every space into a hyphen, so "a + b" is
 ``a--b``; the site's ``toc.slugify`` collapses a run of spaces and hyphens into one, ``a-b``. A heading whose two
-slugs agree has one anchor on both; docs/ links only to such headings (tests/test_doc_links.py).
+slugs agree has one anchor on both; docs/ links only to such headings (tests/project/test_doc_links.py).
 """
 
 from __future__ import annotations

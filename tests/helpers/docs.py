@@ -3,12 +3,12 @@
 A block that shows commands or code (```bash, ```console, ```python, ```sh) carries an HTML comment on the
 line right above its fence, invisible on GitHub and on the site:
 
-    <!-- test: walk -->                 run, in page order, by tests/test_readme.py::test_newcomer_walk
+    <!-- test: walk -->                 run, in page order, by tests/project/test_readme.py::test_newcomer_walk
     <!-- test: config (why not run) --> every command's config composed and checked, as the entry point would
     <!-- test: tests/FILE.py::NAME -->   run by that test (which reads the block, or runs the same command)
     <!-- not run: REASON -->            not run; the reason is shown as the test's skip reason
 
-Every block that is not ``not run`` also has its commands' configs composed (tests/test_readme.py).
+Every block that is not ``not run`` also has its commands' configs composed (tests/project/test_readme.py).
 """
 
 from __future__ import annotations

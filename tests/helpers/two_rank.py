@@ -1,11 +1,11 @@
-"""The 2-rank trainings that tests/test_fault_tolerance.py and tests/test_multiprocess.py check.
+"""The 2-rank trainings that tests/rundir/test_fault_tolerance.py and tests/distributed/test_multiprocess.py check.
 
 They all run in one torchrun launch (tests/helpers/run_jobs.py, the ``two_rank_runs`` fixture of
 tests/conftest.py): each is ``+experiment=tiny`` with the overrides below (plus ``data.root``). A test
 asks for the ones it reads with ``@pytest.mark.two_rank_runs("name", ...)``.
 """
 
-# tests/test_fault_tolerance.py: 2 epochs of 10 steps, a checkpoint every 4 (steps 4, 8, 10, 12, 16, 20)
+# tests/rundir/test_fault_tolerance.py: 2 epochs of 10 steps, a checkpoint every 4 (steps 4, 8, 10, 12, 16, 20)
 FAULT_TOLERANCE = [
     "trainer.epochs=2",
     "trainer.max_steps_per_epoch=10",
@@ -15,7 +15,7 @@ FAULT_TOLERANCE = [
     "model.query_user_id=true",  # all three tables (the tiny default's profile bag has no user table): more to reshard
 ]
 
-# tests/test_multiprocess.py: a loss logged every step, compared with one process's
+# tests/distributed/test_multiprocess.py: a loss logged every step, compared with one process's
 MULTIPROCESS = [
     "trainer.epochs=2",
     "trainer.max_steps_per_epoch=12",
@@ -28,7 +28,7 @@ MULTIPROCESS = [
 # and a last one of 929; one whole epoch, every example exactly once.
 UNEVEN = ["trainer.global_batch_size=1001", "trainer.epochs=1", "trainer.max_steps_per_epoch=0"]
 
-# tests/test_multiprocess.py: the SASRec query encoder (its own EmbeddingCollection table) on temporal leave-one-out;
+# tests/distributed/test_multiprocess.py: the SASRec query encoder (its own EmbeddingCollection table) on temporal leave-one-out;
 # no dropout, whose masks each rank would draw from its own generator
 SASREC = [
     "data.protocol=loo",
@@ -38,7 +38,7 @@ SASREC = [
     "model.sasrec.dim=16",
 ]
 
-# tests/test_continuous.py: the tiny log with item churn replayed as 3 daily slices through managed-collision tables,
+# tests/e2e/test_continuous.py: the tiny log with item churn replayed as 3 daily slices through managed-collision tables,
 # each slice warm-started from the one before ({two_rank_root}: the folder of these run dirs). The item table
 # (224 rows: 223 ids, 111 per rank on 2) holds slices 0 and 1's items and overflows in slice 2 (LRU evicts)
 CONTINUOUS = [

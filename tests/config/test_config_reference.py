@@ -4,7 +4,7 @@ fresh, and every field of every entry point's schema must say what it means (its
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "config_reference.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "config_reference.py"
 
 
 def _script():

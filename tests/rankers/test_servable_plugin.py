@@ -23,7 +23,7 @@ from recsys.run import fit, open_dataset
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
 
-PLUGIN_CONF = Path(__file__).resolve().parent / "plugins" / "conf"
+PLUGIN_CONF = Path(__file__).resolve().parents[1] / "plugins" / "conf"
 
 
 @pytest.fixture

@@ -266,8 +266,8 @@ def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_
 
     from recsys.config import FeatureConfig, register_configs, to_config
     from recsys.run import fit, load_trained
+    from tests.data_pipelines.test_interactions import _log, write_side_files
     from tests.helpers.config import CONF_DIR
-    from tests.test_interactions import _log, write_side_files
 
     log = _log()
     log.to_csv(tmp_path / "clicks.csv", index=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Run under `make test`, a child make inherits MAKELEVEL / MAKEFLAGS and prints "make[1]: Entering directory"
 # on stdout: the recipe read here must be the one a user's own `make -n` prints.
 MAKE_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}

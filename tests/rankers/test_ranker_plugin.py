@@ -116,7 +116,7 @@ PLUGIN = '''
 import numpy as np
 
 from recsys.rankers.registry import register_ranker
-from tests.test_ranker_plugin import RecentPopularity
+from tests.rankers.test_ranker_plugin import RecentPopularity
 
 register_ranker("recent_popularity", lambda context, settings: RecentPopularity())
 '''

@@ -105,7 +105,7 @@ def test_every_experiment_composes(experiment):
     from recsys.config import register_configs, to_config
 
     register_configs()
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[2] / "conf"
     assert {p.stem for p in (conf / "experiment").glob("*.yaml")} == {
         "tiny",
         "movielens",

@@ -40,7 +40,7 @@ def test_config_refuses_what_sasrec_cannot_use(overrides, message):
 
 def test_fingerprints_of_bag_runs_do_not_change():
     # the values main computed before the option existed: existing runs resume and evaluate as before
-    # (model.query_neighbors=false: what a run from before that option built; tests/test_item_neighbors.py)
+    # (model.query_neighbors=false: what a run from before that option built; tests/data/test_item_neighbors.py)
     off = ["model.query_neighbors=false"]
     assert config_fingerprint(tiny_config(off)) == "53abeecc055bb0bf"
     # a run saved then holds the synthetic data's 0.25 dropout (the protocol now resolves loo's 0.0 when unset)

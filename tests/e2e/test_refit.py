@@ -16,8 +16,8 @@ from recsys.distributed.rank_data import load_rank_data
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.rankers.registry import DEFAULT_FUSION as FUSED_MODEL
 from recsys.run import REFIT_DIR, open_dataset
+from tests.data.test_no_categories import fit_given_split
 from tests.helpers.config import tiny_config
-from tests.test_no_categories import fit_given_split
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from tests.helpers.two_rank import FAULT_TOLERANCE
 
 pytestmark = pytest.mark.multiprocess
 COMMON = ["+experiment=tiny", *FAULT_TOLERANCE]
-SCALE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "training-at-scale.md"
+SCALE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "training-at-scale.md"
 
 
 @pytest.mark.two_rank_runs("uninterrupted")

@@ -58,7 +58,7 @@ def test_importing_an_entry_point_changes_nothing():
 
 
 def test_bench_script_times_both_allocators():
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_cpu_memory.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_cpu_memory.py"
     args = [
         "--num-users",
         "600",

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from recsys.config import Config, register_configs, to_config
 from recsys.rankers.registry import COMBINATORS, RANKERS
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 CHOSEN_BY_GROUPS = ("data", "model.tables", "sharding.tables")
 
 

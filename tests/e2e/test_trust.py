@@ -292,7 +292,7 @@ def test_resuming_mid_epoch_with_another_batch_size_is_refused_naming_both(
         )
 
 
-# --- 16: a killed worker on one of two hosts: tests/test_fault_tolerance.py (two torchrun agents) ---
+# --- 16: a killed worker on one of two hosts: tests/rundir/test_fault_tolerance.py (two torchrun agents) ---
 
 # --- 17: SIGTERM ----------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOP = ("recsys", "data_pipelines", "scripts", "tests", "conf", "docs", ".ci")
 SCANNED = [*TOP[:-1], "README.md", "pyproject.toml", "Makefile", "mkdocs.yml"]
 SUFFIXES = (".py", ".yaml", ".md", ".sh", ".toml", ".yml")

@@ -273,7 +273,7 @@ def test_bench_run_step_times_each_variant_and_puts_the_towers_split_back(data_r
 
     import recsys.model.two_tower as two_tower
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_run_step.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_run_step.py"
     spec = importlib.util.spec_from_file_location("bench_run_step", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

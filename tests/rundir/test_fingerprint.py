@@ -16,7 +16,9 @@ from recsys.fingerprint import FIELDS, config_fingerprint
 from recsys.rundir.config import load_run_config
 from tests.helpers.config import tiny_config
 
-FIXTURE = Path(__file__).parent / "fixtures" / "run_dir_2026_12_02"  # tiny run, written by main at ffa3d89
+FIXTURE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "run_dir_2026_12_02"
+)  # tiny run, written by main at ffa3d89
 OPEN_SECTIONS = (
     "model.tables",
     "model.features",

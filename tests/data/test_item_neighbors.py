@@ -21,8 +21,8 @@ from recsys.export import ExportConfig, export_run
 from recsys.fingerprint import config_fingerprint
 from recsys.rundir.config import load_run_config
 from recsys.serving import load_bundle
+from tests.data.test_no_categories import fit_given_split
 from tests.helpers.config import tiny_config
-from tests.test_no_categories import fit_given_split
 
 
 def _interactions(pairs):

@@ -82,7 +82,7 @@ def test_the_bundle_serves_the_runs_headline_figure_through_each_index(trained_r
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_served_ann.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_served_ann.py"
     spec = importlib.util.spec_from_file_location("bench_served_ann", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -11,7 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # the GPU machine's python, answering each step the way a run there would (the 131072 batch: out of memory)
 FAKE_PY = r"""
@@ -23,7 +23,7 @@ def override(key):
 if args[0] == "-c":
     print("torch 2.11.0+cu130 cuda 13.0 | fbgemm 1.6.0 | torchrec 1.6.1 | NVIDIA H200")
 elif args[:2] == ["-m", "pytest"]:
-    print("tests/test_gpu.py::test_cuda_matches_cpu_curve PASSED [ 50%]")
+    print("tests/scripts/test_gpu.py::test_cuda_matches_cpu_curve PASSED [ 50%]")
     print("============ 6 passed, 1 skipped in 91.20s (0:01:31) ============")
 elif args[:2] == ["-m", "recsys.train"]:
     run_dir, batch = Path(override("hydra.run.dir")), int(override("trainer.global_batch_size") or 1024)
