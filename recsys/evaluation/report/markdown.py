@@ -152,6 +152,9 @@ def _graph_filter(report: dict) -> list[str]:
         return out + [f"Graph filter skipped: {gf['skipped']}.", ""]
     rows = []
     for name, row in gf["rankers"].items():
+        if "skipped" in row:
+            out.append(f"- {name}: skipped: {row['skipped']}.")
+            continue
         fit = row["fit"].get("test", row["fit"].get("valid", {}))
         out.append(
             f"- {name}: fit on {row['fit_on'].get('test', row['fit_on'].get('valid'))} ({fit.get('interactions', 0):,} "
@@ -159,6 +162,8 @@ def _graph_filter(report: dict) -> list[str]:
             f"{_fmt(row['point'])}; servable by the bundle: {'yes' if row['servable'] else 'no'}."
         )
         rows += [[f"{name}, {point}", value] for point, value in row.get("grid", {}).items()]
+    if not rows:
+        return out + [""]
     return out + [""] + _table(["grid point", "valid " + gf["tuned_on"].split()[-1]], rows) + [""]
 
 
