@@ -195,6 +195,21 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
         destroy_distributed(env)
 
 
+def search_trial(cfg: Config, run_dir: str | Path, deadline: float | None = None) -> dict[str, Any]:
+    """One trial of a search (recsys/tune/): train ``cfg`` in ``run_dir`` with the per-epoch validation and early
+    stopping, no evaluation stage (the test split is never read); returns the training's results ("train":
+    best_valid, best_epoch, seconds)."""
+    env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
+    lock = None
+    try:
+        lock = lock_run_dir(Path(run_dir), env)
+        return _train_and_test(cfg, Path(run_dir), env, stage=False, deadline=deadline)
+    finally:
+        if lock is not None:
+            lock.release()
+        destroy_distributed(env)
+
+
 REFIT_DIR = "refit"  # <run dir>/refit: trainer.refit's second stage, a run dir of its own
 
 
@@ -251,10 +266,18 @@ def run_evaluator(cfg: Config, data: RetrievalData) -> Evaluator:
 
 
 def _train_and_test(
-    cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | None = None, record: Mapping[str, str] | None = None
+    cfg: Config,
+    run_dir: Path,
+    env: DistEnv,
+    chosen: dict | None = None,
+    record: Mapping[str, str] | None = None,
+    *,
+    stage: bool = True,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Train (``Trainer``), then the evaluation stage on the best epoch's weights; writes results.json (and
-    ``record``, the run's .hydra/ files, once it is to train or evaluate)."""
+    ``record``, the run's .hydra/ files, once it is to train or evaluate). ``stage=False`` (a search's trial): the
+    training alone, validated each epoch, no test ranked, no results.json; ``deadline``: the Trainer's."""
     sharded: ShardedModel | None = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -284,9 +307,12 @@ def _train_and_test(
             write_run_record(run_dir, record)
         batches, evaluator = train_batches(cfg, data, env, example_counts), run_evaluator(cfg, data)
         trainer = Trainer(
-            cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator
-        )
+            cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator,
+            deadline=deadline,
+        )  # fmt: skip
         trained = trainer.fit(start.resume_from)
+        if not stage:
+            return trained
         ranked = rank_after_training(cfg, env, data, trainer.two_tower, run_dir, evaluator, chosen=chosen)
         headline = ranked.pop("headline")
         results = {

@@ -3,6 +3,7 @@
     $ python -m recsys.train                                     # default synthetic dataset, 1 process
     $ python -m recsys.train +experiment=tiny trainer.epochs=2   # any config value from the command line
     $ torchrun --standalone --nproc_per_node=2 -m recsys.train   # 2 processes (GPUs if visible, else CPU/gloo)
+    $ python -m recsys.train +experiment=movielens tune.budget_minutes=20   # search on valid, then train the best
 
 Outputs land in runs/<run_name>/ (results.json, metrics.jsonl, tb/, train.log). On SIGTERM it checkpoints
 and exits with status 75 (recsys/rundir/preemption.py); the same command resumes.
@@ -29,9 +30,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from recsys.config import register_configs, to_config
 from recsys.logs import setup_logging
 from recsys.refusals import refusals
-from recsys.run import fit
+from recsys.run import fit, search_trial
 from recsys.rundir.preemption import PREEMPTED_EXIT_CODE, Preempted
 from recsys.rundir.record import has_record, write_run_record
+from recsys.tune.search import tune_and_fit
 
 
 def run_record(cfg: DictConfig) -> dict[str, str]:
@@ -56,7 +58,11 @@ def main(cfg: DictConfig) -> None:
         write_run_record(run_dir, record_files)
     with refusals():  # bad input files, config values, a held run dir...: one line on stderr, exit 1
         try:
-            fit(to_config(cfg), run_dir, record_files)
+            typed = to_config(cfg)
+            if typed.tune.budget_minutes is None:
+                fit(typed, run_dir, record_files)
+            else:  # the budgeted search on valid, then the chosen settings trained (recsys/tune/search.py)
+                tune_and_fit(typed, run_dir, fit, search_trial, record_files)
         except Preempted as e:  # SIGTERM: checkpointed; a status schedulers can tell from a failure
             print(str(e), file=sys.stderr)
             sys.exit(PREEMPTED_EXIT_CODE)

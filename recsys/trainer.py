@@ -145,7 +145,10 @@ class Trainer:
         checkpoints: CheckpointManager,
         batches: TrainBatches,
         evaluator: Evaluator,
+        deadline: float | None = None,
     ) -> None:
+        """``deadline``: a time.monotonic() after which no further epoch starts (a search's trial keeps its best so
+        far); None: the epochs and early stopping alone decide."""
         self.cfg, self.tcfg, self.run_dir, self.env, self.data, self.sharded = (
             cfg,
             cfg.trainer,
@@ -155,6 +158,7 @@ class Trainer:
             sharded,
         )
         self.checkpoints, self.batches, self.evaluator = checkpoints, batches, evaluator
+        self.deadline = deadline
         self.two_tower = sharded.two_tower
         self.state = TrainerState(
             fingerprint=checkpoints.fingerprint,
@@ -208,7 +212,7 @@ class Trainer:
         self.metrics_log = MetricsLog(self.run_dir, enabled=env.is_main)
         try:
             self.preemption.install()  # SIGTERM now sets a flag; checked after every step
-            while not self.state.early_stopped and self.state.epoch < tcfg.epochs:
+            while not self.state.early_stopped and self.state.epoch < tcfg.epochs and not self._past_deadline():
                 self.train_epoch()
                 self.validate()
             self.preemption.restore()  # what follows is not resumable work: SIGTERM stops it at once again
@@ -217,6 +221,15 @@ class Trainer:
             self.preemption.restore()
             self.metrics_log.close()
         return training_results(self.state, self.data, env.world_size, best, self.managed)
+
+    def _past_deadline(self) -> bool:
+        """Collective when several ranks train: whether the deadline has passed (rank 0's clock decides)."""
+        if self.deadline is None:
+            return False
+        past = torch.tensor([int(time.monotonic() > self.deadline)], device=self.env.device)
+        if self.env.world_size > 1:
+            dist.broadcast(past, src=0)
+        return bool(past.item())
 
     def train_epoch(self) -> None:
         """The rest of ``state.epoch`` from ``state.next_batch``: steps, loss logs, step checkpoints, SIGTERM."""

@@ -131,7 +131,7 @@ def _dataclasses_in(hint: Any) -> list[type]:
     """The dataclasses a field's type holds: the type itself, or a dict's values."""
     if dataclasses.is_dataclass(hint):
         return [hint]
-    if typing.get_origin(hint) is dict:
+    if typing.get_origin(hint) in (dict, list):
         return [a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)]
     return []
 
@@ -243,15 +243,16 @@ def _sections(cls: type, prefix: str, composed: Any, level: int, skip: tuple[str
                 given = sub.get(name) if isinstance(sub, dict) else None
                 yield from _sections(settings, f"{RANKER_SETTINGS}.{name}.", given, level + 1)
         elif inner := _dataclasses_in(hint):
+            entry = "[i]" if typing.get_origin(hint) is list else ".<name>"
             yield ""
-            yield f"{'#' * level} `{prefix}{f.name}.<name>`"
+            yield f"{'#' * level} `{prefix}{f.name}{entry}`"
             yield ""
             yield (
                 f"Each entry of `{prefix}{f.name}` ({_cell(comments[f.name])}); the defaults are what an entry "
                 "added on the command line or in a file gets."
             )
             yield ""
-            yield from _sections(inner[0], f"{prefix}{f.name}.<name>.", _plain(inner[0]()), level + 1)
+            yield from _sections(inner[0], f"{prefix}{f.name}{entry}.", _plain(inner[0]()), level + 1)
 
 
 def _option_summary(path: Path) -> str:

@@ -13,6 +13,7 @@ checks beside its dataclass::
     model.py         model.*                          check_model
     training.py      optim.*, sharding.*, trainer.*   check_optim, check_trainer
     evaluation.py    eval.*                           check_eval
+    tune.py          tune.*                           check_tune
     run.py           Config (+ data.*: data_pipelines/config.py), what the sections imply together
                      (the query's features), check_data, check_values (every section's
                      checks)
@@ -71,6 +72,7 @@ from recsys.config.run import (
     resolve_protocol,
     to_config,
     uses_sequence_encoder,
+    with_values,
 )
 from recsys.config.training import (
     PIPELINES,
@@ -86,6 +88,7 @@ from recsys.config.training import (
     TableShardingConfig,
     TrainerConfig,
 )
+from recsys.config.tune import KnobConfig, TuneConfig
 
 __all__ = [
     "FEATURE_SOURCES",
@@ -138,6 +141,9 @@ __all__ = [
     "register_configs",
     "resolve_protocol",
     "to_config",
+    "with_values",
+    "KnobConfig",
+    "TuneConfig",
     "to_typed",
     "uses_sequence_encoder",
 ]

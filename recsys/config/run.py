@@ -3,6 +3,7 @@ protocol's defaults), ``check_values`` over every section, and reading a run's s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -15,6 +16,7 @@ from recsys.config.evaluation import EvalConfig, check_eval
 from recsys.config.model import ModelConfig, QueryEncoderKind, check_model
 from recsys.config.need import Need
 from recsys.config.training import OptimConfig, ShardingConfig, TrainerConfig, check_optim, check_trainer
+from recsys.config.tune import TuneConfig, check_tune
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,7 @@ class Config:
     sharding: ShardingConfig = field(default_factory=ShardingConfig)  # where tables go: group sharding
     trainer: TrainerConfig = field(default_factory=TrainerConfig)  # the training loop: group trainer
     eval: EvalConfig = field(default_factory=EvalConfig)  # validation and the evaluation stage: group eval
+    tune: TuneConfig = field(default_factory=TuneConfig)  # the budgeted search on valid before training: group tune
     run_name: str = "default"  # names the run dir: runs/<run_name>
 
 
@@ -78,6 +81,7 @@ def check_values(cfg: Config) -> None:
     check_model(cfg.model, cfg.data, need)
     check_data(cfg, need)
     check_eval(cfg.eval, need)
+    check_tune(cfg.tune, need, lambda path: has_path(cfg, path))
     if problems:
         raise ConfigError("bad config values: " + "; ".join(problems))
 
@@ -181,3 +185,32 @@ def to_config(cfg: DictConfig) -> Config:
         log.info("%s", describe_query(obj, filled))
     check_values(obj)
     return obj
+
+
+def has_path(cfg: Any, path: str) -> bool:
+    """Whether ``path`` (dotted) names a value of the config ``cfg`` (dataclass fields and dict keys)."""
+    node = cfg
+    for part in path.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
+            node = getattr(node, part)
+        else:
+            return False
+    return not dataclasses.is_dataclass(node) and not isinstance(node, dict)
+
+
+def with_values(cfg: Any, values: dict[str, Any]) -> Any:
+    """``cfg`` (a dataclass tree) with each dotted path of ``values`` set, the rest shared (nothing is mutated)."""
+    for path, value in values.items():
+        cfg = _set(cfg, path.split("."), value)
+    return cfg
+
+
+def _set(node: Any, parts: list[str], value: Any) -> Any:
+    head, rest = parts[0], parts[1:]
+    inner = node[head] if isinstance(node, dict) else getattr(node, head)
+    new = value if not rest else _set(inner, rest, value)
+    if isinstance(node, dict):
+        return {**node, head: new}
+    return replace(node, **{head: new})

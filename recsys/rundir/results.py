@@ -4,6 +4,7 @@ close an import cycle.)"""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ def training_results(
             "seconds": state.train_seconds,
             "steps": state.step,
             "best_epoch": state.best_epoch,
+            # the early-stopping metric (eval.valid_metric) of the best epoch; None: nothing was validated
+            "best_valid": state.best_score if math.isfinite(state.best_score) else None,
             "world_size": world_size,
         },
         "dataset": {

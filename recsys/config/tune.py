@@ -1,0 +1,75 @@
+"""The ``tune`` section of the training config (conf/tune/default.yaml): the budgeted search on valid that
+``python -m recsys.train ... tune.budget_minutes=N`` runs before it trains the chosen settings (recsys/tune/);
+``check_tune`` refuses values no search can use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from recsys.config.need import Need
+
+KNOB_KINDS = ("log", "float", "int", "choice")  # tune.space[*].kind
+
+
+@dataclass
+class KnobConfig:
+    """One setting the search varies: a key of the training config and the values it may take."""
+
+    key: str = MISSING  # the training config's key, e.g. model.temperature or model.tables.item.embedding_dim
+    kind: str = "log"  # log: a float drawn on a log scale | float | int: in [low, high] | choice: one of choices
+    low: float = 0.0  # log / float / int: the lowest value (log: > 0)
+    high: float = 0.0  # log / float / int: the highest value
+    choices: list[Any] = field(default_factory=list)  # choice: the values
+
+
+def _knob(key: str, kind: str, low: float = 0.0, high: float = 0.0, choices: list | None = None) -> KnobConfig:
+    return KnobConfig(key, kind, low, high, list(choices or []))
+
+
+def default_space() -> list[KnobConfig]:
+    """The knobs that matter to the two-tower, over ranges wide enough for catalogues of 10^3 to 10^6 items (why
+    these: docs/quality.md, "The budgeted search"); the rankers' own grids are the evaluation stage's."""
+    return [
+        _knob("model.temperature", "log", 0.03, 0.3),
+        _knob("optim.sparse.lr", "log", 0.01, 0.3),
+        _knob("optim.dense.lr", "log", 1e-4, 3e-3),
+        _knob("model.tables.item.embedding_dim", "choice", choices=[64, 128, 256]),
+        _knob("data.history_length", "choice", choices=[20, 50, 100, 200]),
+        _knob("data.history_dropout", "float", 0.0, 0.5),
+    ]
+
+
+@dataclass
+class TuneConfig:
+    # null: no search (train the config as it is); N > 0: search on valid for N minutes, then train the best settings
+    budget_minutes: float | None = None
+    max_trials: int = 0  # at most this many trials; 0 = as many as the budget allows
+    seed: int = 0  # seeds the sampler: the same seed proposes the same settings
+    trial_epochs: int = (
+        0  # each trial's epoch cap; 0 = trainer.epochs (early stopping on valid ends most trials sooner)
+    )
+    space: list[KnobConfig] = field(default_factory=default_space)  # the settings varied and their ranges
+
+
+def check_tune(t: TuneConfig, need: Need, has_key) -> None:
+    """tune.*: a positive budget, knobs whose keys exist (``has_key(path)``) and whose ranges make sense."""
+    if t.budget_minutes is not None:
+        need(t.budget_minutes > 0, "tune.budget_minutes", t.budget_minutes, "must be > 0 minutes (null: no search)")
+    need(
+        t.max_trials >= 0 and t.trial_epochs >= 0,
+        "tune.max_trials / trial_epochs",
+        (t.max_trials, t.trial_epochs),
+        "must be >= 0",
+    )
+    for i, k in enumerate(t.space):
+        where = f"tune.space[{i}]"
+        need(has_key(k.key), f"{where}.key", k.key, "must name a key of the training config")
+        need(k.kind in KNOB_KINDS, f"{where}.kind", k.kind, f"choose one of {', '.join(KNOB_KINDS)}")
+        if k.kind == "choice":
+            need(len(k.choices) > 0, f"{where}.choices", list(k.choices), "must list the values to choose from")
+        elif k.kind in KNOB_KINDS:
+            need(k.low < k.high and (k.kind != "log" or k.low > 0), f"{where}.low / high", (k.low, k.high),
+                 "must be low < high (log: low > 0)")  # fmt: skip

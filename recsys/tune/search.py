@@ -1,0 +1,136 @@
+"""The budgeted search on valid, then the chosen settings trained as the run.
+
+    $ python -m recsys.train +experiment=movielens tune.budget_minutes=20
+
+Optuna (TPE, seeded by ``tune.seed``) proposes each trial's values of ``tune.space``; a trial trains them in
+``<run dir>/tune/trial_<n>/`` with the per-epoch validation and early stopping (recsys.run.search_trial: the test
+split is never read), and its figure is its best epoch's valid ``eval.valid_metric``. A trial that would not end
+within the budget is not started (the longest so far is the estimate); a trial running past it stops after its
+current epoch, keeping its best so far. The best trial's settings are then trained as a normal run in the run dir
+(results.json, the evaluation stage, the bundle), whose rankers tune their own grids on valid as always; the trials'
+table goes to ``tune/trials.json`` and ``tune/trials.md``. A run dir whose search and training are done is not
+searched again: the same command reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from data_pipelines.errors import ConfigError
+from recsys.config import Config, with_values
+from recsys.rundir.dir import RESULTS_FILE
+from recsys.tune.space import describe, suggest
+from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, write_trials
+
+log = logging.getLogger(__name__)
+
+TrainTrial = Callable[[Config, Path, float], dict]  # (config, trial dir, deadline) -> the training's results
+
+
+def search(
+    cfg: Config, run_dir: Path, train_trial: TrainTrial, clock: Callable[[], float] = time.monotonic
+) -> list[Trial]:
+    """The trials of ``cfg.tune`` (module docstring), in order."""
+    import optuna  # noqa: PLC0415 (only a search needs it)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tune = cfg.tune
+    budget_s = 60.0 * float(tune.budget_minutes)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=tune.seed))
+    start, trials = clock(), []
+    while not tune.max_trials or len(trials) < tune.max_trials:
+        elapsed, longest = clock() - start, max((t.seconds for t in trials), default=0.0)
+        if elapsed + longest > budget_s or elapsed >= budget_s:
+            log.info(
+                "tune: %.0f s of %.0f s spent; the next trial (up to %.0f s) is not started", elapsed, budget_s, longest
+            )
+            break
+        proposal = study.ask()
+        values = {knob.key: suggest(proposal, knob) for knob in tune.space}
+        trial = _run_trial(cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock)
+        trials.append(trial)
+        if trial.valid is None:
+            study.tell(proposal, state=optuna.trial.TrialState.FAIL)
+        else:
+            study.tell(proposal, trial.valid)
+    return trials
+
+
+def _run_trial(cfg, run_dir, number, values, train_trial, *, deadline: float, clock) -> Trial:
+    trial_cfg = trial_config(cfg, values)
+    trial_dir = run_dir / TUNE_DIR / f"trial_{number}"
+    began = clock()
+    log.info("tune: trial %d: %s", number, ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
+    try:
+        trained = train_trial(trial_cfg, trial_dir, deadline)["train"]
+        valid, best_epoch = trained.get("best_valid"), int(trained.get("best_epoch", -1))
+        state = "stopped at the budget" if clock() > deadline else "complete"
+    except (FloatingPointError, RuntimeError, ValueError) as e:  # a setting that diverges or cannot run
+        valid, best_epoch, state = None, -1, f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)  # its weights are not kept: the run retrains the best
+    seconds = clock() - began
+    log.info("tune: trial %d: valid %s, %.0f s (%s)", number, _fmt(valid), seconds, state)
+    return Trial(number, values, valid, seconds, state, best_epoch)
+
+
+def trial_config(cfg: Config, values: Mapping[str, Any]) -> Config:
+    """The config a trial trains: ``cfg`` with ``values``, its own epoch cap, fresh (no resume), no refit."""
+    cfg = with_values(cfg, dict(values))
+    trainer = replace(
+        cfg.trainer, epochs=cfg.tune.trial_epochs or cfg.trainer.epochs, resume="none", refit=False, progress_bar=False
+    )
+    return replace(cfg, trainer=trainer)
+
+
+def chosen_config(cfg: Config, trials: list[Trial]) -> tuple[Config, Trial | None]:
+    """The run's config: ``cfg`` with the best trial's values (as given when no trial completed)."""
+    best = best_trial(trials)
+    return (cfg if best is None else with_values(cfg, best.values)), best
+
+
+def tune_and_fit(
+    cfg: Config, run_dir: Path, fit: Callable, train_trial: TrainTrial, record: dict | None = None
+) -> dict:
+    """The search, then ``fit`` of the chosen config in ``run_dir`` (with ``record``, the run's .hydra/ files, its
+    config.yaml the one trained); the trials' table into ``run_dir/tune/``. One process only."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            "tune.budget_minutes: the search runs in one process; run it without torchrun, then train the chosen "
+            "settings (tune/trials.md) on any number of ranks"
+        )
+    done = run_dir / TUNE_DIR / "trials.json"
+    if done.is_file() and (run_dir / RESULTS_FILE).is_file():  # searched and trained: reported, not searched again
+        values = json.loads(done.read_text()).get("values") or {}
+        return fit(with_values(cfg, values), run_dir, record)
+    log.info("tune: %g minutes on valid %s over %s", cfg.tune.budget_minutes, cfg.eval.valid_metric,
+             "; ".join(describe(k) for k in cfg.tune.space))  # fmt: skip
+    began = time.monotonic()
+    trials = search(cfg, run_dir, train_trial)
+    final, best = chosen_config(cfg, trials)
+    summary = {
+        "metric": cfg.eval.valid_metric,
+        "budget_minutes": cfg.tune.budget_minutes,
+        "seconds": time.monotonic() - began,
+        "chosen": None if best is None else best.number,
+        "values": None if best is None else best.values,
+    }
+    write_trials(run_dir, trials, summary)
+    if best is not None:
+        log.info("tune: trial %d chosen (valid %.4f): %s", best.number, best.valid, best.values)
+    if record is not None:
+        record = {**record, "config.yaml": OmegaConf.to_yaml(OmegaConf.structured(final))}
+    return fit(final, run_dir, record)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,95 @@
+"""The budgeted search on valid (recsys/tune/): a tiny search picks its best trial and trains it as a servable run,
+never reads the test split, keeps to its budget, proposes the same settings for the same seed, refuses a budget of 0."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from recsys.config import check_values
+from recsys.evaluation.sharded import Evaluator
+from recsys.export import ExportConfig, export_run
+from recsys.rankers.served_dir import served_ranking
+from recsys.run import fit, search_trial
+from recsys.serving import load_bundle
+from recsys.tune.search import search, tune_and_fit
+from tests.helpers.config import tiny_config
+
+
+def test_a_tiny_search_trains_its_best_trial_as_a_servable_run(tmp_path, data_root, process_group):
+    cfg = tiny_config([f"data.root={data_root}", "tune.budget_minutes=10", "tune.max_trials=3", "trainer.epochs=2"])
+    run_dir = tmp_path / "run"
+    results = tune_and_fit(cfg, run_dir, fit, search_trial)
+    table = json.loads((run_dir / "tune" / "trials.json").read_text())
+    trials = table["trials"]
+    assert len(trials) == 3 and all(t["state"] == "complete" for t in trials)
+    best = max(trials, key=lambda t: t["valid"])
+    assert table["chosen"] == best["number"] and table["values"] == best["values"]
+    assert (run_dir / "tune" / "trials.md").read_text().count("| complete |") == 3
+    # the run trained the chosen settings: its valid figure is the chosen trial's, to the last digit
+    assert results["train"]["best_valid"] == best["valid"] == results["valid"]["two_tower"]["recall@20"]
+    assert not any((run_dir / "tune" / f"trial_{t['number']}" / "checkpoints").exists() for t in trials)
+    # and it is served: the bundle ranks test as the run did
+    bundle = load_bundle(export_run(ExportConfig(run_dir=str(run_dir))))
+    users, topk = served_ranking(run_dir)
+    assert bundle.manifest["ranker"] == results["headline"]["ranker"] and len(users) == topk.shape[0]
+    # the same command on the finished run reports it, without searching again
+    again = tune_and_fit(cfg, run_dir, fit, lambda *a: pytest.fail("searched again"))
+    assert again["valid"] == results["valid"]
+
+
+def test_the_search_never_reads_the_test_split(tmp_path, data_root, process_group, monkeypatch):
+    read = []
+    real = Evaluator.protocol
+
+    def protocol(self, split, **kwargs):
+        read.append(split)
+        return real(self, split, **kwargs)
+
+    monkeypatch.setattr(Evaluator, "protocol", protocol)
+    cfg = tiny_config([f"data.root={data_root}", "tune.budget_minutes=10", "tune.max_trials=2", "trainer.epochs=1"])
+    trials = search(cfg, tmp_path, search_trial)
+    assert len(trials) == 2 and read and set(read) == {"valid"}
+
+
+def _fake_trial(seconds: float, clock: list[float], figures=None):
+    """A stand-in for a trial's training: advances the fake clock by ``seconds`` and scores a fixed figure."""
+
+    def train(cfg, trial_dir, deadline):
+        clock[0] += seconds
+        value = figures.pop(0) if figures else float(cfg.model.temperature)
+        return {"train": {"best_valid": value, "best_epoch": 0}}
+
+    return train
+
+
+def test_a_trial_that_would_not_fit_the_budget_is_not_started(tmp_path):
+    """A 10-minute budget and trials of 3 minutes: three run (9 min), a fourth (up to 12 min) is not started."""
+    clock = [0.0]
+    cfg = tiny_config(["tune.budget_minutes=10"])
+    trials = search(cfg, tmp_path, _fake_trial(180.0, clock), clock=lambda: clock[0])
+    assert len(trials) == 3 and clock[0] == 540.0
+    assert [t.valid for t in trials] == [t.values["model.temperature"] for t in trials]
+
+
+def test_the_same_seed_proposes_the_same_settings(tmp_path):
+    def values(seed: int) -> list[dict]:
+        clock = [0.0]
+        cfg = tiny_config(["tune.budget_minutes=100", "tune.max_trials=4", f"tune.seed={seed}"])
+        return [t.values for t in search(cfg, tmp_path, _fake_trial(1.0, clock), clock=lambda: clock[0])]
+
+    first = values(0)
+    assert first == values(0) and first != values(1)
+    for v in first:  # inside the default space
+        assert 0.03 <= v["model.temperature"] <= 0.3 and v["model.tables.item.embedding_dim"] in (64, 128, 256)
+
+
+def test_a_budget_of_zero_and_a_knob_of_no_key_are_refused():
+    with pytest.raises(ValueError, match=r"tune.budget_minutes=0.0: must be > 0 minutes"):
+        check_values(tiny_config(["tune.budget_minutes=0"]))
+    bad_space = "tune.space=[{key: model.temprature, kind: log, low: 0.1, high: 1.0}]"
+    with pytest.raises(ValueError, match=r"tune.space\[0\].key='model.temprature': must name a key"):
+        check_values(tiny_config([bad_space]))
+    assert np.isfinite(tiny_config(["tune.budget_minutes=5"]).tune.budget_minutes)
