@@ -366,7 +366,9 @@ def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
     run_dir = Path(ecfg.run_dir)
     cfg = load_run_config(run_dir, ecfg.checkpoint)
     load_plugins(cfg.eval.plugins)  # the run's plug-in rankers, as it ranked with them
-    check_evaluate_names(ecfg.ann_kinds, ecfg.splits, cfg)  # before the weights load and the items are embedded
+    check_evaluate_names(
+        ecfg.ann_kinds, ecfg.splits, cfg, ecfg.rankers
+    )  # before the weights load and the items are embedded
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
     trained = None
     try:

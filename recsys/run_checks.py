@@ -21,7 +21,7 @@ from data_pipelines.dataset_dir import dropped_rows_report, read_meta
 from data_pipelines.errors import ConfigError
 from recsys.choices import ANN_KINDS
 from recsys.config import Config, IdMapping, query_uses_neighbors, uses_sequence_encoder
-from recsys.rankers.registry import check_ranker_names
+from recsys.rankers.registry import check_ranker_names, report_rankers
 from recsys.refusals import RunRefused
 
 __all__ = [
@@ -55,9 +55,12 @@ def check_index_kind(index: str) -> None:
         )
 
 
-def check_evaluate_names(ann_kinds: Sequence[str], splits: Sequence[str], cfg: Config) -> None:
-    """recsys.evaluate's names, before anything loads: its ANN kinds and splits, and the rankers the run's
-    ``eval.rankers`` lists (a plug-in's must be registered in this process too: eval.plugins)."""
+def check_evaluate_names(
+    ann_kinds: Sequence[str], splits: Sequence[str], cfg: Config, asked: Sequence[str] | None = None
+) -> None:
+    """recsys.evaluate's names, before anything loads: its ANN kinds and splits, and the rankers it ranks (``asked``,
+    its rankers=, else the run's eval.rankers and the report's baselines; a plug-in's must be registered in this
+    process too: eval.plugins)."""
     unknown = [kind for kind in ann_kinds if kind not in ANN_KINDS]
     if unknown:
         raise ConfigError(
@@ -66,9 +69,7 @@ def check_evaluate_names(ann_kinds: Sequence[str], splits: Sequence[str], cfg: C
     bad = [split for split in splits if split not in ("valid", "test")]
     if bad:
         raise ConfigError(f"splits={list(splits)}: {', '.join(bad)} is not evaluated; choose from valid, test")
-    from recsys.evaluation.offline import report_stage_rankers  # noqa: PLC0415 (the report's module, heavy)
-
-    check_ranker_names(report_stage_rankers(cfg))
+    check_ranker_names(report_rankers(cfg, asked))
 
 
 def note_dropped_rows(dataset_dir: Path) -> None:

@@ -23,12 +23,11 @@ class EvaluateConfig:
     checkpoint: str = ""  # checkpoint dir to load; "" = <run_dir>/checkpoints/best
     ks: list[int] = field(default_factory=lambda: [10, 20, 50, 100])  # cut-offs reported
     splits: list[str] = field(default_factory=lambda: ["valid", "test"])  # evaluated splits (valid tunes EASE)
-    ease: bool = True  # EASE's row (ranked by the run's evaluation stage; skipped, saying why, when its memory or time check refuses it)
-    ials: bool = True  # iALS's row (implicit's ALS, ranked by the run's evaluation stage like EASE)
+    # the report's rows beyond the model and popularity, each ranked by the run's evaluation stage (tuned on valid, fit
+    # again for test); null: the run's eval.rankers and the registry's report baselines (recsys/rankers/registry.py)
+    rankers: list[str] | None = None
     # rankers' settings over the run's eval.settings for this report, by ranker: e.g. settings.ease.lambdas=[300]
     settings: dict[str, Any] = field(default_factory=dict)
-    # GF-CF's graph filter alone and fused with the two-tower (the run's eval.settings.graph_filter grids, tuned on valid)
-    graph_filter: bool = True
     ann_kinds: list[str] = field(default_factory=lambda: list(ANN_KINDS))  # FAISS indexes; [] disables
     max_users: int = (
         0  # users evaluated per split: 0 = all; N = a uniform sample of N (catalogs of 10^8 users), drawn from seed

@@ -25,7 +25,7 @@ from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.untrained import unranked_items
-from recsys.rankers.registry import DEFAULT_FUSION, resolved_rankers
+from recsys.rankers.registry import report_rankers
 
 log = logging.getLogger("recsys.evaluate")
 
@@ -77,16 +77,6 @@ def _embed_split_users(
         masked_splits=PRECEDING_SPLITS[split],
         sample=sample,
     )
-
-
-REPORT_OWN_RANKERS = ("two_tower", "popularity")  # rows the report ranks itself (with its breakdowns)
-
-
-def report_stage_rankers(cfg: Config) -> tuple[str, ...]:
-    """The report's rows ranked by the evaluation stage: the graph filter alone and fused with the two-tower, and
-    every other ranker the run's ``eval.rankers`` lists (a registered one included), so the run's rows reappear."""
-    listed = [name for name in resolved_rankers(cfg) if name not in REPORT_OWN_RANKERS]
-    return tuple(dict.fromkeys(["graph_filter", DEFAULT_FUSION, *listed]))
 
 
 def evaluate_trained(
@@ -151,10 +141,7 @@ def _report_options(ecfg: EvaluateConfig, cfg: Config, env: DistEnv) -> ReportOp
         name: {**cfg.eval.settings.get(name, {}), **given.get(name, {})} for name in {*cfg.eval.settings, *given}
     }
     return ReportOptions(
-        ease=ecfg.ease,
-        ials=ecfg.ials,
-        graph_filter=ecfg.graph_filter,
-        stage_rankers=report_stage_rankers(cfg),
+        stage_rankers=report_rankers(cfg, ecfg.rankers),
         ranker_config=replace(cfg.eval, settings=settings),
         ann_kinds=ecfg.ann_kinds,
         chunk_size=ecfg.chunk_size,

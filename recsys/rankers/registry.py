@@ -44,6 +44,9 @@ SETTINGS = "eval.settings"  # where each ranker's settings live: eval.settings.<
 FUSION = "fusion"  # the settings of every fusion a+b
 TRAINED = TRAINED_ROW  # the ranker of the trained weights: every run lists it
 DEFAULT_FUSION = f"{TRAINED}+graph_filter"  # what the default list adds where the data is a profile-bag graph
+# recsys.evaluate's rows beside the run's own rankers when it is not told which (its rankers=null)
+REPORT_BASELINES = ("graph_filter", DEFAULT_FUSION, "ease", "ials")
+REPORT_OWN = (TRAINED, "popularity")  # rows the report ranks itself, with its breakdowns
 
 
 @dataclass
@@ -144,6 +147,13 @@ def resolved_rankers(cfg: Config) -> list[str]:
     # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md
     fused = cfg.data.item_neighbors > 0 and cfg.model.id_mapping == IdMapping.vocab and not cfg.data.slices
     return [TRAINED, "popularity"] + ([DEFAULT_FUSION] if fused else [])
+
+
+def report_rankers(cfg: Config, asked: Sequence[str] | None) -> list[str]:
+    """The rankers recsys.evaluate ranks through the evaluation stage: ``asked`` (its rankers=), else the run's
+    eval.rankers and ``REPORT_BASELINES``, without the rows the report ranks itself."""
+    names = list(asked) if asked is not None else [*resolved_rankers(cfg), *REPORT_BASELINES]
+    return [name for name in dict.fromkeys(names) if name not in REPORT_OWN]
 
 
 def is_servable(name: str) -> bool:

@@ -226,7 +226,11 @@ def test_two_ranks_train_with_side_features_and_one_rank_reads_their_checkpoint(
     assert results["train"]["world_size"] == 2 and results["train"]["steps"] == 8
     evaluate_run(
         EvaluateConfig(
-            run_dir=str(run_dir), ease=False, ials=False, ann_kinds=[], ks=[10, 20, 50], out_dir=str(tmp_path / "eval")
+            run_dir=str(run_dir),
+            rankers=["graph_filter", "two_tower+graph_filter"],
+            ann_kinds=[],
+            ks=[10, 20, 50],
+            out_dir=str(tmp_path / "eval"),
         )
     )
     report = json.loads((tmp_path / "eval" / "report.json").read_text())

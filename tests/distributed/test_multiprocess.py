@@ -106,7 +106,13 @@ def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(
     assert results["dataset"]["counts"]["train"] == len(tiny_data.splits["train"])  # whole-split counts, not a shard's
     # in this process: 1 rank
     evaluate_run(
-        EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ease=False, ks=[10, 20, 50], out_dir=str(tmp_path / "eval"))
+        EvaluateConfig(
+            run_dir=str(run_dir),
+            ann_kinds=[],
+            rankers=["ials", "graph_filter", "two_tower+graph_filter"],
+            ks=[10, 20, 50],
+            out_dir=str(tmp_path / "eval"),
+        )  # fmt: skip
     )
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     for split in ("valid", "test"):
@@ -134,8 +140,7 @@ def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(
         EvaluateConfig(
             run_dir=str(run_dir / "refit"),
             ann_kinds=[],
-            ease=False,
-            ials=False,
+            rankers=[],
             ks=[10, 20, 50],
             out_dir=str(tmp_path / "refit_eval"),
         )

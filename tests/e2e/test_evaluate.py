@@ -109,7 +109,7 @@ def test_report_from_one_and_two_ranks_is_identical(run_copy, tmp_path):
             "evaluate": {
                 "run_dir": str(trained_run),
                 "ann_kinds": [],
-                "ease": False,
+                "rankers": ["ials", "graph_filter", "two_tower+graph_filter"],
                 "ks": [10, 20, 50],
                 "max_users": 40,
                 "seed": 3,

@@ -221,7 +221,7 @@ def test_evaluating_recall_beyond_the_catalogue_is_warned(trained_run, tmp_path,
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run.run_dir, run_dir)
     with caplog.at_level(logging.WARNING, logger="recsys.run_checks"):
-        evaluate_run(EvaluateConfig(run_dir=str(run_dir), ks=[5, 300], ann_kinds=[], ease=False, ials=False))
+        evaluate_run(EvaluateConfig(run_dir=str(run_dir), ks=[5, 300], ann_kinds=[], rankers=[]))
     said = [r.getMessage() for r in caplog.records if r.name == "recsys.run_checks"]
     assert said == [
         "ks=[5, 300]: k=300 is not below the catalogue's 300 items: the top k holds every item, so Recall@k is 1 "

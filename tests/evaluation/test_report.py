@@ -200,11 +200,12 @@ def test_ease_and_ann_skipped_with_reasons(monkeypatch):
     monkeypatch.setattr(report_module, "compare_ann", no_faiss)
     inputs = _inputs()  # no dataset dir: indices instead of raw ids, no titles
     small = EvalConfig(settings={"ease": {"max_items": 50}})
-    result = compute_report(
-        inputs, ReportOptions(ranker_config=small, num_seed_items=2, ials=False, graph_filter=False)
-    )
+    result = compute_report(inputs, ReportOptions(ranker_config=small, num_seed_items=2, stage_rankers=["ease"]))
     assert result.report["ease"]["skipped"].startswith("eval.settings.ease.max_items=50: EASE over 80 items")
-    assert "iALS disabled" in result.report["ials"]["skipped"] and "iALS not run" in result.report["gaps"][0]
+    assert (
+        "iALS not among the report's rankers" in result.report["ials"]["skipped"]
+        and "iALS not run" in result.report["gaps"][0]
+    )
     assert "pip install faiss-cpu" in result.report["ann"]["skipped"]
     assert set(result.report["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
     assert "EASE not run" in result.report["gaps"][0]
@@ -240,9 +241,7 @@ def test_ials_block_and_its_numbers(written):
 def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
     _, full, _ = written
     inputs = _inputs()
-    fast = dict(
-        ranker_config=EvalConfig(settings=SETTINGS), ann_kinds=(), num_seed_items=0, ials=False, graph_filter=False
-    )
+    fast = dict(ranker_config=EvalConfig(settings=SETTINGS), ann_kinds=(), num_seed_items=0, stage_rankers=["ease"])
     need64 = ease_peak_bytes(NUM_ITEMS, torch.float64, num_users=NUM_USERS)
     need32 = ease_peak_bytes(NUM_ITEMS, torch.float32, num_users=NUM_USERS)
     assert full["ease"]["fit"]["test"]["dtype"] == "float64"
@@ -274,7 +273,7 @@ def test_ease_skips_a_sweep_longer_than_its_time_budget(written, monkeypatch):
         monkeypatch.setattr(ease_settings, "factorisation_seconds", lambda items, dtype: 60 * minutes_per_lambda)
         settings = {**SETTINGS, "ease": {"lambdas": [1.0, 30.0], "max_minutes": max_minutes}}
         options = ReportOptions(
-            ranker_config=EvalConfig(settings=settings), ann_kinds=(), num_seed_items=0, ials=False, graph_filter=False
+            ranker_config=EvalConfig(settings=settings), ann_kinds=(), num_seed_items=0, stage_rankers=["ease"]
         )
         return compute_report(inputs, options).report
 
@@ -323,5 +322,7 @@ def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
     md = (out / "report.md").read_text()
     assert "## Graph filter (GF-CF, sharpened as BSPM)" in md and "two-tower + graph filter" in md
     assert f"- {FUSED_MODEL}: fit on train + valid" in md
-    off = compute_report(inputs, ReportOptions(graph_filter=False, ease=False, ials=False, ann_kinds=())).report
-    assert "graph_filter" not in off["splits"]["test"]["metrics"] and "disabled" in off["graph_filter"]["skipped"]
+    off = compute_report(inputs, ReportOptions(stage_rankers=[], ann_kinds=())).report
+    assert (
+        "graph_filter" not in off["splits"]["test"]["metrics"] and "no other ranker" in off["graph_filter"]["skipped"]
+    )

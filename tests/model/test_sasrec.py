@@ -109,9 +109,7 @@ def test_tiny_loo_run_beats_popularity_and_evaluate_reproduces_it(tmp_path, data
     (run_dir / ".hydra").mkdir()
     OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")
     evaluate_run(
-        EvaluateConfig(
-            run_dir=str(run_dir), ann_kinds=[], ease=False, ials=False, ks=[10, 20, 50], out_dir=str(tmp_path / "eval")
-        )
+        EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], rankers=[], ks=[10, 20, 50], out_dir=str(tmp_path / "eval"))
     )
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     for split in ("valid", "test"):

@@ -69,7 +69,8 @@ def test_a_registered_ranker_has_its_row_in_the_run_and_the_report(toy_ranker, t
     # the toy is fit on train + valid for test: it ranks otherwise than popularity's training counts
     assert results["test"][toy_ranker]["recall@20"] != results["test"]["popularity"]["recall@20"]
 
-    evaluate_run(EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ks=[10, 20], ease=False, ials=False))
+    rankers = [toy_ranker, "two_tower+graph_filter"]
+    evaluate_run(EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ks=[10, 20], rankers=rankers))
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     for split in ("valid", "test"):
         rows = report["splits"][split]["metrics"]
@@ -103,7 +104,7 @@ def test_ease_and_ials_are_rows_like_any_ranker_in_the_run_and_the_report(tmp_pa
     for name in ("ease", "ials"):
         assert results["rankers"][name]["fit_on"] == {"valid": "train", "test": "train + valid"}
         assert results["rankers"][name]["tuned_on"].startswith("valid recall@20")
-    evaluate_run(EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ks=[10, 20, 50], graph_filter=True))
+    evaluate_run(EvaluateConfig(run_dir=str(run_dir), ann_kinds=[], ks=[10, 20, 50]))  # rankers=null: the run's
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     for split in ("valid", "test"):
         for name in ("ease", "ials"):
@@ -147,7 +148,7 @@ def test_the_entry_points_load_a_plugin_module_named_by_eval_plugins(
 
     monkeypatch.setattr(registry, "RANKERS", {k: v for k, v in registry.RANKERS.items() if k != TOY})
     sys.modules.pop("my_rankers")  # a fresh process: the run's config names the module, evaluate imports it
-    eval_args = [f"run_dir={run_dir}", "ann_kinds=[]", "ks=[10,20]", "ease=false", "ials=false", *QUIET]
+    eval_args = [f"run_dir={run_dir}", "ann_kinds=[]", "ks=[10,20]", f"rankers=[{TOY}]", *QUIET]
     assert run_module(monkeypatch, "recsys.evaluate", eval_args) == 0
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     assert report["splits"]["test"]["metrics"][TOY]["recall@20"] == pytest.approx(results["test"][TOY]["recall@20"])

@@ -66,7 +66,7 @@ def test_retraining_sets_the_earlier_weights_bundle_and_report_aside_with_them(t
 
     def derive() -> dict[str, bytes]:
         export_run(ExportConfig(run_dir=str(tmp_path)))
-        evaluate_run(EvaluateConfig(run_dir=str(tmp_path), ann_kinds=[], ks=[20], ease=False, ials=False))
+        evaluate_run(EvaluateConfig(run_dir=str(tmp_path), ann_kinds=[], ks=[20], rankers=[]))
         return {name: (tmp_path / name / file).read_bytes() for name, file in DERIVED_FILES}
 
     fit(config("trainer.epochs=1"), tmp_path)

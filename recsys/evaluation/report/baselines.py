@@ -22,15 +22,12 @@ from recsys.rankers.resources import Resources
 
 log = logging.getLogger("recsys.evaluation.report")
 
-BASELINES = ("ease", "ials")  # rows the report adds of its own (ReportOptions.ease / .ials)
+BASELINES = ("ease", "ials")  # the report's blocks of their own (report.json "ease" / "ials", report.md)
 
 
 def stage_names(options: ReportOptions) -> list[str]:
-    """The rankers the report ranks through the stage: the run's (``stage_rankers``, with graph_filter) and the
-    baselines it is asked for."""
-    names = list(options.stage_rankers) if options.graph_filter else []
-    names += [b for b in BASELINES if getattr(options, b) and b not in names]
-    return names
+    """The rankers the report ranks through the stage, each once."""
+    return list(dict.fromkeys(options.stage_rankers))
 
 
 def _refused(names: list[str], inputs: EvalInputs, options: ReportOptions) -> dict[str, str]:

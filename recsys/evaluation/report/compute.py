@@ -159,10 +159,12 @@ def _stage_blocks(stage_info: dict, options: ReportOptions) -> tuple[dict, dict,
         if baseline in rows:
             blocks.append({"ranker": baseline, **rows[baseline]})
         else:
-            blocks.append({"skipped": f"{MODEL_LABELS[baseline]} disabled (ReportOptions.{baseline}=False)"})
+            blocks.append(
+                {"skipped": f"{MODEL_LABELS[baseline]} not among the report's rankers (recsys.evaluate rankers=...)"}
+            )
     others = {n: row for n, row in rows.items() if n not in BASELINES}
-    if not options.graph_filter:
-        graph = {"skipped": "graph filter disabled (ReportOptions.graph_filter=False)"}
+    if not others:
+        graph = {"skipped": "no other ranker among the report's (recsys.evaluate rankers=...)"}
     else:
         graph = {**{k: v for k, v in stage_info.items() if k != "rankers"}, "rankers": others}
     return blocks[0], blocks[1], graph

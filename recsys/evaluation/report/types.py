@@ -14,6 +14,7 @@ from recsys.config import EvalConfig
 from recsys.evaluation.ann import ANN_KINDS, AnnParams
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES
 from recsys.evaluation.interactions import UserItemCSR
+from recsys.rankers.registry import REPORT_BASELINES
 
 MODEL_LABELS = {
     "popularity": "popularity",
@@ -87,15 +88,10 @@ class ReportOptions:
     """What to compute beyond the model's own metrics.
 
     Attributes:
-        ease / ials: add EASE's / iALS's rows (rankers of recsys/rankers/, settings in ``ranker_config``'s
-            ``settings``), ranked through the evaluation stage like the others, or left out with why their resource
-            check refused them (recsys/evaluation/report/baselines.py).
         available_bytes: the memory the rankers' resource checks plan with; None = measured when the report runs.
-        graph_filter: rank ``stage_rankers`` through the run's evaluation stage (recsys.evaluation.stage), each
-            fit on the interactions its split follows (``EvalInputs.graphs``) and tuned on valid; needs a "valid"
-            split.
-        stage_rankers: their names (recsys.rankers.registry): the graph filter alone and fused with the
-            two-tower, and whatever else the run's ``eval.rankers`` lists (``recsys.evaluation.offline``).
+        stage_rankers: the rows the report adds beyond the model and popularity, each ranked through the run's
+            evaluation stage (recsys.evaluation.stage: tuned on valid, fit on the interactions its split follows;
+            ``EvalInputs.graphs``) or left out with why its resource check refused it; needs a "valid" split.
         ranker_config: their settings and the tuning metric: the run's ``eval`` section.
         ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
         ann_params: their settings.
@@ -111,11 +107,8 @@ class ReportOptions:
         seed: iALS's initial factors, the graph filter's eigensolver, the latency sample.
     """
 
-    ease: bool = True
-    ials: bool = True
     available_bytes: int | None = None
-    graph_filter: bool = True
-    stage_rankers: Sequence[str] = ("graph_filter", "two_tower+graph_filter")
+    stage_rankers: Sequence[str] = REPORT_BASELINES
     ranker_config: EvalConfig = field(default_factory=EvalConfig)
     ann_kinds: Sequence[str] = ANN_KINDS
     ann_params: AnnParams = field(default_factory=AnnParams)
