@@ -24,6 +24,9 @@ def hydra_like_logging(tmp_path):
     torch_logger.handlers = [logging.StreamHandler(io.StringIO())]  # what torch._logging installs
     torch_logger.propagate = False
     warnings.simplefilter("always")  # pytest's own filters (pyproject.toml) ignore UserWarning
+    # an entry point run in-process by an earlier test left warnings captured, and pytest's per-test recorder has
+    # replaced showwarning since: start uncaptured, so that setup_logging's capture is this test's
+    logging.captureWarnings(False)
     yield console_stream, tmp_path / "train.log", file
     file.close()
     root.handlers, root.level = saved[0], saved[1]
