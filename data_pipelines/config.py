@@ -227,6 +227,7 @@ class PrepareConfig:
     sharding: dict[str, Any] = field(default_factory=dict)
     trainer: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
+    tune: dict[str, Any] = field(default_factory=dict)
     run_name: str = "default"
 
 
