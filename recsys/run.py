@@ -58,7 +58,7 @@ from recsys.model.build import build_task
 from recsys.query_encoder import QueryEncoder
 from recsys.rankers.parts import BundleRun
 from recsys.rankers.plugins import load_plugins
-from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, served_ranker
+from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, serve_candidates
 from recsys.rankers.resources import Resources
 from recsys.rankers.served import Served
 from recsys.rankers.served_dir import SERVED_DIR, load_served
@@ -168,15 +168,9 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
         load_plugins(cfg.eval.plugins)  # their rankers registered before the names are checked
         check_rankers(cfg)  # a typo or a bad setting fails now, not after training
         check_finished_evaluation(cfg, Path(run_dir))  # a finished run asked for other eval.*: refused, naming them
-        if env.is_main:
-            log.info(
-                "evaluation stage: rankers %s; the headline and the bundle: %s",
-                ", ".join(resolved_rankers(cfg)),
-                served_ranker(cfg),
-            )
         results = _train_and_test(cfg, Path(run_dir), env, record=record)
         if cfg.trainer.refit:
-            refit_cfg = refit_config(cfg, results["train"]["best_epoch"])
+            refit_cfg = refit_config(cfg, results["train"]["best_epoch"], results["headline"]["ranker"])
             chosen = {name: row["point"] for name, row in results.get("rankers", {}).items()}
             if env.is_main:
                 log.info(
@@ -213,9 +207,10 @@ def search_trial(cfg: Config, run_dir: str | Path, deadline: float | None = None
 REFIT_DIR = "refit"  # <run dir>/refit: trainer.refit's second stage, a run dir of its own
 
 
-def refit_config(cfg: Config, best_epoch: int) -> Config:
+def refit_config(cfg: Config, best_epoch: int, served: str = "") -> Config:
     """The second stage of trainer.refit: the same data and model, the valid rows trained on, for the
-    selected number of epochs, from scratch (the rankers' points come from the selection stage: ``fit``)."""
+    selected number of epochs, from scratch (the rankers' points come from the selection stage: ``fit``; so does
+    ``served``, the ranker it served, there being no valid split to choose on)."""
     if best_epoch < 0:
         raise ValueError("trainer.refit: the selection stage recorded no best epoch")
     # a resume path names a checkpoint of the selection stage: the refit continues its own, if any
@@ -225,7 +220,8 @@ def refit_config(cfg: Config, best_epoch: int) -> Config:
     )
     # the learning-rate schedule's horizon stays the selection stage's: the refit replays its curve
     optim = replace(cfg.optim, schedule_epochs=cfg.optim.schedule_epochs or cfg.trainer.epochs)
-    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim)
+    evaluation = replace(cfg.eval, serve=served or cfg.eval.serve)
+    return replace(cfg, data=replace(cfg.data, train_on_valid=True), trainer=trainer, optim=optim, eval=evaluation)
 
 
 def train_batches(
@@ -284,6 +280,13 @@ def _train_and_test(
         data, example_counts = load_data(cfg, env)
         num_examples = len(data.example_rows()) if example_counts is None else sum(example_counts)
         check_batch_fits(cfg.trainer.global_batch_size, num_examples, data.dir)  # before the model is built
+        if env.is_main and stage:
+            candidates = serve_candidates(cfg, data.num_items)
+            log.info(
+                "evaluation stage: rankers %s; the headline and the bundle: %s",
+                ", ".join(resolved_rankers(cfg, data.num_items)),
+                candidates[0] if len(candidates) == 1 else f"the best on valid of {', '.join(candidates)}",
+            )
         check_resources(  # a ranker whose fit the host cannot hold is refused now, not after training
             cfg,
             Resources(

@@ -83,10 +83,13 @@ def trained_run(tmp_path_factory, data_root, process_group) -> TrainedRun:
     """``+experiment=tiny`` trained to the end in this process, its config saved as ``python -m
     recsys.train`` saves it, and exported (``<run_dir>/export``): what evaluate / export / serving tests read."""
     from recsys.export import ExportConfig, export_run
+    from recsys.rankers.registry import DEFAULT_FUSION
     from recsys.run import fit
 
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    cfg = tiny_config([f"data.root={data_root}"])
+    # the graph filter's fusion served, whichever fusion valid prefers (tests/serving/test_export.py checks its parts;
+    # the choice on valid: tests/evaluation/test_served_choice.py)
+    cfg = tiny_config([f"data.root={data_root}", f"eval.serve={DEFAULT_FUSION}"])
     results = fit(cfg, run_dir)
     (run_dir / ".hydra").mkdir()
     OmegaConf.save(OmegaConf.structured(cfg), run_dir / ".hydra" / "config.yaml")

@@ -22,7 +22,7 @@ class EvalConfig:
     # plug-in rankers for eval.rankers; recsys.evaluate imports the run's too
     plugins: list[str] = field(default_factory=list)
     # the ranker results.json's headline and recsys.export's bundle are (servable, among the rankers); "": the
-    # last servable one of ``rankers``
+    # servable one of ``rankers`` best on valid by valid_metric (ties: the later listed; without valid: the last)
     serve: str = ""
     # each ranker's settings by its name (conf/eval/rankers/<name>.yaml; every fusion a+b reads "fusion"), typed and checked
     # by the ranker's package (recsys/rankers/registry.py): eval.settings.<name>.<key>=value

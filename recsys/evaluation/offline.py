@@ -125,7 +125,7 @@ def evaluate_trained(
         graphs={split: evaluator.csr(evaluator.protocol(split).timeline) for split in names},
         unranked_items=None if unranked is None else unranked.numpy(),
     )
-    options = _report_options(ecfg, cfg, env)
+    options = _report_options(ecfg, cfg, env, data.num_items)
     out_dir = report_dir(ecfg, run_dir)
     report = evaluate_and_report(inputs, run_dir, options, out_dir=out_dir)
     print((out_dir / "report.md").read_text(), flush=True)
@@ -133,7 +133,7 @@ def evaluate_trained(
     return report
 
 
-def _report_options(ecfg: EvaluateConfig, cfg: Config, env: DistEnv) -> ReportOptions:
+def _report_options(ecfg: EvaluateConfig, cfg: Config, env: DistEnv, num_items: int) -> ReportOptions:
     """The report's settings: the entry point's, and the run's rankers and their ``eval`` settings (the entry point's
     ``settings`` over the run's, ranker by ranker)."""
     given = ecfg.settings or {}
@@ -141,7 +141,7 @@ def _report_options(ecfg: EvaluateConfig, cfg: Config, env: DistEnv) -> ReportOp
         name: {**cfg.eval.settings.get(name, {}), **given.get(name, {})} for name in {*cfg.eval.settings, *given}
     }
     return ReportOptions(
-        stage_rankers=report_rankers(cfg, ecfg.rankers),
+        stage_rankers=report_rankers(cfg, ecfg.rankers, num_items),
         ranker_config=replace(cfg.eval, settings=settings),
         ann_kinds=ecfg.ann_kinds,
         chunk_size=ecfg.chunk_size,

@@ -27,7 +27,7 @@ from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.evaluation.untrained import count_untrained, find_untrained, say_untrained
 from recsys.rankers.base import EvalSplit, Point
-from recsys.rankers.registry import RankerContext, build_rankers, resolved_rankers, served_ranker
+from recsys.rankers.registry import TRAINED, RankerContext, build_rankers, resolved_rankers, serve_candidates
 from recsys.rankers.served_dir import save_served
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,8 @@ def rank_after_training(
     untrained = find_untrained(
         data, two_tower, managed=cfg.model.id_mapping == IdMapping.managed, device=env.device, world_size=env.world_size
     )
-    names = resolved_rankers(cfg)
-    serve = served_ranker(cfg)
+    names = resolved_rankers(cfg, data.num_items)
+    candidates = [n for n in serve_candidates(cfg, data.num_items) if n in names]
     results: list[Any] = [None]
     if per_rank_users or env.is_main:
         eval_splits = {
@@ -90,15 +90,15 @@ def rank_after_training(
         score = partial(metrics_over_ranks, device=env.device, world_size=env.world_size) if per_rank_users else None
         out = evaluate_rankers(
             rankers, valid=eval_splits.get("valid"), test=eval_splits["test"], ks=ecfg.ks, metric=ecfg.valid_metric,
-            chunk_size=ecfg.chunk_size, chosen=chosen or {}, parts=parts, keep=[serve] if serve in names else [],
+            chunk_size=ecfg.chunk_size, chosen=chosen or {}, parts=parts, serve=candidates,
             **({"score": score} if score else {}),
         )  # fmt: skip
-        kept = out.pop("kept")
+        kept, serve = out.pop("kept"), out.pop("served", TRAINED)
         if serve in kept and env.is_main:
             fit, ids = kept[serve]
             point, test = out["rankers"][serve]["point"], eval_splits["test"]
             save_served(run_dir, serve, point, fit.served(point), fit_on=test.fit_on, users=test.users, topk=ids)
-        out["headline"] = {"ranker": serve if serve in names else "two_tower", "servable": True}
+        out["headline"] = {"ranker": serve, "servable": True}
         test = eval_splits["test"]
         out["untrained"] = {"test": count_untrained(untrained, test.users, test.relevant, context.reduce)}
         if env.is_main:

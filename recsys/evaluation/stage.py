@@ -104,6 +104,7 @@ def evaluate_rankers(
     chosen: Mapping[str, Point] = {},
     parts: Sequence[Ranker] = (),
     keep: Sequence[str] = (),
+    serve: Sequence[str] = (),
     keep_ids: bool = False,
     score: Score = compute_metrics,
 ) -> dict[str, Any]:
@@ -113,7 +114,9 @@ def evaluate_rankers(
     gives points instead (required without valid for a ranker with a grid); ``parts``: rankers that fusions
     are built from without being reported themselves; ``score``: the metrics of a split's top-k ids.
     ``keep``: rankers whose test fit and test top-k ids come back in ``out["kept"][name]`` (what the bundle
-    serves); ``keep_ids``: every ranker's top-k ids per split in ``out["ids"][split][name]`` (int64 numpy).
+    serves); ``serve``: candidates for the served ranker, ``out["served"]`` the servable one best on valid by
+    ``metric`` (ties: the later listed; without valid: the last), kept too; ``keep_ids``: every ranker's top-k ids
+    per split in ``out["ids"][split][name]`` (int64 numpy).
     """
     # the tuning metric's cut-off is computed too, whether or not the caller reports it
     ranking = _Ranking(sorted({int(k) for k in ks} | {int(metric.partition("@")[2])}), metric, chunk_size, score)
@@ -126,6 +129,9 @@ def evaluate_rankers(
         rows[ranker.name]["tuned_on"] = "given" if ranker.name in chosen else "nothing to tune"
     if valid is not None:
         tuned.update(_tune_on_valid(rankers, order, valid, ranking, chosen, rows, out["valid"], ids["valid"]))
+    if serve:
+        out["served"] = choose_served(rankers, serve, out["valid"], metric)
+        keep = [*keep, out["served"]]
     fits, seconds = _fit_all(order, test)
     for ranker in rankers:
         start = time.perf_counter()
@@ -140,6 +146,26 @@ def evaluate_rankers(
     if keep_ids:
         out["ids"] = ids
     return out
+
+
+def choose_served(rankers: Sequence[Ranker], candidates: Sequence[str], valid: Mapping[str, dict], metric: str) -> str:
+    """The servable ranker of ``candidates`` with the best ``valid`` ``metric`` (ties: the later listed, e.g. a fusion
+    whose beta = 0 ties the part it adds to), or without valid figures the last; a ValueError when none is servable."""
+    if len(candidates) == 1:  # named (eval.serve): checked against the registry's parts before training
+        return candidates[0]
+    servable = {r.name for r in rankers if r.servable}
+    names = [n for n in candidates if n in servable]
+    if not names:
+        raise ValueError(f"serve: none of {list(candidates)} is a servable ranker of this stage")
+    if not all(n in valid for n in names):
+        return names[-1]
+    best = names[0]
+    for name in names[1:]:
+        if valid[name][metric] >= valid[best][metric]:
+            best = name
+    if len(names) > 1:
+        log.info("served: %s, the best on valid %s (%.4f) of %s", best, metric, valid[best][metric], ", ".join(names))
+    return best
 
 
 def _tune_on_valid(

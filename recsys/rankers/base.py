@@ -84,6 +84,9 @@ class DotProductFit(Fit):
     """
 
     unranked: torch.Tensor | None = None
+    # True: each point holds a large matrix of its own (EASE's B, I x I), so a grid that combines its points with
+    # others' (a fusion's) is ranked one of its points at a time, never all of them per block
+    one_point_per_pass: bool = False
 
     @abstractmethod
     def vectors(self, split: EvalSplit, point: Point) -> tuple[torch.Tensor, torch.Tensor]:

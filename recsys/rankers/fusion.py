@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -92,9 +93,29 @@ class FusionFit(DotProductFit):
     def topk(self, split: EvalSplit, k: int, points: Sequence[Point], chunk_size: int) -> dict[str, torch.Tensor]:
         if len(points) == 1:
             return super().topk(split, k, points, chunk_size)
-        return blockwise_topk(
-            split, k, points, chunk_size, lambda a, b: self.score_blocks(split, a, b, points), self.unranked
-        )
+        out = {}
+        for group in self._passes(points):
+            blocks = partial(self._group_blocks, split, group)
+            out.update(blockwise_topk(split, k, group, chunk_size, blocks, self.unranked))
+        return out
+
+    def _group_blocks(
+        self, split: EvalSplit, group: Sequence[Point], start: int, stop: int
+    ) -> Iterator[tuple[Point, torch.Tensor]]:
+        return self.score_blocks(split, start, stop, group)
+
+    def _passes(self, points: Sequence[Point]) -> list[list[Point]]:
+        """``points`` in the groups ranked in one pass each: all together, or one group per point of a part that
+        ranks a point at a time (``one_point_per_pass``)."""
+        groups: dict[tuple, list[Point]] = {}
+        for point in points:
+            a, b, _ = self._split_point(point)
+            key = (
+                _key(a) if self.first.one_point_per_pass else (),
+                _key(b) if self.second.one_point_per_pass else (),
+            )
+            groups.setdefault(key, []).append(point)
+        return list(groups.values())
 
     def info(self) -> dict:
         """The parts' (the second's sizes: the graph filter's interactions and rank), fit on the split's graph."""

@@ -27,7 +27,7 @@ import torch
 from recsys.safe_load import numpy_load
 
 # the built-in part types' modules, imported when a name is first looked up (a plug-in's registers itself on import)
-BUILTIN_PART_MODULES = ("recsys.rankers.two_tower.part", "recsys.rankers.graph_filter.part")
+BUILTIN_PART_MODULES = ("recsys.rankers.two_tower.part", "recsys.rankers.graph_filter.part", "recsys.rankers.ease.part")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ any other name is looked up in ``RANKERS``. A ranker's settings live at ``eval.s
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,11 @@ SETTINGS = "eval.settings"  # where each ranker's settings live: eval.settings.<
 FUSION = "fusion"  # the settings of every fusion a+b
 TRAINED = TRAINED_ROW  # the ranker of the trained weights: every run lists it
 DEFAULT_FUSION = f"{TRAINED}+graph_filter"  # what the default list adds where the data is a profile-bag graph
+EASE_FUSION = f"{TRAINED}+ease"  # and on a small catalogue, served when valid prefers it (recsys.evaluation.stage)
+# the catalogues EASE joins the default list on: its 8 factorisations (7 λ on valid, 1 for test) take about 2 minutes
+# on 2 CPU cores at 4,096 items, and it led the graph filter's fusion on cut-down Gowalla and Yelp2018 samples
+# (docs/quality.md, "EASE in the served fusion")
+DEFAULT_EASE_MAX_ITEMS = 4096
 # recsys.evaluate's rows beside the run's own rankers when it is not told which (its rankers=null)
 REPORT_BASELINES = ("graph_filter", DEFAULT_FUSION, "ease", "ials")
 REPORT_OWN = (TRAINED, "popularity")  # rows the report ranks itself, with its breakdowns
@@ -94,7 +99,7 @@ RANKERS: dict[str, RankerSpec] = {
         graph_filter_settings.check_resources,
     ),
     "ease": RankerSpec(
-        lambda c, s: EaseRanker(s, c.available_bytes),
+        lambda c, s: EaseRanker(s, len(c.train_counts), c.available_bytes),
         ease_settings.EaseSettings,
         ease_settings.check_settings,
         ease_settings.check_resources,
@@ -138,21 +143,24 @@ def settings_of(name: str, given: Mapping[str, Any], specs: Mapping[str, RankerS
         raise ConfigError(f"{SETTINGS}.{name}: {e.msg.splitlines()[0]}") from None
 
 
-def resolved_rankers(cfg: Config) -> list[str]:
-    """``eval.rankers``, or when null: the two-tower and popularity, and the two-tower fused with the graph
-    filter where the data is a profile-bag graph (data.item_neighbors > 0: the random-split protocols) and the ids
-    are the vocabulary's, outside data.slices; the run logs what this gave (recsys.run)."""
+def resolved_rankers(cfg: Config, num_items: int | None = None) -> list[str]:
+    """``eval.rankers``, or when null: the two-tower and popularity, and where the data is a profile-bag graph
+    (data.item_neighbors > 0: the random-split protocols) with the vocabulary's ids, outside data.slices, the two-tower
+    fused with the graph filter, and with EASE too on a catalogue of up to ``DEFAULT_EASE_MAX_ITEMS`` items
+    (``num_items``; None: not known yet, the widest list, for checks); the run logs what this gave (recsys.run)."""
     if cfg.eval.rankers is not None:
         return list(cfg.eval.rankers)
     # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md
     fused = cfg.data.item_neighbors > 0 and cfg.model.id_mapping == IdMapping.vocab and not cfg.data.slices
-    return [TRAINED, "popularity"] + ([DEFAULT_FUSION] if fused else [])
+    small = num_items is None or num_items <= DEFAULT_EASE_MAX_ITEMS
+    return [TRAINED, "popularity"] + ([DEFAULT_FUSION] if fused else []) + ([EASE_FUSION] if fused and small else [])
 
 
-def report_rankers(cfg: Config, asked: Sequence[str] | None) -> list[str]:
+def report_rankers(cfg: Config, asked: Sequence[str] | None, num_items: int | None = None) -> list[str]:
     """The rankers recsys.evaluate ranks through the evaluation stage: ``asked`` (its rankers=), else the run's
-    eval.rankers and ``REPORT_BASELINES``, without the rows the report ranks itself."""
-    names = list(asked) if asked is not None else [*resolved_rankers(cfg), *REPORT_BASELINES]
+    eval.rankers (of a catalogue of ``num_items``) and ``REPORT_BASELINES``, without the rows the report ranks
+    itself."""
+    names = list(asked) if asked is not None else [*resolved_rankers(cfg, num_items), *REPORT_BASELINES]
     return [name for name in dict.fromkeys(names) if name not in REPORT_OWN]
 
 
@@ -161,13 +169,18 @@ def is_servable(name: str) -> bool:
     return all(servable(part) for part in name.split("+"))
 
 
-def served_ranker(cfg: Config) -> str:
-    """The ranker results.json's headline and recsys.export's bundle are: ``eval.serve``, else the last servable
-    one of the resolved rankers."""
+def serve_candidates(cfg: Config, num_items: int | None = None) -> list[str]:
+    """The rankers the headline and the bundle are chosen from, in order: ``eval.serve``, else every servable one of
+    the resolved rankers (the evaluation stage serves the best on valid: ``recsys.evaluation.stage``)."""
     if cfg.eval.serve:
-        return cfg.eval.serve
-    names = [n for n in resolved_rankers(cfg) if n.split("+")[0] in RANKERS and is_servable(n)]
-    return names[-1] if names else TRAINED
+        return [cfg.eval.serve]
+    names = [n for n in resolved_rankers(cfg, num_items) if n.split("+")[0] in RANKERS and is_servable(n)]
+    return names or [TRAINED]
+
+
+def served_ranker(cfg: Config) -> str:
+    """The ranker served without a valid split to choose on: ``eval.serve``, else the last servable one listed."""
+    return serve_candidates(cfg)[-1]
 
 
 def check_rankers(cfg: Config) -> None:
@@ -203,11 +216,21 @@ def check_rankers(cfg: Config) -> None:
 
 def check_resources(cfg: Config, resources: Resources) -> None:
     """Refuse (ConfigError) a ranker whose fit the host cannot hold: each used ranker's resource check."""
-    for name, spec in _used_specs(resolved_rankers(cfg)).items():
+    names = resolved_rankers(cfg, resources.num_items)
+    resources = replace(resources, served_parts=served_parts(names, cfg.eval.serve))
+    for name, spec in _used_specs(names).items():
         if spec.resources is not None:
             why = spec.resources(settings_of(name, cfg.eval.settings, {name: spec}), resources, f"{SETTINGS}.{name}")
             if why:
                 raise ConfigError(why)
+
+
+def served_parts(names: Sequence[str], serve: str = "") -> frozenset[str]:
+    """The rankers whose fits must be servable: every fusion's parts among ``names``, and ``serve``'s (a ranker named
+    to be served; one chosen on valid is chosen among the servable fits only)."""
+    return frozenset(
+        {p for name in names if "+" in name for p in name.split("+")} | set(serve.split("+") if serve else ())
+    )
 
 
 def _used_specs(names: Sequence[str]) -> dict[str, RankerSpec]:

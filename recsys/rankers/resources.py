@@ -13,3 +13,6 @@ class Resources:
     interactions: int  # rows the evaluation stage fits on (train + valid)
     fits_per_host: int = 1  # fits running at once on this host (one per rank with data.shard_by_user)
     available_bytes: int | None = None  # the host's memory available; None: unknown (no check)
+    # rankers whose fits are served or fused (their item vectors kept whole): the parts of the served ranker and of
+    # every fusion listed
+    served_parts: frozenset[str] = frozenset()

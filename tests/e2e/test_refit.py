@@ -15,6 +15,7 @@ from recsys.data.neighbors import with_item_neighbors
 from recsys.distributed.rank_data import load_rank_data
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.rankers.registry import DEFAULT_FUSION as FUSED_MODEL
+from recsys.rankers.registry import EASE_FUSION
 from recsys.run import REFIT_DIR, open_dataset
 from tests.data.test_no_categories import fit_given_split
 from tests.helpers.config import tiny_config
@@ -46,9 +47,10 @@ def test_refit_trains_on_train_and_valid_for_the_selected_epochs(refit_run):
 
 
 def test_the_fusion_is_chosen_on_valid_and_given_to_the_refit(refit_run):
-    """data.item_neighbors > 0 adds the two-tower fused with the graph filter: its alpha, sharpening and beta are
-    chosen on the selection stage's valid (beta = 0, the two-tower alone, is in the grid), the refit ranks test
-    at that point, and results.json says what each row was fit on, what tuned it and whether the bundle serves it."""
+    """data.item_neighbors > 0 adds the two-tower fused with the graph filter (and, on this small catalogue, with
+    EASE): its alpha, sharpening and beta are chosen on the selection stage's valid (beta = 0, the two-tower alone, is
+    in the grid), the refit ranks test at that point and serves what the selection stage served, and results.json
+    says what each row was fit on, what tuned it and whether the bundle serves it."""
     _, _, results = refit_run
     chosen = results["rankers"][FUSED_MODEL]
     # beta = 0 once, then alpha x sharpen x beta
@@ -61,12 +63,19 @@ def test_the_fusion_is_chosen_on_valid_and_given_to_the_refit(refit_run):
     )
     assert chosen["fit_on"] == {"valid": "train", "test": "train + valid"} and chosen["servable"]
     assert results["rankers"]["popularity"]["servable"] is False
-    assert results["headline"]["ranker"] == FUSED_MODEL and results["headline"]["test"] == results["test"][FUSED_MODEL]
+    # served: the servable ranker best on valid (the later listed on a tie), and the refit serves the same one
+    servable = [name for name, row in results["rankers"].items() if row["servable"]]
+    assert set(servable) == {"two_tower", FUSED_MODEL, EASE_FUSION}
+    best = max(results["valid"][name]["recall@20"] for name in servable)
+    served = results["headline"]["ranker"]
+    assert results["valid"][served]["recall@20"] == best and results["headline"]["test"] == results["test"][served]
+    assert served != "two_tower" or best > results["valid"][FUSED_MODEL]["recall@20"]
     refit = results["refit"]
+    assert refit["headline"]["ranker"] == served
     assert refit["rankers"][FUSED_MODEL]["point"] == chosen["point"]
     assert refit["rankers"][FUSED_MODEL]["tuned_on"] == "given"
     assert refit["rankers"][FUSED_MODEL]["fit_on"] == {"test": "train + valid"}
-    assert {"two_tower", "popularity", FUSED_MODEL} == set(refit["test"]) == set(results["test"])
+    assert {"two_tower", "popularity", FUSED_MODEL, EASE_FUSION} == set(refit["test"]) == set(results["test"])
 
 
 def test_the_refit_run_dir_reads_back_with_its_merged_data(refit_run):

@@ -31,18 +31,23 @@ def stage_names(options: ReportOptions) -> list[str]:
 
 
 def _refused(names: list[str], inputs: EvalInputs, options: ReportOptions) -> dict[str, str]:
-    """Ranker -> why its resource check refuses it (memory, time, a missing library) on this report's data."""
+    """Ranker -> why its resource check refuses it (memory, time, a missing library) on this report's data; a
+    fusion's parts are checked as served parts (the report serves nothing else)."""
     train = inputs.train
     available = options.available_bytes if options.available_bytes is not None else available_memory_bytes()
-    resources = Resources(train.num_items, train.num_users, int(train.nnz), available_bytes=available)
     out = {}
-    for name in dict.fromkeys(p for n in names for p in n.split("+")):
-        spec = RANKERS.get(name)
-        if spec is not None and spec.resources is not None:
-            key = f"{SETTINGS}.{name}"
-            why = spec.resources(settings_of(name, options.ranker_config.settings), resources, key)
-            if why:
-                out.update({n: why for n in names if name in n.split("+")})
+    for name in names:
+        parts = name.split("+")
+        resources = Resources(
+            train.num_items, train.num_users, int(train.nnz), available_bytes=available,
+            served_parts=frozenset(parts if len(parts) > 1 else ()),
+        )  # fmt: skip
+        for part in parts:
+            spec = RANKERS.get(part)
+            if spec is not None and spec.resources is not None and name not in out:
+                why = spec.resources(settings_of(part, options.ranker_config.settings), resources, f"{SETTINGS}.{part}")
+                if why:
+                    out[name] = why
     return out
 
 

@@ -22,16 +22,25 @@ class EaseSettings:
     # refused when the factorisations (the grid on valid, one λ for test) would take longer than this, each timed on
     # a probe and scaled by I³; 0 = no limit
     max_minutes: float = 60.0
+    # served (alone, or as a fusion's part) up to this many items: its item vectors are I x I float32 and a fusion's
+    # covariance of them I x I float64, 12 I² bytes in the bundle (docs/quality.md, "EASE in the served fusion")
+    max_served_items: int = 8_192
 
 
 def check_settings(s: EaseSettings, need: Need, key: str) -> None:
     need(len(s.lambdas) > 0 and all(v > 0 for v in s.lambdas), f"{key}.lambdas", list(s.lambdas), "must be values > 0")
     need(s.max_items >= 1, f"{key}.max_items", s.max_items, "must be >= 1")
     need(s.max_minutes >= 0, f"{key}.max_minutes", s.max_minutes, "must be >= 0 (0: no limit)")
+    need(s.max_served_items >= 0, f"{key}.max_served_items", s.max_served_items, "must be >= 0 (0: never served)")
 
 
 def check_resources(s: EaseSettings, r: Resources, key: str) -> str:
     """The refusal of a fit that would not fit in memory or time ("" when it would)."""
+    if "ease" in r.served_parts and r.num_items > s.max_served_items:
+        return (
+            f"{key}.max_served_items={s.max_served_items}: EASE over {r.num_items:,} items is not served (its item "
+            f"vectors are I x I, {12 * r.num_items**2 / 2**30:.1f} GiB in a fused bundle): serve or fuse another ranker"
+        )
     if r.num_items > s.max_items:
         return f"{key}.max_items={s.max_items}: EASE over {r.num_items:,} items needs an [I, I] inverse; raise it or drop ease"
     plan = plan_ease(r.num_items, r.num_users, r.available_bytes)

@@ -70,6 +70,7 @@ class ToyFit(DotProductFit):
 
 class ToyRanker(Ranker):
     name = NAME
+    servable = True  # its fit is a DotProductFit with a registered part: a candidate for the served ranker
 
     def __init__(self, settings: ToySettings) -> None:
         self.settings_ = settings
