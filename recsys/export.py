@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from recsys.config import ExportConfig, register_configs, to_typed
 from recsys.logs import setup_logging
 from recsys.refusals import refusals
-from recsys.run import export_run
+from recsys.run_export import export_run
 
 __all__ = ["ExportConfig", "export_run", "main"]
 
