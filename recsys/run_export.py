@@ -1,0 +1,91 @@
+"""``recsys.export``'s assembly: a trained run's weights loaded on this job's ranks (``recsys.run.load_trained``), the
+served ranker the evaluation stage kept (``<run dir>/served/``) with the query encoder only the weights give, written
+as the serving bundle (recsys/bundle_writer.py; its layout: recsys/serving.py)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from recsys.bundle_writer import check_replaceable, encoder_entry, write_bundle
+from recsys.config import Config, ExportConfig, IdMapping
+from recsys.data.dataset import RetrievalData
+from recsys.data.layout import run_layout
+from recsys.distributed.collectives import full_tables
+from recsys.distributed.env import destroy_distributed, init_distributed
+from recsys.distributed.managed import full_id_maps, zero_miss_rows
+from recsys.query_encoder import QueryEncoder
+from recsys.rankers.parts import BundleRun
+from recsys.rankers.served import Served
+from recsys.rankers.served_dir import SERVED_DIR, load_served
+from recsys.rankers.two_tower.weights import served_from_weights
+from recsys.run import REFIT_DIR, load_trained
+from recsys.run_checks import check_exportable, check_index_kind, note_export_stage
+from recsys.rundir.config import load_run_config
+
+log = logging.getLogger(__name__)
+
+
+def query_encoder(cfg: Config, data: RetrievalData, tables: dict, two_tower) -> QueryEncoder:
+    """The two-tower's query side as the bundle serves it: unsharded tables (``full_tables``) and the tower."""
+    return QueryEncoder(
+        tables,
+        {t: c.pooling for t, c in cfg.model.tables.items()},
+        two_tower.query_tower.cpu(),
+        run_layout(cfg, data).tower_specs("query"),
+    ).eval()
+
+
+def _served_ranker(run_dir: Path, checkpoint: str) -> tuple[Served, dict] | None:
+    """(the headline ranker as the evaluation stage fit it for test, its point) from ``<run dir>/served/``, or None:
+    the model's weights alone (``checkpoint`` names other weights, or the run has no served/)."""
+    if not checkpoint and (run_dir / SERVED_DIR).is_dir():
+        served, meta = load_served(run_dir)
+        log.info(
+            "serving bundle of %s (%s, fit on %s), as the run ranked test",
+            meta["ranker"],
+            meta["point_key"],
+            meta["fit_on"],
+        )
+        return served, meta["point"]
+    why = "checkpoint=" + checkpoint if checkpoint else f"no {SERVED_DIR}/ in {run_dir}"
+    log.info("serving bundle of the trained model alone (%s)", why)
+    return None
+
+
+def export_run(ecfg: ExportConfig) -> Path:
+    """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path.
+
+    The bundle serves the run's headline ranker as its evaluation stage fit it for test (``<run dir>/served/``);
+    ``checkpoint=PATH`` (other weights than the best epoch's), or a run without served/, exports the two-tower alone.
+    """
+    run_dir = Path(ecfg.run_dir)
+    out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
+    check_index_kind(ecfg.index)
+    check_replaceable(out)  # before any work, on every rank
+    note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
+    cfg = load_run_config(run_dir, ecfg.checkpoint)
+    check_exportable(cfg, run_dir)
+    chosen = _served_ranker(run_dir, ecfg.checkpoint)
+    env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's
+    trained = None
+    try:
+        # the bundle needs the items and the vocabularies, no interactions: each rank reads only its users'
+        trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
+        data, model = trained.data, trained.sharded.two_tower
+        model.eval()
+        served, point = chosen or (served_from_weights(cfg, data, model, env, ecfg.batch_size), {})
+        if cfg.model.id_mapping == IdMapping.managed:
+            zero_miss_rows(trained.sharded.module)  # the shared row of unheld ids, as every lookup sees it
+        tables = full_tables(trained.sharded.module, env.rank, env.device)
+        id_maps = None
+        if cfg.model.id_mapping == IdMapping.managed:  # the bundle maps raw ids to the tables' rows itself
+            id_maps = full_id_maps(trained.sharded.module, env.rank, env.world_size)
+        if env.is_main:
+            run = BundleRun(lambda: query_encoder(cfg, data, tables, model), encoder_entry(cfg, data), id_maps)
+            write_bundle(out, served.for_bundle(run), point, data, cfg, trained.checkpoint, index=ecfg.index)
+            log.info("serving bundle: %s", out)
+        return out
+    finally:
+        del trained
+        destroy_distributed(env)
