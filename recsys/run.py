@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -176,15 +176,17 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
         destroy_distributed(env)
 
 
-def search_trial(cfg: Config, run_dir: str | Path, deadline: float | None = None) -> dict[str, Any]:
+def search_trial(
+    cfg: Config, run_dir: str | Path, deadline: float | None = None, on_epoch: Callable | None = None
+) -> dict[str, Any]:
     """One trial of a search (recsys/tune/): train ``cfg`` in ``run_dir`` with the per-epoch validation and early
     stopping, no evaluation stage (the test split is never read); returns the training's results ("train":
-    best_valid, best_epoch, seconds)."""
+    best_valid, best_epoch, seconds). ``deadline`` and ``on_epoch`` (the pruner's hook): the Trainer's."""
     env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
     lock = None
     try:
         lock = lock_run_dir(Path(run_dir), env)
-        return _train_and_test(cfg, Path(run_dir), env, stage=False, deadline=deadline)
+        return _train_and_test(cfg, Path(run_dir), env, stage=False, deadline=deadline, on_epoch=on_epoch)
     finally:
         if lock is not None:
             lock.release()
@@ -257,10 +259,12 @@ def _train_and_test(
     *,
     stage: bool = True,
     deadline: float | None = None,
+    on_epoch: Callable | None = None,
 ) -> dict[str, Any]:
     """Train (``Trainer``), then the evaluation stage on the best epoch's weights; writes results.json (and
     ``record``, the run's .hydra/ files, once it is to train or evaluate). ``stage=False`` (a search's trial): the
-    training alone, validated each epoch, no test ranked, no results.json; ``deadline``: the Trainer's."""
+    training alone, validated each epoch, no test ranked, no results.json; ``deadline``, ``on_epoch``: the
+    Trainer's."""
     sharded: ShardedModel | None = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -298,7 +302,7 @@ def _train_and_test(
         batches, evaluator = train_batches(cfg, data, env, example_counts), run_evaluator(cfg, data)
         trainer = Trainer(
             cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator,
-            deadline=deadline,
+            deadline=deadline, on_epoch=on_epoch,
         )  # fmt: skip
         trained = trainer.fit(start.resume_from)
         if not stage:

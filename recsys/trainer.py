@@ -146,9 +146,11 @@ class Trainer:
         batches: TrainBatches,
         evaluator: Evaluator,
         deadline: float | None = None,
+        on_epoch: Callable[[int, float], bool] | None = None,
     ) -> None:
         """``deadline``: a time.monotonic() after which no further epoch starts (a search's trial keeps its best so
-        far); None: the epochs and early stopping alone decide."""
+        far); None: the epochs and early stopping alone decide. ``on_epoch(epoch, valid figure)``: called after each
+        epoch's validation (one process: a search's trial); true stops the training there, as early stopping does."""
         self.cfg, self.tcfg, self.run_dir, self.env, self.data, self.sharded = (
             cfg,
             cfg.trainer,
@@ -158,7 +160,7 @@ class Trainer:
             sharded,
         )
         self.checkpoints, self.batches, self.evaluator = checkpoints, batches, evaluator
-        self.deadline = deadline
+        self.deadline, self.on_epoch = deadline, on_epoch
         self.two_tower = sharded.two_tower
         self.state = TrainerState(
             fingerprint=checkpoints.fingerprint,
@@ -331,6 +333,8 @@ class Trainer:
                 if env.is_main:
                     log.info("early stop: no better valid %s for %d epochs", metric, state.bad_epochs)
                 state.early_stopped = True
+        if self.on_epoch is not None and not self.cfg.data.train_on_valid and self.on_epoch(epoch, score):
+            state.early_stopped = True  # the search's pruner: this trial is behind the others at this epoch
         self.checkpoint()
         if self.preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written
             raise Preempted(state.step, str(self.checkpoints.step_path(state.step)))

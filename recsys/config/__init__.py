@@ -72,6 +72,7 @@ from recsys.config.run import (
     resolve_protocol,
     to_config,
     uses_sequence_encoder,
+    value_at,
     with_values,
 )
 from recsys.config.training import (
@@ -141,6 +142,7 @@ __all__ = [
     "register_configs",
     "resolve_protocol",
     "to_config",
+    "value_at",
     "with_values",
     "KnobConfig",
     "TuneConfig",

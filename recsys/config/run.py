@@ -207,6 +207,14 @@ def with_values(cfg: Any, values: dict[str, Any]) -> Any:
     return cfg
 
 
+def value_at(cfg: Any, path: str) -> Any:
+    """The value at the dotted ``path`` of ``cfg`` (a dataclass tree, dicts inside)."""
+    node = cfg
+    for part in path.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
 def _set(node: Any, parts: list[str], value: Any) -> Any:
     head, rest = parts[0], parts[1:]
     inner = node[head] if isinstance(node, dict) else getattr(node, head)

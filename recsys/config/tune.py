@@ -51,6 +51,10 @@ class TuneConfig:
     trial_epochs: int = (
         0  # each trial's epoch cap; 0 = trainer.epochs (early stopping on valid ends most trials sooner)
     )
+    # true: a trial whose valid figure after an epoch (from its 2nd on) is below the median of the earlier trials' at
+    # that epoch stops there (Optuna's MedianPruner), once prune_after_trials trials have ended; it is not chosen
+    prune: bool = True
+    prune_after_trials: int = 2  # tune.prune acts once this many trials have ended
     space: list[KnobConfig] = field(default_factory=default_space)  # the settings varied and their ranges
 
 
@@ -59,9 +63,9 @@ def check_tune(t: TuneConfig, need: Need, has_key) -> None:
     if t.budget_minutes is not None:
         need(t.budget_minutes > 0, "tune.budget_minutes", t.budget_minutes, "must be > 0 minutes (null: no search)")
     need(
-        t.max_trials >= 0 and t.trial_epochs >= 0,
-        "tune.max_trials / trial_epochs",
-        (t.max_trials, t.trial_epochs),
+        t.max_trials >= 0 and t.trial_epochs >= 0 and t.prune_after_trials >= 0,
+        "tune.max_trials / trial_epochs / prune_after_trials",
+        (t.max_trials, t.trial_epochs, t.prune_after_trials),
         "must be >= 0",
     )
     for i, k in enumerate(t.space):

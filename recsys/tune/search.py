@@ -2,13 +2,16 @@
 
     $ python -m recsys.train +experiment=movielens tune.budget_minutes=20
 
-Optuna (TPE, seeded by ``tune.seed``) proposes each trial's values of ``tune.space``; a trial trains them in
-``<run dir>/tune/trial_<n>/`` with the per-epoch validation and early stopping (recsys.run.search_trial: the test
-split is never read), and its figure is its best epoch's valid ``eval.valid_metric``. A trial that would not end
-within the budget is not started (the longest so far is the estimate); a trial running past it stops after its
-current epoch, keeping its best so far. The best trial's settings are then trained as a normal run in the run dir
-(results.json, the evaluation stage, the bundle), whose rankers tune their own grids on valid as always; the trials'
-table goes to ``tune/trials.json`` and ``tune/trials.md``. A run dir whose search and training are done is not
+The first trial trains the settings as configured (each knob's own value, where its range holds it), so the chosen
+settings are never below them on valid; Optuna (TPE, seeded by ``tune.seed``) proposes the others' values of
+``tune.space``. A trial trains them in ``<run dir>/tune/trial_<n>/`` with the per-epoch validation and early stopping
+(recsys.run.search_trial: the test split is never read), and its figure is its best epoch's valid
+``eval.valid_metric``. A trial whose figure after an epoch (its 2nd on) is below the median of the earlier trials' at
+that epoch is pruned there (``tune.prune``) and never chosen. A trial that would not end within the budget is not
+started (the longest so far is the estimate); a trial running past it stops after its current epoch, keeping its
+best so far. The best trial's settings are then trained as a normal run in the run dir (results.json, the evaluation
+stage, the bundle), whose rankers tune their own grids on valid as always; the trials' table goes to
+``tune/trials.json`` and ``tune/trials.md``. A run dir whose search and training are done is not
 searched again: the same command reports it.
 """
 
@@ -29,12 +32,13 @@ from omegaconf import OmegaConf
 from data_pipelines.errors import ConfigError
 from recsys.config import Config, with_values
 from recsys.rundir.dir import RESULTS_FILE
-from recsys.tune.space import describe, suggest
+from recsys.tune.space import configured, describe, suggest
 from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, write_trials
 
 log = logging.getLogger(__name__)
 
-TrainTrial = Callable[[Config, Path, float], dict]  # (config, trial dir, deadline) -> the training's results
+# (config, trial dir, deadline, on_epoch) -> the training's results; on_epoch(epoch, valid figure) -> stop there
+TrainTrial = Callable[[Config, Path, float, Callable[[int, float], bool] | None], dict]
 
 
 def search(
@@ -46,7 +50,13 @@ def search(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     tune = cfg.tune
     budget_s = 60.0 * float(tune.budget_minutes)
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=tune.seed))
+    pruner = (
+        optuna.pruners.MedianPruner(n_startup_trials=tune.prune_after_trials, n_warmup_steps=1)
+        if tune.prune
+        else optuna.pruners.NopPruner()
+    )
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=tune.seed), pruner=pruner)
+    study.enqueue_trial(configured(cfg, tune.space))  # trial 0: the settings as configured (the search's floor)
     start, trials = clock(), []
     while not tune.max_trials or len(trials) < tune.max_trials:
         elapsed, longest = clock() - start, max((t.seconds for t in trials), default=0.0)
@@ -57,24 +67,46 @@ def search(
             break
         proposal = study.ask()
         values = {knob.key: suggest(proposal, knob) for knob in tune.space}
-        trial = _run_trial(cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock)
+        trial = _run_trial(
+            cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock,
+            proposal=proposal,
+        )  # fmt: skip
         trials.append(trial)
         if trial.valid is None:
             study.tell(proposal, state=optuna.trial.TrialState.FAIL)
+        elif trial.state.startswith("pruned"):
+            study.tell(proposal, state=optuna.trial.TrialState.PRUNED)
         else:
             study.tell(proposal, trial.valid)
     return trials
 
 
-def _run_trial(cfg, run_dir, number, values, train_trial, *, deadline: float, clock) -> Trial:
+class _PruningHook:
+    """The trainer's ``on_epoch`` for a trial: reports each epoch's valid figure to Optuna and stops the training
+    when the study's pruner says the trial is behind (``pruned_at``: that epoch)."""
+
+    def __init__(self, proposal, epochs: int) -> None:
+        self.proposal, self.epochs, self.pruned_at = proposal, epochs, None
+
+    def __call__(self, epoch: int, score: float) -> bool:
+        self.proposal.report(score, epoch)
+        if epoch + 1 < self.epochs and self.proposal.should_prune():  # after the last epoch it would save nothing
+            self.pruned_at = epoch
+        return self.pruned_at is not None
+
+
+def _run_trial(cfg, run_dir, number, values, train_trial, *, deadline: float, clock, proposal) -> Trial:
     trial_cfg = trial_config(cfg, values)
+    pruning = _PruningHook(proposal, trial_cfg.trainer.epochs)
     trial_dir = run_dir / TUNE_DIR / f"trial_{number}"
     began = clock()
     log.info("tune: trial %d: %s", number, ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
     try:
-        trained = train_trial(trial_cfg, trial_dir, deadline)["train"]
+        trained = train_trial(trial_cfg, trial_dir, deadline, pruning)["train"]
         valid, best_epoch = trained.get("best_valid"), int(trained.get("best_epoch", -1))
         state = "stopped at the budget" if clock() > deadline else "complete"
+        if pruning.pruned_at is not None:
+            state = f"pruned at epoch {pruning.pruned_at}"
     except (FloatingPointError, RuntimeError, ValueError) as e:  # a setting that diverges or cannot run
         valid, best_epoch, state = None, -1, f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)  # its weights are not kept: the run retrains the best

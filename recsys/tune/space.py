@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recsys.config import KnobConfig
+from recsys.config import KnobConfig, value_at
 
 
 def suggest(trial, knob: KnobConfig) -> Any:
@@ -21,3 +21,19 @@ def describe(knob: KnobConfig) -> str:
     if knob.kind == "choice":
         return f"{knob.key}: one of {list(knob.choices)}"
     return f"{knob.key}: {knob.kind} [{knob.low:g}, {knob.high:g}]"
+
+
+def contains(knob: KnobConfig, value: Any) -> bool:
+    """Whether ``value`` is one the knob can propose (a choice of it, or inside [low, high])."""
+    if knob.kind == "choice":
+        return value in list(knob.choices)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return knob.low <= value <= knob.high and (knob.kind != "int" or float(value).is_integer())
+
+
+def configured(cfg, space: list[KnobConfig]) -> dict[str, Any]:
+    """The config's own values of the knobs that can propose them: the search's first trial, so that the settings
+    a run would train without a search are always among those ranked (a knob whose value is outside its range is
+    left to the sampler)."""
+    return {k.key: value_at(cfg, k.key) for k in space if contains(k, value_at(cfg, k.key))}

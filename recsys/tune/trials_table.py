@@ -21,13 +21,14 @@ class Trial:
     values: dict[str, Any]  # the knobs' values (config key -> value)
     valid: float | None  # the best epoch's valid figure (eval.valid_metric); None when the trial failed
     seconds: float
-    state: str  # "complete", "stopped at the budget" or "failed: <why>"
+    state: str  # "complete", "stopped at the budget", "pruned at epoch <n>" or "failed: <why>"
     best_epoch: int = -1
 
 
 def best_trial(trials: Sequence[Trial]) -> Trial | None:
-    """The trial with the highest valid figure (ties: the earlier one), None when none completed."""
-    scored = [t for t in trials if t.valid is not None and math.isfinite(t.valid)]
+    """The trial with the highest valid figure (ties: the earlier one), None when none completed; a pruned trial
+    (stopped before its settings were trained out) is not chosen."""
+    scored = [t for t in trials if t.valid is not None and math.isfinite(t.valid) and not t.state.startswith("pruned")]
     return max(scored, key=lambda t: (t.valid, -t.number)) if scored else None
 
 

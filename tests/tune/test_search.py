@@ -14,7 +14,7 @@ from recsys.export import ExportConfig, export_run
 from recsys.rankers.served_dir import served_ranking
 from recsys.run import fit, search_trial
 from recsys.serving import load_bundle
-from recsys.tune.search import search, tune_and_fit
+from recsys.tune.search import chosen_config, search, tune_and_fit
 from tests.helpers.config import tiny_config
 
 
@@ -57,7 +57,7 @@ def test_the_search_never_reads_the_test_split(tmp_path, data_root, process_grou
 def _fake_trial(seconds: float, clock: list[float], figures=None):
     """A stand-in for a trial's training: advances the fake clock by ``seconds`` and scores a fixed figure."""
 
-    def train(cfg, trial_dir, deadline):
+    def train(cfg, trial_dir, deadline, on_epoch=None):
         clock[0] += seconds
         value = figures.pop(0) if figures else float(cfg.model.temperature)
         return {"train": {"best_valid": value, "best_epoch": 0}}
@@ -93,3 +93,53 @@ def test_a_budget_of_zero_and_a_knob_of_no_key_are_refused():
     with pytest.raises(ValueError, match=r"tune.space\[0\].key='model.temprature': must name a key"):
         check_values(tiny_config([bad_space]))
     assert np.isfinite(tiny_config(["tune.budget_minutes=5"]).tune.budget_minutes)
+
+
+def test_the_first_trial_is_the_configured_settings(tmp_path):
+    """Trial 0 trains the config's own values, so a short search never chooses below the run it replaces; a knob
+    whose configured value is outside its range is left to the sampler."""
+    clock = [0.0]
+    cfg = tiny_config(["tune.budget_minutes=100", "tune.max_trials=3", "model.temperature=0.5"])  # above [0.03, 0.3]
+    trials = search(cfg, tmp_path, _fake_trial(1.0, clock, figures=[0.9, 0.1, 0.2]), clock=lambda: clock[0])
+    first = trials[0].values
+    assert first["optim.sparse.lr"] == cfg.optim.sparse.lr and first["optim.dense.lr"] == cfg.optim.dense.lr
+    assert cfg.data.history_length == 10 and first["data.history_length"] in (20, 50, 100, 200)  # not a choice
+    assert first["data.history_dropout"] == cfg.data.history_dropout
+    assert 0.03 <= first["model.temperature"] <= 0.3  # 0.5 is outside the knob: sampled
+    assert chosen_config(cfg, trials)[1].number == 0  # the best on valid (0.9) is the configured run
+
+
+def _fake_curves(curves: list[list[float]], clock: list[float]):
+    """A stand-in trial that validates an epoch a second with the given figures, stopping where ``on_epoch`` says."""
+
+    def train(cfg, trial_dir, deadline, on_epoch=None):
+        scores = []
+        for epoch, score in enumerate(curves.pop(0)):
+            clock[0] += 1.0
+            scores.append(score)
+            if on_epoch is not None and on_epoch(epoch, score):
+                break
+        return {"train": {"best_valid": max(scores), "best_epoch": scores.index(max(scores)), "epochs": len(scores)}}
+
+    return train
+
+
+def test_a_trial_behind_the_median_is_pruned_and_not_chosen(tmp_path):
+    """Two trials end; the third is behind both at its 2nd epoch (the first one pruning looks at): stopped there,
+    its state says so, and the choice is among the completed ones. With tune.prune=false it runs out; at its last
+    epoch a trial is never pruned (it would save nothing)."""
+    curves = [[0.30, 0.40, 0.45], [0.31, 0.41, 0.44], [0.29, 0.20, 0.99]]
+    clock = [0.0]
+    cfg = tiny_config(["tune.budget_minutes=100", "tune.max_trials=3", "trainer.epochs=3"])
+    trials = search(cfg, tmp_path, _fake_curves([list(c) for c in curves], clock), clock=lambda: clock[0])
+    assert [t.state for t in trials] == ["complete", "complete", "pruned at epoch 1"]
+    assert clock[0] == 3 + 3 + 2  # the pruned trial trained 2 of its 3 epochs
+    assert chosen_config(cfg, trials)[1].number == 0
+    clock = [0.0]
+    unpruned = tiny_config(["tune.budget_minutes=100", "tune.max_trials=3", "trainer.epochs=3", "tune.prune=false"])
+    trials = search(unpruned, tmp_path, _fake_curves([list(c) for c in curves], clock), clock=lambda: clock[0])
+    assert [t.state for t in trials] == ["complete"] * 3 and chosen_config(unpruned, trials)[1].number == 2
+    clock = [0.0]
+    cfg = tiny_config(["tune.budget_minutes=100", "tune.max_trials=3", "trainer.epochs=2"])
+    trials = search(cfg, tmp_path, _fake_curves([c[:2] for c in curves], clock), clock=lambda: clock[0])
+    assert [t.state for t in trials] == ["complete"] * 3
