@@ -144,6 +144,9 @@ class InteractionsDataConfig:
         2048  # MiB of rows held at once; a larger log is split in user buckets on disk (same dataset)
     )
     valid_fraction: float = 0.1  # protocol=given without valid_path: share of each user's train rows held out (seeded)
+    # protocol=given without valid_path: which rows are held out: "random" (seeded) or each user's "latest" (by
+    # timestamp, else file order), for a test file that holds later interactions than train
+    valid_carve: str = "random"
     # optional side files, keyed by the same raw ids as the log
     items_path: str = ""  # the items file: item id -> categories and side columns (items.parquet)
     items_id_column: str = "item_id"  # the items file's column of the log's raw item ids

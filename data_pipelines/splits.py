@@ -202,8 +202,11 @@ def split_loo(df: pd.DataFrame) -> Splits:
     return _split_by_label(df, order, label)
 
 
-def carve_valid(df: pd.DataFrame, *, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(train, valid): per user, ``round(fraction * n)`` random rows of their ``n`` become valid.
+def carve_valid(
+    df: pd.DataFrame, *, fraction: float, seed: int, latest: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, valid): per user, ``round(fraction * n)`` random rows of their ``n`` become valid (``latest``: their
+    last rows in (timestamp, item_id) order instead, for a test file that holds each user's later interactions).
 
     For given splits without a validation file: only the training file is cut, so the test file is
     never used for any choice. ``round`` is half up and each user keeps at least one training row
@@ -219,12 +222,15 @@ def carve_valid(df: pd.DataFrame, *, fraction: float, seed: int) -> tuple[pd.Dat
     n = len(user_ids)
     label = np.zeros(n, dtype=np.int8)
     if n:
-        keys = _random_as_ints(np.random.default_rng(seed), n)
-        shuffled = lexsort_fast((keys, user_ids), truncate_last=True)
         starts, lengths = run_starts(user_ids)
         n_valid = np.minimum(_round_half_up(lengths * fraction), lengths - 1)
         rank = np.arange(n) - np.repeat(starts, lengths)
-        label[shuffled] = (rank < np.repeat(n_valid, lengths)).astype(np.int8)
+        if latest:  # canonical order is by time within a user: the last n_valid of each run
+            label[:] = (rank >= np.repeat(lengths - n_valid, lengths)).astype(np.int8)
+        else:
+            keys = _random_as_ints(np.random.default_rng(seed), n)
+            shuffled = lexsort_fast((keys, user_ids), truncate_last=True)
+            label[shuffled] = (rank < np.repeat(n_valid, lengths)).astype(np.int8)
     train, valid, _ = _split_by_label(df, order, label)
     return train, valid
 

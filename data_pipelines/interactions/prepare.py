@@ -28,6 +28,7 @@ PIPELINE_VERSION = "interactions/2"
 SIDE_COLUMNS_VERSION = 1  # bump when side_columns.py's output for the same side file changes
 _SIDE_COLUMNS = ("items_columns", "users_columns")
 _FORMATS = ("auto", "csv", "tsv", "parquet", "adjacency")
+VALID_CARVES = ("random", "latest")
 
 
 def cache_key(sources: list[dict[str, str]], options: dict[str, Any]) -> str:
@@ -117,6 +118,8 @@ def _check_settings(cfg: InteractionsDataConfig, protocol: str, min_rating: floa
         raise DatasetError(f"data.protocol={protocol!r}: unknown; known: {sorted((*PROTOCOLS, 'given'))}")
     if cfg.format not in _FORMATS:
         raise DatasetError(f"data.interactions.format={cfg.format!r}: expected one of {_FORMATS}")
+    if cfg.valid_carve not in VALID_CARVES:
+        raise DatasetError(f"data.interactions.valid_carve={cfg.valid_carve!r}: expected one of {VALID_CARVES}")
     if min_rating > 0 and not cfg.rating_column:
         raise DatasetError(
             f"data.min_rating={min_rating} needs ratings: set data.interactions.rating_column (or min_rating=0)"
@@ -135,9 +138,11 @@ def _cache_options(
         "reader": {
             k: v
             for k, v in asdict(cfg).items()
-            if not k.endswith("_path") and k not in ("path", "md5", "memory_budget_mb", *_SIDE_COLUMNS)
+            if not k.endswith("_path") and k not in ("path", "md5", "memory_budget_mb", "valid_carve", *_SIDE_COLUMNS)
         },
     }
+    if cfg.valid_carve != "random":  # the random carve's keys stay what they were
+        options["valid_carve"] = cfg.valid_carve
     if cfg.items_path or cfg.users_path:  # keys of logs without side files stay what they were
         options["side_columns"] = {"version": SIDE_COLUMNS_VERSION, **{k: asdict(cfg)[k] for k in _SIDE_COLUMNS}}
     return options

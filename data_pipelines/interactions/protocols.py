@@ -161,6 +161,7 @@ def given_split(cfg: InteractionsDataConfig, paths: dict[str, Path], seed: int, 
         "given_split": {
             "valid": "carved from train" if carved else "given",
             "valid_fraction": cfg.valid_fraction if carved else None,
+            "valid_carve": cfg.valid_carve if carved else None,
             "dropped": dropped,
         },
         "num_raw_interactions": int(sum(t.num_rows for t in logs.values())),
@@ -219,7 +220,7 @@ def _usable(
 
 def _carve(cfg: InteractionsDataConfig, train: pd.DataFrame, path: Path, seed: int):
     """``valid_fraction`` of each user's train rows as the valid split (seeded); never the test file."""
-    train, valid = carve_valid(train, fraction=cfg.valid_fraction, seed=seed)
+    train, valid = carve_valid(train, fraction=cfg.valid_fraction, seed=seed, latest=cfg.valid_carve == "latest")
     if len(valid) == 0:
         raise DatasetError(
             f"{path}: data.interactions.valid_fraction={cfg.valid_fraction} carves no "

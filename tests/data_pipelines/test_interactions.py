@@ -22,6 +22,7 @@ from data_pipelines.config import InteractionsDataConfig, SideColumnConfig
 from data_pipelines.errors import DatasetError
 from data_pipelines.interactions import log as interaction_log
 from data_pipelines.interactions import prepare_interactions
+from data_pipelines.interactions.prepare import _cache_options
 from data_pipelines.readers import csv_chunks
 from data_pipelines.splits import carve_valid
 from recsys.data.dataset import load_dataset
@@ -165,6 +166,34 @@ def test_carve_valid_is_per_user_seeded_and_keeps_a_train_row():
     again_train, again_valid = carve_valid(df, fraction=0.1, seed=5)
     assert again_valid.equals(valid)
     assert not carve_valid(df, fraction=0.1, seed=6)[1].equals(valid)
+    # latest: each user's last rows in time, whatever the seed
+    _, latest = carve_valid(df.iloc[::-1], fraction=0.1, seed=5, latest=True)
+    assert sorted(latest["timestamp"]) == [12, 35, 36, 37]  # user 2's last of 10, user 3's last 3 of 25
+    assert carve_valid(df, fraction=0.1, seed=6, latest=True)[1].equals(latest)
+
+
+def test_a_latest_carve_holds_out_each_users_last_train_lines_and_keeps_the_random_carves_dir(tmp_path):
+    """data.interactions.valid_carve=latest: valid is each user's last train.txt entries (file order is the time of
+    adjacency lists); the random carve's dataset dir (its cache key) is what it was before the option existed."""
+    train = {u: list(range(u, u + 10)) for u in range(5)}
+    _adjacency(tmp_path / "train.txt", train)
+    _adjacency(tmp_path / "test.txt", {u: [(u + 10) % 14] for u in range(5)})  # items trained by another user
+    paths = {"train_path": str(tmp_path / "train.txt"), "test_path": str(tmp_path / "test.txt"), "valid_fraction": 0.2}
+    latest = _prepare(InteractionsDataConfig(**paths, valid_carve="latest"), tmp_path / "data", protocol="given")
+    data = load_dataset(latest)
+    raw = pq.read_table(latest / "vocab/items.parquet").column("raw_id").to_numpy()
+    valid = data.splits["valid"]
+    assert {(int(u), int(raw[i])) for u, i in zip(valid.user_ids, valid.item_ids)} == {
+        (u, i) for u in range(5) for i in (u + 8, u + 9)
+    }
+    assert json.loads((latest / "meta.json").read_text())["given_split"]["valid_carve"] == "latest"
+    random = _prepare(InteractionsDataConfig(**paths), tmp_path / "data", protocol="given")
+    assert random != latest
+    # the option enters the cache key only when it is not the default: earlier random carves keep their dirs
+    options = _cache_options(InteractionsDataConfig(**paths), "given", 0, {}, 0)
+    assert "valid_carve" not in options and "valid_carve" not in options["reader"]
+    with pytest.raises(DatasetError, match=r"data.interactions.valid_carve='last': expected one of"):
+        _prepare(InteractionsDataConfig(**paths, valid_carve="last"), tmp_path / "data3", protocol="given")
 
 
 # ---------------------------------------------------------------- bad input
