@@ -81,6 +81,7 @@ FIELDS: dict[str, object] = {
     "data.interactions.memory_budget_mb": SKIP,  # how the log is prepared, not what is written
     "data.interactions.id_type": Absent("auto"),
     "data.interactions.timestamp_unit": Absent("auto"),
+    "data.interactions.valid_carve": Absent("random"),  # which train rows are valid: another split when latest
     "data.interactions.items_columns": Absent({}),
     "data.interactions.users_columns": Absent({}),
     "model.tables": HASH,  # the neighbour table's settings only with neighbours (``_tables``)

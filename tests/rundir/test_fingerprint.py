@@ -30,6 +30,7 @@ OPEN_SECTIONS = (
 # fields added after the rules became a table: the earlier rules never saw them (their defaults leave the hash)
 NEWER_FIELDS = {"data": ("slices", "slice", "slice_window"), "model": ("id_mapping", "managed", "softmax_block_mb")}
 NEWER_SYNTHETIC = ("churn_periods", "item_lifetime_periods")
+NEWER_INTERACTIONS = ("valid_carve",)
 
 
 def _leaves(values: dict, path: str = ""):
@@ -56,6 +57,8 @@ def legacy_fingerprint(cfg: Config) -> str:
             (data if section == "data" else model).pop(key)
     for key in NEWER_SYNTHETIC:
         data["synthetic"].pop(key)
+    for key in NEWER_INTERACTIONS:
+        data["interactions"].pop(key)
     data.pop("root")
     data.pop("shard_by_user")
     data["interactions"].pop("memory_budget_mb")
