@@ -12,11 +12,8 @@ import torch
 
 from data_pipelines.errors import ConfigError
 from data_pipelines.prepare import prepare_dataset
-from recsys.data.eval_batches import latest_items
-from recsys.data.feature_builder import run_feature_builder
 from recsys.evaluation.ease import ease_from_gram, ease_topk, gram_matrix
 from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.sharded import Evaluator
 from recsys.export import ExportConfig, export_run
 from recsys.rankers.base import EvalSplit
 from recsys.rankers.ease.ranker import EaseRanker
@@ -24,10 +21,10 @@ from recsys.rankers.ease.settings import EaseSettings
 from recsys.rankers.parts import Catalogue, Query
 from recsys.rankers.points import point_key
 from recsys.rankers.served import Served
-from recsys.rankers.served_dir import served_ranking
 from recsys.run import fit, open_dataset
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
+from tests.helpers.served_ranking import assert_bundle_ranks_test_as_the_run
 
 FUSED = "two_tower+ease"
 
@@ -100,14 +97,7 @@ def test_two_tower_fused_with_ease_is_chosen_on_valid_exported_and_served_as_the
         ("ease", data.num_items),
     ]
     assert manifest["served"]["weights"] == [1.0, row["point"]["beta"]]
-    bundle = load_bundle(bundle_dir)
-    users, run_topk = served_ranking(run_dir)
-    evaluator = Evaluator(data, run_feature_builder(cfg, data), ks=[20], batch_size=64, chunk_size=64)
-    test_users, _, _, timeline = evaluator.protocol("test")
-    assert np.array_equal(test_users, users)
-    lengths, items = latest_items(timeline, users, data.num_users, len(timeline))  # every train + valid item
-    ids, _ = bundle.recommend_batch(np.split(items, np.cumsum(lengths)[:-1]), 20)
-    assert np.array_equal(ids, run_topk[:, :20])
+    assert_bundle_ranks_test_as_the_run(load_bundle(bundle_dir), run_dir, cfg, data)
 
 
 def test_fusing_ease_over_more_items_than_it_serves_is_refused_before_training(tmp_path, data_root, process_group):

@@ -9,19 +9,15 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.data.eval_batches import latest_items
-from recsys.data.feature_builder import run_feature_builder
-from recsys.evaluation.sharded import Evaluator
 from recsys.export import ExportConfig, export_run
 from recsys.rankers.registry import RANKERS
-from recsys.rankers.served_dir import served_ranking
 from recsys.run import fit, open_dataset
 from recsys.serving import load_bundle
 from tests.helpers.config import tiny_config
+from tests.helpers.served_ranking import assert_bundle_ranks_test_as_the_run
 
 PLUGIN_CONF = Path(__file__).resolve().parents[1] / "plugins" / "conf"
 
@@ -58,13 +54,6 @@ def test_a_plugin_ranker_is_trained_exported_and_served_as_the_run_ranked_it(
     bundle_dir = export_run(ExportConfig(run_dir=str(run_dir)))
     manifest = json.loads((bundle_dir / "manifest.json").read_text())
     assert [p["ranker"] for p in manifest["served"]["parts"]] == ["toy"]
-    bundle = load_bundle(bundle_dir)
-    users, run_topk = served_ranking(run_dir)
     data = open_dataset(cfg, prepare_dataset(cfg.data))
-    evaluator = Evaluator(data, run_feature_builder(cfg, data), ks=[20], batch_size=64, chunk_size=64)
-    test_users, _, _, timeline = evaluator.protocol("test")
-    assert np.array_equal(test_users, users)
-    lengths, items = latest_items(timeline, users, data.num_users, len(timeline))  # every train + valid item
-    ids, _ = bundle.recommend_batch(np.split(items, np.cumsum(lengths)[:-1]), 20)
-    assert np.array_equal(ids, run_topk[:, :20])
+    assert_bundle_ranks_test_as_the_run(load_bundle(bundle_dir), run_dir, cfg, data)
     assert toy_plugin in RANKERS

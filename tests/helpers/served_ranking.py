@@ -1,0 +1,23 @@
+"""The check every servable ranker's test makes: the exported bundle ranks the test users as the run did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from recsys.data.eval_batches import latest_items
+from recsys.data.feature_builder import run_feature_builder
+from recsys.evaluation.sharded import Evaluator
+from recsys.rankers.served_dir import served_ranking
+
+
+def assert_bundle_ranks_test_as_the_run(bundle, run_dir: Path, cfg, data) -> None:
+    """``bundle.recommend_batch`` over each test user's whole train + valid history equals the run's served top 20."""
+    users, run_topk = served_ranking(run_dir)
+    evaluator = Evaluator(data, run_feature_builder(cfg, data), ks=[20], batch_size=64, chunk_size=64)
+    test_users, _, _, timeline = evaluator.protocol("test")
+    assert np.array_equal(test_users, users)
+    lengths, items = latest_items(timeline, users, data.num_users, len(timeline))  # every train + valid item
+    ids, _ = bundle.recommend_batch(np.split(items, np.cumsum(lengths)[:-1]), 20)
+    assert np.array_equal(ids, run_topk[:, :20])
