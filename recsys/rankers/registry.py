@@ -36,6 +36,8 @@ from recsys.rankers.graph_filter.spectral import Reduce
 from recsys.rankers.ials import settings as ials_settings
 from recsys.rankers.ials.ranker import IalsRanker
 from recsys.rankers.parts import servable
+from recsys.rankers.plain_two_tower import settings as plain_two_tower_settings
+from recsys.rankers.plain_two_tower.ranker import PlainTwoTowerRanker
 from recsys.rankers.popularity.ranker import PopularityRanker
 from recsys.rankers.resources import Resources
 from recsys.rankers.two_tower.ranker import TwoTowerRanker
@@ -109,6 +111,11 @@ RANKERS: dict[str, RankerSpec] = {
         ials_settings.IalsSettings,
         ials_settings.check_settings,
         ials_settings.check_resources,
+    ),
+    "plain_two_tower": RankerSpec(
+        lambda c, s: PlainTwoTowerRanker(s, c.seed),
+        plain_two_tower_settings.PlainTwoTowerSettings,
+        plain_two_tower_settings.check_settings,
     ),
 }
 COMBINATORS: dict[str, RankerSpec] = {

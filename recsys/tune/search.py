@@ -13,6 +13,10 @@ best so far. The best trial's settings are then trained as a normal run in the r
 stage, the bundle), whose rankers tune their own grids on valid as always; the trials' table goes to
 ``tune/trials.json`` and ``tune/trials.md``. A run dir whose search and training are done is not
 searched again: the same command reports it.
+
+Under torchrun every trial trains on all the ranks, as the run does (one process group for the whole search): rank 0
+decides what each rank does next (start a trial or not, its settings, pruning) and broadcasts it, so that ranks whose
+clocks differ by a few milliseconds never disagree.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from data_pipelines.errors import ConfigError
 from recsys.config import Config, with_values
+from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.rundir.dir import RESULTS_FILE
 from recsys.tune.space import configured, describe, suggest
 from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, write_trials
@@ -39,12 +43,29 @@ log = logging.getLogger(__name__)
 
 # (config, trial dir, deadline, on_epoch) -> the training's results; on_epoch(epoch, valid figure) -> stop there
 TrainTrial = Callable[[Config, Path, float, Callable[[int, float], bool] | None], dict]
+Sync = Callable[[Any], Any]  # rank 0's value of its argument, on every rank
+
+
+def _one_process(value: Any) -> Any:
+    return value
+
+
+def _from_rank0(value: Any) -> Any:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def search(
-    cfg: Config, run_dir: Path, train_trial: TrainTrial, clock: Callable[[], float] = time.monotonic
+    cfg: Config,
+    run_dir: Path,
+    train_trial: TrainTrial,
+    clock: Callable[[], float] = time.monotonic,
+    sync: Sync = _one_process,
 ) -> list[Trial]:
-    """The trials of ``cfg.tune`` (module docstring), in order."""
+    """The trials of ``cfg.tune`` (module docstring), in order; ``sync``: rank 0's decisions on every rank."""
     import optuna  # noqa: PLC0415 (only a search needs it)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -60,17 +81,17 @@ def search(
     start, trials = clock(), []
     while not tune.max_trials or len(trials) < tune.max_trials:
         elapsed, longest = clock() - start, max((t.seconds for t in trials), default=0.0)
-        if elapsed + longest > budget_s or elapsed >= budget_s:
+        if sync(elapsed + longest > budget_s or elapsed >= budget_s):
             log.info(
                 "tune: %.0f s of %.0f s spent; the next trial (up to %.0f s) is not started", elapsed, budget_s, longest
             )
             break
         proposal = study.ask()
-        values = {knob.key: suggest(proposal, knob) for knob in tune.space}
-        trial = _run_trial(
+        values = sync({knob.key: suggest(proposal, knob) for knob in tune.space})
+        trial = sync(_run_trial(
             cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock,
-            proposal=proposal,
-        )  # fmt: skip
+            proposal=proposal, sync=sync,
+        ))  # fmt: skip
         trials.append(trial)
         if trial.valid is None:
             study.tell(proposal, state=optuna.trial.TrialState.FAIL)
@@ -85,19 +106,20 @@ class _PruningHook:
     """The trainer's ``on_epoch`` for a trial: reports each epoch's valid figure to Optuna and stops the training
     when the study's pruner says the trial is behind (``pruned_at``: that epoch)."""
 
-    def __init__(self, proposal, epochs: int) -> None:
-        self.proposal, self.epochs, self.pruned_at = proposal, epochs, None
+    def __init__(self, proposal, epochs: int, sync: Sync) -> None:
+        self.proposal, self.epochs, self.sync, self.pruned_at = proposal, epochs, sync, None
 
     def __call__(self, epoch: int, score: float) -> bool:
         self.proposal.report(score, epoch)
-        if epoch + 1 < self.epochs and self.proposal.should_prune():  # after the last epoch it would save nothing
+        # after the last epoch it would save nothing; every rank stops where rank 0's pruner says
+        if self.sync(epoch + 1 < self.epochs and self.proposal.should_prune()):
             self.pruned_at = epoch
         return self.pruned_at is not None
 
 
-def _run_trial(cfg, run_dir, number, values, train_trial, *, deadline: float, clock, proposal) -> Trial:
+def _run_trial(cfg, run_dir, number, values, train_trial, *, deadline: float, clock, proposal, sync) -> Trial:
     trial_cfg = trial_config(cfg, values)
-    pruning = _PruningHook(proposal, trial_cfg.trainer.epochs)
+    pruning = _PruningHook(proposal, trial_cfg.trainer.epochs, sync)
     trial_dir = run_dir / TUNE_DIR / f"trial_{number}"
     began = clock()
     log.info("tune: trial %d: %s", number, ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
@@ -134,12 +156,21 @@ def tune_and_fit(
     cfg: Config, run_dir: Path, fit: Callable, train_trial: TrainTrial, record: dict | None = None
 ) -> dict:
     """The search, then ``fit`` of the chosen config in ``run_dir`` (with ``record``, the run's .hydra/ files, its
-    config.yaml the one trained); the trials' table into ``run_dir/tune/``. One process only."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(
-            "tune.budget_minutes: the search runs in one process; run it without torchrun, then train the chosen "
-            "settings (tune/trials.md) on any number of ranks"
-        )
+    config.yaml the one trained); the trials' table into ``run_dir/tune/``. Under torchrun, on every rank: one
+    process group for the trials and the run (module docstring)."""
+    env = init_distributed(cfg.sharding.device, cfg.sharding.backend) if _world_size() > 1 else None
+    try:
+        return _tune_and_fit(cfg, run_dir, fit, train_trial, record, _from_rank0 if env else _one_process)
+    finally:
+        if env is not None:
+            destroy_distributed(env)
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _tune_and_fit(cfg, run_dir: Path, fit: Callable, train_trial: TrainTrial, record, sync: Sync) -> dict:
     done = run_dir / TUNE_DIR / "trials.json"
     if done.is_file() and (run_dir / RESULTS_FILE).is_file():  # searched and trained: reported, not searched again
         values = json.loads(done.read_text()).get("values") or {}
@@ -147,7 +178,7 @@ def tune_and_fit(
     log.info("tune: %g minutes on valid %s over %s", cfg.tune.budget_minutes, cfg.eval.valid_metric,
              "; ".join(describe(k) for k in cfg.tune.space))  # fmt: skip
     began = time.monotonic()
-    trials = search(cfg, run_dir, train_trial)
+    trials = search(cfg, run_dir, train_trial, sync=sync)
     final, best = chosen_config(cfg, trials)
     summary = {
         "metric": cfg.eval.valid_metric,
@@ -156,7 +187,8 @@ def tune_and_fit(
         "chosen": None if best is None else best.number,
         "values": None if best is None else best.values,
     }
-    write_trials(run_dir, trials, summary)
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_trials(run_dir, trials, summary)
     if best is not None:
         log.info("tune: trial %d chosen (valid %.4f): %s", best.number, best.valid, best.values)
     if record is not None:

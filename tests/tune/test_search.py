@@ -16,6 +16,7 @@ from recsys.run import fit, search_trial
 from recsys.serving import load_bundle
 from recsys.tune.search import chosen_config, search, tune_and_fit
 from tests.helpers.config import tiny_config
+from tests.helpers.launch import launch
 
 
 def test_a_tiny_search_trains_its_best_trial_as_a_servable_run(tmp_path, data_root, process_group):
@@ -143,3 +144,24 @@ def test_a_trial_behind_the_median_is_pruned_and_not_chosen(tmp_path):
     cfg = tiny_config(["tune.budget_minutes=100", "tune.max_trials=3", "trainer.epochs=2"])
     trials = search(cfg, tmp_path, _fake_curves([c[:2] for c in curves], clock), clock=lambda: clock[0])
     assert [t.state for t in trials] == ["complete"] * 3
+
+
+def test_under_torchrun_every_trial_and_the_run_train_on_both_ranks(tmp_path, data_root):
+    """Two ranks (gloo): rank 0's decisions reach both (a rank that started a trial the other did not would hang the
+    job), the table lists every trial, and the run trains the chosen settings to the chosen trial's valid figure."""
+    run_dir = tmp_path / "run"
+    launch(
+        [
+            "-m", "recsys.train", "+experiment=tiny", f"data.root={data_root}", f"hydra.run.dir={run_dir}",
+            "sharding.device=cpu", "tune.budget_minutes=10", "tune.max_trials=3", "trainer.epochs=2",
+            "trainer.progress_bar=false",
+        ],
+        nproc=2,
+    )  # fmt: skip
+    table = json.loads((run_dir / "tune" / "trials.json").read_text())
+    results = json.loads((run_dir / "results.json").read_text())
+    assert len(table["trials"]) == 3 and all(t["state"] == "complete" for t in table["trials"])
+    best = max(table["trials"], key=lambda t: t["valid"])
+    assert table["chosen"] == best["number"]
+    assert results["train"]["world_size"] == 2
+    assert results["train"]["best_valid"] == pytest.approx(best["valid"], abs=1e-9)

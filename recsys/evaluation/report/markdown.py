@@ -156,9 +156,12 @@ def _graph_filter(report: dict) -> list[str]:
             out.append(f"- {name}: skipped: {row['skipped']}.")
             continue
         fit = row["fit"].get("test", row["fit"].get("valid", {}))
+        sizes = ([f"{fit['interactions']:,} interactions"] if "interactions" in fit else []) + (
+            [f"top {fit['rank']} eigenpairs"] if "rank" in fit else []
+        )  # what the fit reports of itself: a graph filter both, the others neither
         out.append(
-            f"- {name}: fit on {row['fit_on'].get('test', row['fit_on'].get('valid'))} ({fit.get('interactions', 0):,} "
-            f"interactions, top {fit.get('rank', '?')} eigenpairs), chosen by {row.get('tuned_on', 'n/a')}: "
+            f"- {name}: fit on {row['fit_on'].get('test', row['fit_on'].get('valid'))}"
+            f"{' (' + ', '.join(sizes) + ')' if sizes else ''}, chosen by {row.get('tuned_on', 'n/a')}: "
             f"{_fmt(row['point'])}; servable by the bundle: {'yes' if row['servable'] else 'no'}."
         )
         rows += [[f"{name}, {point}", value] for point, value in row.get("grid", {}).items()]
