@@ -19,12 +19,18 @@ from tests.helpers.config import tiny_config
 from tests.rankers.test_ials import NUM_ITEMS, NUM_USERS, _planted_case, _recall
 
 
-def test_the_loss_is_the_softmax_over_the_batch_with_repeats_of_the_row_item_masked():
+def test_the_loss_is_the_softmax_over_the_batch_logq_corrected_with_repeats_of_the_row_item_masked():
     gen = torch.Generator().manual_seed(0)
     u, i = torch.randn(6, 4, generator=gen), torch.randn(6, 4, generator=gen)
     distinct = torch.arange(6)
     reference = F.cross_entropy(F.normalize(u, dim=1) @ F.normalize(i, dim=1).t() / 0.2, distinct)
     assert _in_batch_softmax(u, i, distinct, 0.2).item() == pytest.approx(reference.item(), rel=1e-6)
+    # logQ: each column's item's log sampling probability comes off every row's logit
+    log_q = torch.log(torch.tensor([0.4, 0.1, 0.1, 0.2, 0.1, 0.1]))
+    logits = F.normalize(u, dim=1) @ F.normalize(i, dim=1).t() / 0.2 - log_q[None, :]
+    corrected = _in_batch_softmax(u, i, distinct, 0.2, log_q).item()
+    assert corrected == pytest.approx(F.cross_entropy(logits, distinct).item(), rel=1e-6)
+    assert corrected != pytest.approx(reference.item(), rel=1e-3)
     # every row the same item: no row has a negative left, so nothing to push down
     assert _in_batch_softmax(u, i, torch.zeros(6, dtype=torch.int64), 0.2).item() == pytest.approx(0.0, abs=1e-6)
 

@@ -26,7 +26,7 @@ class PlainTwoTowerFit(DotProductFit):
             s = self.settings
             tables = train_plain_two_tower(
                 self.graph, dim=key[0], temperature=key[1], lr=key[2], epochs=s.epochs, batch_size=s.batch_size,
-                seed=self.seed,
+                logq_correction=s.logq_correction, seed=self.seed,
             )  # fmt: skip
             self._trained = (key, tables)
         return self._trained[1][int(point["epochs"])]
@@ -55,6 +55,7 @@ class PlainTwoTowerRanker(Ranker):
     def settings(self) -> dict:
         return {
             "batch_size": self.settings_.batch_size,
+            "logq_correction": self.settings_.logq_correction,
             "score": "<u, i> of L2-normalised user-id and item-id embeddings, in-batch softmax, Adam",
         }
 

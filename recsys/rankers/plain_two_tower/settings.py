@@ -10,7 +10,7 @@ from recsys.config.need import Need
 
 @dataclass
 class PlainTwoTowerSettings:
-    """A user-id and an item-id embedding, L2-normalised, trained with in-batch softmax by Adam
+    """A user-id and an item-id embedding, L2-normalised, trained with logQ-corrected in-batch softmax by Adam
     (recsys/rankers/plain_two_tower/model.py); every combination of the lists below ranked on valid."""
 
     dims: list[int] = field(default_factory=lambda: [64, 128])  # the embeddings' width
@@ -19,6 +19,8 @@ class PlainTwoTowerSettings:
     # the epochs ranked: one training per (dim, τ, lr) to the largest, its tables taken after each of these
     epochs: list[int] = field(default_factory=lambda: [5, 10, 20, 40])
     batch_size: int = 1024  # (user, item) rows a step; the rest of the batch is each row's negatives
+    # true: each logit less log(the item's share of the training rows), the in-batch sampler's bias removed (logQ)
+    logq_correction: bool = True
 
 
 def check_settings(s: PlainTwoTowerSettings, need: Need, key: str) -> None:
