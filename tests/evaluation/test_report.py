@@ -320,7 +320,7 @@ def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
     assert {"graph_filter", FUSED_MODEL} <= set(report["splits"]["test"]["metrics"])
     assert alone["servable"] and fused["servable"]
     md = (out / "report.md").read_text()
-    assert "## Graph filter (GF-CF, sharpened as BSPM)" in md and "two-tower + graph filter" in md
+    assert "## The stage's other rankers (the graph filter" in md and "two-tower + graph filter" in md
     assert f"- {FUSED_MODEL}: fit on train + valid" in md
     off = compute_report(inputs, ReportOptions(stage_rankers=[], ann_kinds=())).report
     assert (

@@ -145,11 +145,12 @@ def _baseline(row: dict, title: str) -> list[str]:
 
 
 def _graph_filter(report: dict) -> list[str]:
-    """The graph filter alone and fused with the two-tower: what each was fit on, its chosen point and valid grid."""
+    """The evaluation stage's rankers beyond EASE and iALS (the graph filter alone and fused with the two-tower, any
+    other listed): what each was fit on, its chosen point and valid grid."""
     gf = report.get("graph_filter", {"skipped": "n/a"})
-    out = ["## Graph filter (GF-CF, sharpened as BSPM), alone and fused with the two-tower", ""]
+    out = ["## The stage's other rankers (the graph filter, fusions, plug-ins, the plain two-tower)", ""]
     if "skipped" in gf:
-        return out + [f"Graph filter skipped: {gf['skipped']}.", ""]
+        return out + [f"Skipped: {gf['skipped']}.", ""]
     rows = []
     for name, row in gf["rankers"].items():
         if "skipped" in row:
