@@ -40,7 +40,7 @@ def train_plain_two_tower(
     row_item = torch.from_numpy(graph.indices)
     # an item's chance of being a batch's row: its share of the rows (the batches are uniform draws of them)
     counts = torch.bincount(row_item, minlength=graph.num_items).double()
-    log_q = torch.log(counts / graph.nnz).float() if logq_correction else torch.zeros(graph.num_items)
+    log_q = torch.log(counts / graph.nnz).float() if logq_correction else None
     marks, out = sorted(set(int(e) for e in epochs)), {}
     for epoch in range(1, marks[-1] + 1):
         order = torch.randperm(graph.nnz, generator=gen)
@@ -49,7 +49,8 @@ def train_plain_two_tower(
             if rows.numel() < 2:
                 break
             item_ids = row_item[rows]
-            loss = _in_batch_softmax(users(row_user[rows]), items(item_ids), item_ids, temperature, log_q[item_ids])
+            batch_q = None if log_q is None else log_q[item_ids]
+            loss = _in_batch_softmax(users(row_user[rows]), items(item_ids), item_ids, temperature, batch_q)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
