@@ -53,6 +53,7 @@ from recsys.model.build import build_task
 from recsys.rankers.plugins import load_plugins
 from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, serve_candidates
 from recsys.rankers.resources import Resources
+from recsys.refit_rule import decide_refit
 from recsys.run_checks import (
     check_batch_fits,
     check_evaluate_names,
@@ -66,6 +67,7 @@ from recsys.rundir.lock import lock_run_dir
 from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import format_results_table
 from recsys.rundir.record import write_run_record
+from recsys.rundir.results import split_counts
 from recsys.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -156,7 +158,8 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
         check_rankers(cfg)  # a typo or a bad setting fails now, not after training
         check_finished_evaluation(cfg, Path(run_dir))  # a finished run asked for other eval.*: refused, naming them
         results = _train_and_test(cfg, Path(run_dir), env, record=record)
-        if cfg.trainer.refit:
+        counts = results.get("dataset", {}).get("counts", {})
+        if decide_refit(cfg, counts.get("train", 0), counts.get("valid", 0))[0]:
             refit_cfg = refit_config(cfg, results["train"]["best_epoch"], results["headline"]["ranker"])
             chosen = {name: row["point"] for name, row in results.get("rankers", {}).items()}
             if env.is_main:
@@ -271,6 +274,9 @@ def _train_and_test(
         data, example_counts = load_data(cfg, env)
         num_examples = len(data.example_rows()) if example_counts is None else sum(example_counts)
         check_batch_fits(cfg.trainer.global_batch_size, num_examples, data.dir)  # before the model is built
+        if env.is_main and stage and cfg.trainer.refit is None and not cfg.data.train_on_valid:
+            counts = split_counts(data)
+            log.info("%s", decide_refit(cfg, counts["train"], counts.get("valid", 0))[1])
         if env.is_main and stage:
             candidates = serve_candidates(cfg, data.num_items)
             log.info(

@@ -29,8 +29,8 @@ __all__ = [
     "check_evaluate_names",
     "check_exportable",
     "check_index_kind",
+    "export_stage_dir",
     "note_dropped_rows",
-    "note_export_stage",
     "warn_ks_beyond_catalogue",
 ]
 
@@ -93,24 +93,38 @@ def warn_ks_beyond_catalogue(ks: Sequence[int], num_items: int, setting: str) ->
         )
 
 
-def note_export_stage(run_dir: Path, checkpoint: str, refit_dir: str) -> None:
-    """Say which stage of a ``trainer.refit`` run is exported (the refit's is ``<run dir>/<refit_dir>``) and
-    how to choose the other."""
-    if checkpoint or int(os.environ.get("RANK", "0")) != 0:
-        return  # the user named the weights; one rank says it
-    if (run_dir / refit_dir / "checkpoints").is_dir():
-        log.warning(
-            "%s: exporting the selection stage (trained on train only; checkpoints/best). This run also has a "
-            'refit, trained on train + valid (results.json\'s "refit" figures): run_dir=%s exports that one',
+EXPORT_STAGES = ("auto", "selection")
+
+
+def export_stage_dir(run_dir: Path, checkpoint: str, refit_dir: str, stage: str) -> Path:
+    """The run dir whose weights ``recsys.export`` bundles: a ``trainer.refit`` run's refit (``<run dir>/<refit_dir>``,
+    whose test figures are the run's answer) unless ``stage=selection`` or a checkpoint is named; says which, and how
+    to export the other stage."""
+    if stage not in EXPORT_STAGES:
+        raise RunRefused(f"stage={stage!r}: expected one of {', '.join(EXPORT_STAGES)}")
+    say = log.info if int(os.environ.get("RANK", "0")) == 0 else log.debug  # one rank says it
+    has_refit = (run_dir / refit_dir / "checkpoints").is_dir()
+    if not checkpoint and has_refit and stage == "auto":
+        say(
+            '%s: exporting the refit %s (trained on train + valid: results.json\'s "refit" figures); stage=selection '
+            "exports the selection stage (train only)",
             run_dir,
             run_dir / refit_dir,
         )
-    elif run_dir.name == refit_dir and (run_dir.parent / "checkpoints").is_dir():
-        log.info(
-            "%s: exporting the refit (trained on train + valid); run_dir=%s exports the selection stage (train only)",
+        return run_dir / refit_dir
+    if not checkpoint and has_refit:
+        say(
+            "%s: exporting the selection stage (trained on train only; checkpoints/best), as stage=selection asks",
+            run_dir,
+        )
+    elif not checkpoint and run_dir.name == refit_dir and (run_dir.parent / "checkpoints").is_dir():
+        say(
+            "%s: exporting the refit (trained on train + valid); run_dir=%s stage=selection exports the selection "
+            "stage (train only)",
             run_dir,
             run_dir.parent,
         )
+    return run_dir
 
 
 def check_exportable(cfg: Config, run_dir: Path) -> None:

@@ -20,7 +20,7 @@ from recsys.rankers.served import Served
 from recsys.rankers.served_dir import SERVED_DIR, load_served
 from recsys.rankers.two_tower.weights import served_from_weights
 from recsys.run import REFIT_DIR, load_trained
-from recsys.run_checks import check_exportable, check_index_kind, note_export_stage
+from recsys.run_checks import check_exportable, check_index_kind, export_stage_dir
 from recsys.rundir.config import load_run_config
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,15 @@ def _served_ranker(run_dir: Path, checkpoint: str) -> tuple[Served, dict] | None
 def export_run(ecfg: ExportConfig) -> Path:
     """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path.
 
-    The bundle serves the run's headline ranker as its evaluation stage fit it for test (``<run dir>/served/``);
-    ``checkpoint=PATH`` (other weights than the best epoch's), or a run without served/, exports the two-tower alone.
+    The bundle serves the run's headline ranker as its evaluation stage fit it for test (``<run dir>/served/``), of
+    the refit where the run has one (``stage=selection``: the run's own); ``checkpoint=PATH`` (other weights than the
+    best epoch's), or a run without served/, exports the two-tower alone.
     """
     run_dir = Path(ecfg.run_dir)
     out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
     check_index_kind(ecfg.index)
     check_replaceable(out)  # before any work, on every rank
-    note_export_stage(run_dir, ecfg.checkpoint, REFIT_DIR)  # a trainer.refit run: which stage, and the other's run_dir
+    run_dir = export_stage_dir(run_dir, ecfg.checkpoint, REFIT_DIR, ecfg.stage)  # a trainer.refit run: its refit
     cfg = load_run_config(run_dir, ecfg.checkpoint)
     check_exportable(cfg, run_dir)
     chosen = _served_ranker(run_dir, ecfg.checkpoint)

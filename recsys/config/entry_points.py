@@ -47,6 +47,9 @@ class ExportConfig:
 
     run_dir: str = MISSING  # the training run to export
     checkpoint: str = ""  # checkpoint dir; "" = <run_dir>/checkpoints/best
+    # auto: a trainer.refit run's refit (<run_dir>/refit: its test figures are the run's answer), else the run's best
+    # epoch | selection: the run's own best epoch (trained on train only) even where it has a refit
+    stage: str = "auto"
     out_dir: str = (
         ""  # bundle dir; "" = <run_dir>/export (replaced atomically, and only if it holds a bundle export wrote)
     )

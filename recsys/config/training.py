@@ -133,8 +133,9 @@ class TrainerConfig:
     fault_at_step: int = 0  # fault injection for tests: exit(13) after this step on the first attempt; 0 disables
     fault_rank: int = 0  # the rank that fails when fault_at_step is set
     # true: after early stopping, a fresh model is trained on train + valid for the best epoch + 1 epochs
-    # (data.train_on_valid) in <run dir>/refit and tested; its test figures are the run's answer
-    refit: bool = False
+    # (data.train_on_valid) in <run dir>/refit and tested; its test figures are the run's answer (and its bundle,
+    # recsys.export's). null: where the training split has at most 250k rows (recsys/refit_rule.py, logged at start)
+    refit: bool | None = None
     # "fp32" | "bf16" | "auto": the training step's towers and softmax matmuls in bfloat16 under autocast (fp32
     # accumulation, the softmax and every weight and optimizer state in fp32; evaluation in fp32). bf16 pays only
     # with native bf16 GEMMs (AVX512-BF16 / AMX CPUs, Ampere+ GPUs): a CPU without them emulates it, far slower

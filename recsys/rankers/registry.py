@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data_pipelines.errors import ConfigError
-from recsys.config import Config, EvalConfig, IdMapping
+from recsys.config import Config, EvalConfig, IdMapping, QueryHistory
 from recsys.config.need import Need
 from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.rankers import fusion
@@ -151,14 +151,19 @@ def settings_of(name: str, given: Mapping[str, Any], specs: Mapping[str, RankerS
 
 
 def resolved_rankers(cfg: Config, num_items: int | None = None) -> list[str]:
-    """``eval.rankers``, or when null: the two-tower and popularity, and where the data is a profile-bag graph
-    (data.item_neighbors > 0: the random-split protocols) with the vocabulary's ids, outside data.slices, the two-tower
-    fused with the graph filter, and with EASE too on a catalogue of up to ``DEFAULT_EASE_MAX_ITEMS`` items
-    (``num_items``; None: not known yet, the widest list, for checks); the run logs what this gave (recsys.run)."""
+    """``eval.rankers``, or when null: the two-tower and popularity, and where the query is a profile bag (the
+    random-split protocols: held-out items anywhere in the user's profile, the graph filter's and EASE's own setting)
+    with the vocabulary's ids, outside data.slices, the two-tower fused with the graph filter, and with EASE too on a
+    catalogue of up to ``DEFAULT_EASE_MAX_ITEMS`` items (``num_items``; None: not known yet, the widest list, for
+    checks); the run logs what this gave (recsys.run)."""
     if cfg.eval.rankers is not None:
         return list(cfg.eval.rankers)
     # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md
-    fused = cfg.data.item_neighbors > 0 and cfg.model.id_mapping == IdMapping.vocab and not cfg.data.slices
+    fused = (
+        cfg.data.query_history == QueryHistory.profile
+        and cfg.model.id_mapping == IdMapping.vocab
+        and not cfg.data.slices
+    )
     small = num_items is None or num_items <= DEFAULT_EASE_MAX_ITEMS
     return [TRAINED, "popularity"] + ([DEFAULT_FUSION] if fused else []) + ([EASE_FUSION] if fused and small else [])
 

@@ -12,6 +12,11 @@ from recsys.data.dataset import RetrievalData
 from recsys.rundir.checkpoint import TrainerState
 
 
+def split_counts(data: RetrievalData) -> dict[str, int]:
+    """Each split's rows in the whole dataset (also where this rank holds some users only)."""
+    return {s: int(data.meta.get("counts", {}).get(s, len(v))) for s, v in data.splits.items()}
+
+
 def training_results(
     state: TrainerState,
     data: RetrievalData,
@@ -21,7 +26,7 @@ def training_results(
 ) -> dict[str, Any]:
     """What results.json holds of the training (the evaluation stage adds valid, test and the rankers):
     ``best`` is the checkpoint tested (None: the last step's weights), ``managed`` the managed tables' counts."""
-    counts = {s: int(data.meta.get("counts", {}).get(s, len(v))) for s, v in data.splits.items()}
+    counts = split_counts(data)
     return {
         "train": {
             "samples_per_s": state.samples / max(state.train_seconds, 1e-9),

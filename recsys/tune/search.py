@@ -9,7 +9,8 @@ settings are never below them on valid; Optuna (TPE, seeded by ``tune.seed``) pr
 ``eval.valid_metric``. A trial whose figure after an epoch (its 2nd on) is below the median of the earlier trials' at
 that epoch is pruned there (``tune.prune``) and never chosen. A trial that would not end within the budget is not
 started (the longest so far is the estimate); a trial running past it stops after its current epoch, keeping its
-best so far. The best trial's settings are then trained as a normal run in the run dir (results.json, the evaluation
+best so far. Where the run will refit on train + valid (trainer.refit, recsys/refit_rule.py), the first trial's
+seconds are kept out of the budget for that second training. The best trial's settings are then trained as a normal run in the run dir (results.json, the evaluation
 stage, the bundle), whose rankers tune their own grids on valid as always; the trials' table goes to
 ``tune/trials.json`` and ``tune/trials.md``. A run dir whose search and training are done is not
 searched again: the same command reports it.
@@ -35,6 +36,7 @@ from omegaconf import OmegaConf
 
 from recsys.config import Config, with_values
 from recsys.distributed.env import destroy_distributed, init_distributed
+from recsys.refit_rule import decide_refit
 from recsys.rundir.dir import RESULTS_FILE
 from recsys.tune.space import configured, describe, suggest
 from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, write_trials
@@ -78,7 +80,7 @@ def search(
     )
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=tune.seed), pruner=pruner)
     study.enqueue_trial(configured(cfg, tune.space))  # trial 0: the settings as configured (the search's floor)
-    start, trials = clock(), []
+    start, trials, reserve = clock(), [], None
     while not tune.max_trials or len(trials) < tune.max_trials:
         elapsed, longest = clock() - start, max((t.seconds for t in trials), default=0.0)
         if sync(elapsed + longest > budget_s or elapsed >= budget_s):
@@ -88,11 +90,14 @@ def search(
             break
         proposal = study.ask()
         values = sync({knob.key: suggest(proposal, knob) for knob in tune.space})
-        trial = sync(_run_trial(
+        trial, counts = sync(_run_trial(
             cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock,
             proposal=proposal, sync=sync,
         ))  # fmt: skip
         trials.append(trial)
+        if reserve is None:  # trial 0 is the configured training: what the run's refit, if any, will about cost
+            reserve = _refit_reserve(cfg, trial, counts)
+            budget_s -= reserve
         if trial.valid is None:
             study.tell(proposal, state=optuna.trial.TrialState.FAIL)
         elif trial.state.startswith("pruned"):
@@ -117,14 +122,28 @@ class _PruningHook:
         return self.pruned_at is not None
 
 
-def _run_trial(cfg, run_dir, number, values, train_trial, *, deadline: float, clock, proposal, sync) -> Trial:
+def _refit_reserve(cfg: Config, first: Trial, counts: Mapping[str, int] | None) -> float:
+    """Seconds of the budget kept for the run's refit (trainer.refit, recsys/refit_rule.py): the first trial's, so
+    that the search, the run and its refit take about the budget and one training."""
+    if counts is None or not decide_refit(cfg, counts.get("train", 0), counts.get("valid", 0))[0]:
+        return 0.0
+    log.info("tune: the run will refit on train + valid: %.0f s of the budget (trial 0's) kept for it", first.seconds)
+    return first.seconds
+
+
+def _run_trial(
+    cfg, run_dir, number, values, train_trial, *, deadline: float, clock, proposal, sync
+) -> tuple[Trial, dict | None]:
+    """The trial and its dataset's split counts (None where the training did not say)."""
     trial_cfg = trial_config(cfg, values)
     pruning = _PruningHook(proposal, trial_cfg.trainer.epochs, sync)
     trial_dir = run_dir / TUNE_DIR / f"trial_{number}"
     began = clock()
     log.info("tune: trial %d: %s", number, ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
+    counts = None
     try:
-        trained = train_trial(trial_cfg, trial_dir, deadline, pruning)["train"]
+        results = train_trial(trial_cfg, trial_dir, deadline, pruning)
+        trained, counts = results["train"], results.get("dataset", {}).get("counts")
         valid, best_epoch = trained.get("best_valid"), int(trained.get("best_epoch", -1))
         state = "stopped at the budget" if clock() > deadline else "complete"
         if pruning.pruned_at is not None:
@@ -134,7 +153,7 @@ def _run_trial(cfg, run_dir, number, values, train_trial, *, deadline: float, cl
     shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)  # its weights are not kept: the run retrains the best
     seconds = clock() - began
     log.info("tune: trial %d: valid %s, %.0f s (%s)", number, _fmt(valid), seconds, state)
-    return Trial(number, values, valid, seconds, state, best_epoch)
+    return Trial(number, values, valid, seconds, state, best_epoch), counts
 
 
 def trial_config(cfg: Config, values: Mapping[str, Any]) -> Config:

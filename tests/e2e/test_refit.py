@@ -25,7 +25,8 @@ from tests.helpers.config import tiny_config
 def refit_run(tmp_path_factory, process_group):
     return fit_given_split(
         tmp_path_factory.mktemp("refit"),
-        ["trainer.refit=true", "data.item_neighbors=4", "eval.settings.graph_filter.alphas=[0.1,0.2]"],
+        # null: the rule refits a training split this small (recsys/refit_rule.py)
+        ["trainer.refit=null", "data.item_neighbors=4", "eval.settings.graph_filter.alphas=[0.1,0.2]"],
     )
 
 
@@ -127,24 +128,49 @@ def test_refit_refuses_what_it_cannot_do(overrides, message):
         check_values(tiny_config(overrides))
 
 
-def test_export_of_a_refit_run_says_which_stage_and_how_to_export_the_other(refit_run, tmp_path, caplog):
-    """Issue 28, case 16: the run dir exports the selection stage (train only), saying so and naming the
-    refit's run dir; that one exports the refit (train + valid); each bundle's manifest says which."""
+def test_export_of_a_refit_run_bundles_the_refit_and_says_how_to_export_the_selection(refit_run, tmp_path, caplog):
+    """The run dir exports the refit (train + valid: the figures results.json answers with), saying so and how to
+    export the selection stage (stage=selection, train only); each bundle's manifest says which."""
     import logging
 
     from recsys.export import ExportConfig, export_run
 
     _, run_dir, _ = refit_run
     with caplog.at_level(logging.INFO, logger="recsys.run_checks"):
-        selection = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "selection")))
-        refit = export_run(ExportConfig(run_dir=str(run_dir / REFIT_DIR), out_dir=str(tmp_path / "refit")))
+        refit = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "refit")))
+        selection = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "sel"), stage="selection"))
+        also = export_run(ExportConfig(run_dir=str(run_dir / REFIT_DIR), out_dir=str(tmp_path / "also")))
     said = [r.getMessage() for r in caplog.records if r.name == "recsys.run_checks"]
     assert said == [
-        f"{run_dir}: exporting the selection stage (trained on train only; checkpoints/best). This run also has a "
-        f'refit, trained on train + valid (results.json\'s "refit" figures): run_dir={run_dir / REFIT_DIR} '
-        "exports that one",
-        f"{run_dir / REFIT_DIR}: exporting the refit (trained on train + valid); run_dir={run_dir} exports the "
-        "selection stage (train only)",
+        f'{run_dir}: exporting the refit {run_dir / REFIT_DIR} (trained on train + valid: results.json\'s "refit" '
+        "figures); stage=selection exports the selection stage (train only)",
+        f"{run_dir}: exporting the selection stage (trained on train only; checkpoints/best), as stage=selection asks",
+        f"{run_dir / REFIT_DIR}: exporting the refit (trained on train + valid); run_dir={run_dir} stage=selection "
+        "exports the selection stage (train only)",
     ]
-    assert json.loads((selection / "manifest.json").read_text())["trained_on"] == "train"
     assert json.loads((refit / "manifest.json").read_text())["trained_on"] == "train + valid"
+    assert json.loads((also / "manifest.json").read_text())["trained_on"] == "train + valid"
+    assert json.loads((selection / "manifest.json").read_text())["trained_on"] == "train"
+    with pytest.raises(ValueError, match="stage='refit': expected one of auto, selection"):
+        export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "bad"), stage="refit"))
+
+
+@pytest.mark.parametrize(
+    "overrides, rows, refits",
+    [
+        ([], 250_000, True),
+        ([], 250_001, False),
+        (["trainer.refit=false"], 1_000, False),
+        (["trainer.refit=true"], 10_000_000, True),
+        (["data.train_on_valid=true"], 1_000, False),
+        (["data.protocol=strong_generalization"], 1_000, False),
+    ],
+)
+def test_refit_null_refits_small_training_splits_only(overrides, rows, refits):
+    from recsys.refit_rule import AUTO_REFIT_MAX_TRAIN_ROWS, decide_refit
+
+    assert AUTO_REFIT_MAX_TRAIN_ROWS == 250_000
+    cfg = tiny_config(["trainer.refit=null", *overrides])
+    decided, why = decide_refit(cfg, rows, 100)
+    assert decided is refits and why.startswith("trainer.refit=")
+    assert decide_refit(tiny_config(["trainer.refit=null"]), 1_000, 0)[0] is False  # no valid rows: nothing to add

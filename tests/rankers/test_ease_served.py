@@ -109,3 +109,27 @@ def test_fusing_ease_over_more_items_than_it_serves_is_refused_before_training(t
     ):
         fit(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, fused",
+    [
+        ([], True),  # tiny: recbole's random split, a profile-bag query, neighbours on
+        (["data.item_neighbors=0"], True),  # the synthetic default's shape: the fusions do not need the neighbours
+        (["data.protocol=strong_generalization"], True),  # held-out users, their profiles folded in
+        (["data.protocol=loo"], False),  # the next item in time: the recent items, not the profile
+        (["data.query_history=recent"], False),
+        (["model.id_mapping=managed"], False),
+    ],
+)
+def test_the_default_list_fuses_where_the_query_is_the_users_profile(overrides, fused):
+    """eval.rankers=null: the fusions join the two-tower and popularity wherever the query is a profile bag (the
+    random-split protocols, whose held-out items lie anywhere in the profile: the graph filter's and EASE's own
+    setting), whether or not the candidates' neighbours are on; EASE's only up to DEFAULT_EASE_MAX_ITEMS items."""
+    from recsys.rankers.registry import DEFAULT_EASE_MAX_ITEMS, DEFAULT_FUSION, EASE_FUSION, resolved_rankers
+
+    cfg = tiny_config(overrides)
+    both = ["two_tower", "popularity", DEFAULT_FUSION, EASE_FUSION]
+    assert resolved_rankers(cfg, 300) == (both if fused else ["two_tower", "popularity"])
+    wide = resolved_rankers(cfg, DEFAULT_EASE_MAX_ITEMS + 1)
+    assert wide == (["two_tower", "popularity", DEFAULT_FUSION] if fused else ["two_tower", "popularity"])

@@ -165,3 +165,17 @@ def test_under_torchrun_every_trial_and_the_run_train_on_both_ranks(tmp_path, da
     assert table["chosen"] == best["number"]
     assert results["train"]["world_size"] == 2
     assert results["train"]["best_valid"] == pytest.approx(best["valid"], abs=1e-9)
+
+
+def test_a_run_that_will_refit_keeps_a_training_of_its_budget_for_the_refit(tmp_path):
+    """trainer.refit=null refits a small training split (recsys/refit_rule.py): the 10-minute budget keeps trial 0's
+    3 minutes for the refit, so two trials run where a run without a refit runs three."""
+
+    def trial(clock):
+        fake = _fake_trial(180.0, clock)
+        return lambda *a, **k: {**fake(*a, **k), "dataset": {"counts": {"train": 1000, "valid": 100, "test": 100}}}
+
+    for refit, expected in (("null", 2), ("false", 3), ("true", 2)):
+        clock = [0.0]
+        cfg = tiny_config(["tune.budget_minutes=10", f"trainer.refit={refit}"])
+        assert len(search(cfg, tmp_path, trial(clock), clock=lambda c=clock: c[0])) == expected, refit
