@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from recsys.markdown import markdown_table
 
 SPLIT = "test"
+# (the report's ranker, the row's label: its chosen point's values by name)
 ROWS = (
     ("two_tower", "two-tower"),
-    ("ease", "EASE (λ = {lam:g}, tuned on valid)"),
-    ("ials", "iALS (λ = {reg:g}, α = {alpha:g}, tuned on valid)"),
+    ("two_tower+ease", "two-tower + EASE (λ = {lambda:g}, β = {beta:g}, tuned on valid)"),
+    ("two_tower+graph_filter", "two-tower + graph filter (β = {beta:g}, tuned on valid)"),
+    ("ease", "EASE (λ = {lambda:g}, tuned on valid)"),
+    ("ials", "iALS (λ = {regularization:g}, α = {alpha:g}, tuned on valid)"),
     ("popularity", "popularity"),
 )
 METRICS = (
@@ -40,17 +44,23 @@ def _tail(report: dict[str, Any], model: str) -> float:
     return next(b for b in buckets if b["bucket"] == "tail")[TAIL[1]]
 
 
-def results_table(report: dict[str, Any]) -> str:
+def _point(report: dict[str, Any], model: str) -> dict[str, float]:
+    """The values valid chose for ``model`` (missing ones: nan)."""
+    row = report.get(model) or (report.get("graph_filter") or {}).get("rankers", {}).get(model) or {}
+    point = row.get("point") or {k: v for k, v in row.items() if k in ("lambda", "regularization", "alpha")}
+    return defaultdict(lambda: float("nan"), point)
+
+
+def results_table(report: dict[str, Any], served: str | None = None) -> str:
+    """The README's table of ``report``'s test split; ``served``: the ranker the run's bundle serves (marked)."""
     metrics = report["splits"][SPLIT]["metrics"]
     rows = []
     for model, label in ROWS:
-        if model not in metrics:  # EASE / iALS skipped (too many items, or disabled)
+        if model not in metrics:  # not ranked (too many items, not in the run's list)
             continue
-        lam = (report.get("ease") or {}).get("lambda", float("nan"))
-        ials = report.get("ials") or {}
-        reg, alpha = ials.get("regularization", float("nan")), ials.get("alpha", float("nan"))
         cells = [f"{metrics[model][key]:.4f}" for _, key in METRICS] + [f"{_tail(report, model):.4f}"]
-        rows.append([label.format(lam=lam, reg=reg, alpha=alpha), *cells])
+        name = label.format_map(_point(report, model))
+        rows.append([f"**{name}: served**" if model == served else name, *cells])
     return "\n".join(markdown_table(COLUMNS, rows))
 
 
@@ -60,7 +70,9 @@ def main(argv: list) -> None:
     path = Path(argv[0])
     if not path.is_file():
         sys.exit(f"{path}: no such file; `python -m recsys.evaluate run_dir=runs/<name>` writes it")
-    print(results_table(json.loads(path.read_text())))
+    results = path.parent.parent / "results.json"  # the run's: which ranker its bundle serves
+    served = json.loads(results.read_text()).get("headline", {}).get("ranker") if results.is_file() else None
+    print(results_table(json.loads(path.read_text()), served))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ class TuneConfig:
     # that epoch stops there (Optuna's MedianPruner), once prune_after_trials trials have ended; it is not chosen
     prune: bool = True
     prune_after_trials: int = 2  # tune.prune acts once this many trials have ended
+    # the best trial replaces the configured settings (trial 0) only if ahead of them on valid by more than this many
+    # standard errors of valid's mean (sqrt(m (1 - m) / users), a bound): the one-standard-error rule; 0 = the best
+    min_gain_se: float = 1.0
     space: list[KnobConfig] = field(default_factory=default_space)  # the settings varied and their ranges
 
 
@@ -68,6 +71,7 @@ def check_tune(t: TuneConfig, need: Need, has_key) -> None:
         (t.max_trials, t.trial_epochs, t.prune_after_trials),
         "must be >= 0",
     )
+    need(t.min_gain_se >= 0, "tune.min_gain_se", t.min_gain_se, "must be >= 0 standard errors (0: the best on valid)")
     for i, k in enumerate(t.space):
         where = f"tune.space[{i}]"
         need(has_key(k.key), f"{where}.key", k.key, "must name a key of the training config")

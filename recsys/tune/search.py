@@ -7,7 +7,8 @@ settings are never below them on valid; Optuna (TPE, seeded by ``tune.seed``) pr
 ``tune.space``. A trial trains them in ``<run dir>/tune/trial_<n>/`` with the per-epoch validation and early stopping
 (recsys.run.search_trial: the test split is never read), and its figure is its best epoch's valid
 ``eval.valid_metric``. A trial whose figure after an epoch (its 2nd on) is below the median of the earlier trials' at
-that epoch is pruned there (``tune.prune``) and never chosen. A trial that would not end within the budget is not
+that epoch is pruned there (``tune.prune``) and never chosen. The best trial replaces the configured settings only
+when ahead of them on valid by more than ``tune.min_gain_se`` standard errors (the one-standard-error rule). A trial that would not end within the budget is not
 started (the longest so far is the estimate); a trial running past it stops after its current epoch, keeping its
 best so far. Where the run will refit on train + valid (trainer.refit, recsys/refit_rule.py), the first trial's
 seconds are kept out of the budget for that second training. The best trial's settings are then trained as a normal run in the run dir (results.json, the evaluation
@@ -39,7 +40,7 @@ from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.refit_rule import decide_refit
 from recsys.rundir.dir import RESULTS_FILE
 from recsys.tune.space import configured, describe, suggest
-from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, write_trials
+from recsys.tune.trials_table import TUNE_DIR, Trial, chosen_trial, write_trials
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,8 @@ def _run_trial(
     shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)  # its weights are not kept: the run retrains the best
     seconds = clock() - began
     log.info("tune: trial %d: valid %s, %.0f s (%s)", number, _fmt(valid), seconds, state)
-    return Trial(number, values, valid, seconds, state, best_epoch), counts
+    users = min(counts.get("users", 0), counts.get("valid", 0)) if counts else 0  # each valid user has a valid row
+    return Trial(number, values, valid, seconds, state, best_epoch, users), counts
 
 
 def trial_config(cfg: Config, values: Mapping[str, Any]) -> Config:
@@ -165,10 +167,11 @@ def trial_config(cfg: Config, values: Mapping[str, Any]) -> Config:
     return replace(cfg, trainer=trainer)
 
 
-def chosen_config(cfg: Config, trials: list[Trial]) -> tuple[Config, Trial | None]:
-    """The run's config: ``cfg`` with the best trial's values (as given when no trial completed)."""
-    best = best_trial(trials)
-    return (cfg if best is None else with_values(cfg, best.values)), best
+def chosen_config(cfg: Config, trials: list[Trial]) -> tuple[Config, Trial | None, str]:
+    """The run's config: ``cfg`` with the chosen trial's values (``chosen_trial``: the best on valid unless within
+    tune.min_gain_se of the configured settings; as given when no trial completed), that trial and why."""
+    best, why = chosen_trial(trials, cfg.tune.min_gain_se)
+    return (cfg if best is None else with_values(cfg, best.values)), best, why
 
 
 def tune_and_fit(
@@ -198,18 +201,19 @@ def _tune_and_fit(cfg, run_dir: Path, fit: Callable, train_trial: TrainTrial, re
              "; ".join(describe(k) for k in cfg.tune.space))  # fmt: skip
     began = time.monotonic()
     trials = search(cfg, run_dir, train_trial, sync=sync)
-    final, best = chosen_config(cfg, trials)
+    final, best, why = chosen_config(cfg, trials)
     summary = {
         "metric": cfg.eval.valid_metric,
         "budget_minutes": cfg.tune.budget_minutes,
         "seconds": time.monotonic() - began,
         "chosen": None if best is None else best.number,
+        "why": why,
         "values": None if best is None else best.values,
     }
     if int(os.environ.get("RANK", "0")) == 0:
         write_trials(run_dir, trials, summary)
     if best is not None:
-        log.info("tune: trial %d chosen (valid %.4f): %s", best.number, best.valid, best.values)
+        log.info("tune: %s (valid %.4f): %s", why, best.valid, best.values)
     if record is not None:
         record = {**record, "config.yaml": OmegaConf.to_yaml(OmegaConf.structured(final))}
     return fit(final, run_dir, record)

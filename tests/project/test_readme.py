@@ -234,6 +234,12 @@ def test_results_table_script_writes_the_readme_table_format():
     assert lines[0] == script.HEADER and lines[1] == "|---|---|---|---|---|---|---|---|"
     assert lines[2] == "| two-tower | 0.0250 | 0.0500 | 0.1250 | 0.2500 | 0.0250 | 0.0500 | 0.2500 |"
     assert lines[3].startswith("| EASE (λ = 1000, tuned on valid) | 0.2810 | 0.0500 |")
+    report["splits"]["test"]["metrics"]["two_tower+ease"] = report["splits"]["test"]["metrics"]["ease"]
+    report["splits"]["test"]["breakdowns"]["two_tower+ease"] = report["splits"]["test"]["breakdowns"]["ease"]
+    report["graph_filter"] = {"rankers": {"two_tower+ease": {"point": {"lambda": 300.0, "beta": 0.1}}}}
+    fused = script.results_table(report, served="two_tower+ease").splitlines()[3]  # after the two-tower, marked
+    assert fused.startswith("| **two-tower + EASE (λ = 300, β = 0.1, tuned on valid): served** | 0.2810 |")
+    del report["splits"]["test"]["metrics"]["two_tower+ease"]
     del report["splits"]["test"]["metrics"]["ease"]  # EASE skipped: no row
     assert [line.split(" | ")[0] for line in script.results_table(report).splitlines()[2:]] == [
         "| two-tower",

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from recsys.config import check_values
+from recsys.config import check_values, with_values
 from recsys.evaluation.sharded import Evaluator
 from recsys.export import ExportConfig, export_run
 from recsys.rankers.served_dir import served_ranking
@@ -20,7 +20,15 @@ from tests.helpers.launch import launch
 
 
 def test_a_tiny_search_trains_its_best_trial_as_a_servable_run(tmp_path, data_root, process_group):
-    cfg = tiny_config([f"data.root={data_root}", "tune.budget_minutes=10", "tune.max_trials=3", "trainer.epochs=2"])
+    cfg = tiny_config(
+        [
+            f"data.root={data_root}",
+            "tune.budget_minutes=10",
+            "tune.max_trials=3",
+            "trainer.epochs=2",
+            "tune.min_gain_se=0",
+        ]
+    )
     run_dir = tmp_path / "run"
     results = tune_and_fit(cfg, run_dir, fit, search_trial)
     table = json.loads((run_dir / "tune" / "trials.json").read_text())
@@ -154,7 +162,7 @@ def test_under_torchrun_every_trial_and_the_run_train_on_both_ranks(tmp_path, da
         [
             "-m", "recsys.train", "+experiment=tiny", f"data.root={data_root}", f"hydra.run.dir={run_dir}",
             "sharding.device=cpu", "tune.budget_minutes=10", "tune.max_trials=3", "trainer.epochs=2",
-            "trainer.progress_bar=false",
+            "trainer.progress_bar=false", "tune.min_gain_se=0",
         ],
         nproc=2,
     )  # fmt: skip
@@ -179,3 +187,30 @@ def test_a_run_that_will_refit_keeps_a_training_of_its_budget_for_the_refit(tmp_
         clock = [0.0]
         cfg = tiny_config(["tune.budget_minutes=10", f"trainer.refit={refit}"])
         assert len(search(cfg, tmp_path, trial(clock), clock=lambda c=clock: c[0])) == expected, refit
+
+
+def test_the_configured_settings_stay_unless_the_best_leads_by_more_than_valids_noise(tmp_path):
+    """The one-standard-error rule: on 1,000 valid users trial 0's 0.30 has a standard error of at most
+    sqrt(0.3 x 0.7 / 1000) = 0.0145; a lead of 0.01 keeps trial 0, one of 0.03 moves to the best; 0 turns it off."""
+
+    def trial(clock, figures):
+        fake = _fake_trial(1.0, clock, figures=figures)
+        return lambda *a, **k: {**fake(*a, **k), "dataset": {"counts": {"users": 1000, "valid": 1500}}}
+
+    for figures, min_gain_se, chosen in (
+        ([0.30, 0.31, 0.29], 1.0, 0),
+        ([0.30, 0.31, 0.33], 1.0, 2),
+        ([0.30, 0.31, 0.29], 0.0, 1),
+    ):
+        clock = [0.0]
+        cfg = tiny_config(["tune.budget_minutes=10", "tune.max_trials=3", f"tune.min_gain_se={min_gain_se}"])
+        trials = search(cfg, tmp_path, trial(clock, list(figures)), clock=lambda c=clock: c[0])
+        assert [t.valid_users for t in trials] == [1000] * 3
+        final, best, why = chosen_config(cfg, trials)
+        assert best.number == chosen, (figures, min_gain_se)
+        if (figures[1], min_gain_se) == (0.31, 1.0) and chosen == 0:
+            assert why == (
+                "trial 0, the configured settings: the best, trial 1, is 0.0100 ahead on valid, within "
+                "tune.min_gain_se=1 standard errors (0.0145, 1000 users)"
+            )
+        assert final == with_values(cfg, trials[chosen].values)
