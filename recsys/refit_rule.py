@@ -17,7 +17,11 @@ def decide_refit(cfg: Config, train_rows: int, valid_rows: int) -> tuple[bool, s
     if t.refit is not None:
         return t.refit, f"trainer.refit={str(t.refit).lower()}"
     if d.train_on_valid or d.slices or d.protocol == Protocol.strong_generalization or not valid_rows:
-        return False, "trainer.refit=null: no refit (no valid rows to train on)"
+        return (
+            False,
+            "trainer.refit=null: no refit (no held-out valid rows to add: train_on_valid, slices, "
+            "strong_generalization or an empty valid split)",
+        )
     if train_rows <= AUTO_REFIT_MAX_TRAIN_ROWS:
         return True, (
             f"trainer.refit=null: a refit on train + valid after the selection, the training split's {train_rows:,} "
