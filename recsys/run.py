@@ -184,7 +184,8 @@ def search_trial(
 ) -> dict[str, Any]:
     """One trial of a search (recsys/tune/): train ``cfg`` in ``run_dir`` with the per-epoch validation and early
     stopping, no evaluation stage (the test split is never read); returns the training's results ("train":
-    best_valid, best_epoch, seconds). ``deadline`` and ``on_epoch`` (the pruner's hook): the Trainer's."""
+    best_valid, best_epoch, seconds; "valid_users": (the valid users, the best epoch's figure of each)).
+    ``deadline`` and ``on_epoch`` (the pruner's hook): the Trainer's."""
     env = init_distributed(cfg.sharding.device, cfg.sharding.backend)
     lock = None
     try:
@@ -308,11 +309,15 @@ def _train_and_test(
         batches, evaluator = train_batches(cfg, data, env, example_counts), run_evaluator(cfg, data)
         trainer = Trainer(
             cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator,
-            deadline=deadline, on_epoch=on_epoch,
+            deadline=deadline, on_epoch=on_epoch, keep_valid_users=not stage,
         )  # fmt: skip
         trained = trainer.fit(start.resume_from)
-        if not stage:
-            return trained
+        if not stage:  # a search's trial: its best epoch's figure of each valid user, to compare trials user by user
+            best = trainer.best_valid_users
+            return {
+                **trained,
+                "valid_users": None if best is None or best.users is None else (best.users, best.figures),
+            }
         ranked = rank_after_training(cfg, env, data, trainer.two_tower, run_dir, evaluator, chosen=chosen)
         headline = ranked.pop("headline")
         results = {

@@ -36,7 +36,7 @@ from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import managed_stats
 from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.scoring import TRAINED_ROW
-from recsys.evaluation.sharded import Evaluator
+from recsys.evaluation.sharded import Evaluator, SplitFigures
 from recsys.lr_schedule import LrSchedule
 from recsys.rundir.checkpoint import TrainerState
 from recsys.rundir.manager import CheckpointManager
@@ -147,10 +147,13 @@ class Trainer:
         evaluator: Evaluator,
         deadline: float | None = None,
         on_epoch: Callable[[int, float], bool] | None = None,
+        keep_valid_users: bool = False,
     ) -> None:
         """``deadline``: a time.monotonic() after which no further epoch starts (a search's trial keeps its best so
         far); None: the epochs and early stopping alone decide. ``on_epoch(epoch, valid figure)``: called after each
-        epoch's validation (one process: a search's trial); true stops the training there, as early stopping does."""
+        epoch's validation (one process: a search's trial); true stops the training there, as early stopping does.
+        ``keep_valid_users``: ``best_valid_users`` holds the best epoch's valid figure of each user (a search's
+        trial: recsys/tune/ compares trials user by user)."""
         self.cfg, self.tcfg, self.run_dir, self.env, self.data, self.sharded = (
             cfg,
             cfg.trainer,
@@ -161,6 +164,8 @@ class Trainer:
         )
         self.checkpoints, self.batches, self.evaluator = checkpoints, batches, evaluator
         self.deadline, self.on_epoch = deadline, on_epoch
+        self.keep_valid_users = keep_valid_users
+        self.best_valid_users: SplitFigures | None = None
         self.two_tower = sharded.two_tower
         self.state = TrainerState(
             fingerprint=checkpoints.fingerprint,
@@ -299,22 +304,24 @@ class Trainer:
         self._window = (time.perf_counter(), [], state.samples)
         return mean_loss
 
-    def _evaluate(self, split: str) -> dict[str, dict[str, float]]:
-        env = self.env
-        return self.evaluator.evaluate(
-            self.two_tower, split, device=env.device, rank=env.rank, world_size=env.world_size
-        )
+    def _evaluate(self, split: str) -> SplitFigures:
+        env, metric = self.env, self.cfg.eval.valid_metric
+        return self.evaluator.evaluate_users(
+            self.two_tower, split, metric=metric if self.keep_valid_users else None, device=env.device,
+            rank=env.rank, world_size=env.world_size,
+        )  # fmt: skip
 
     def validate(self) -> None:
         """The epoch just trained: valid metric, best-weights checkpoint, early stopping, the epoch's checkpoint."""
         state, env, metric = self.state, self.env, self.cfg.eval.valid_metric
-        epoch = state.epoch
+        epoch, figures = state.epoch, None
         if self.cfg.data.train_on_valid:  # nothing held out: every epoch is "the best", the last one is tested
             score = state.best_score
             if env.is_main:
                 log.info("epoch %d: trained on train + valid (no validation)", epoch)
         else:
-            valid = self._evaluate("valid")
+            figures = self._evaluate("valid")
+            valid = figures.metrics
             score = valid[TRAINED_ROW][metric]
             self.metrics_log.write(
                 {"step": state.step, "epoch": epoch, **{f"valid/{k}": v for k, v in valid[TRAINED_ROW].items()}}
@@ -325,6 +332,8 @@ class Trainer:
         state.epoch, state.next_batch = epoch + 1, 0
         if self.cfg.data.train_on_valid or score > state.best_score:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
+            if figures is not None and self.keep_valid_users:
+                self.best_valid_users = figures
             self.checkpoint("best", with_optimizer=False)
         else:
             state.bad_epochs += 1

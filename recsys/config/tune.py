@@ -56,7 +56,8 @@ class TuneConfig:
     prune: bool = True
     prune_after_trials: int = 2  # tune.prune acts once this many trials have ended
     # the best trial replaces the configured settings (trial 0) only if ahead of them on valid by more than this many
-    # standard errors of valid's mean (sqrt(m (1 - m) / users), a bound): the one-standard-error rule; 0 = the best
+    # standard errors of its lead (paired: the same users' figures), times sqrt(2 ln N) for the best of N trials: the
+    # one-standard-error rule, corrected for picking the highest of N (recsys/tune/trials_table.py); 0 = the best
     min_gain_se: float = 1.0
     space: list[KnobConfig] = field(default_factory=default_space)  # the settings varied and their ranges
 

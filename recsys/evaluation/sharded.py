@@ -29,7 +29,7 @@ from recsys.data.feature_builder import FeatureBuilder
 from recsys.distributed.collectives import all_gather_rows
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
-from recsys.evaluation.scoring import rank_and_score
+from recsys.evaluation.scoring import TRAINED_ROW, rank_and_score
 from recsys.evaluation.untrained import unranked_items
 
 PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
@@ -228,6 +228,20 @@ class Evaluator:
         rankers after training are ``recsys.evaluation.run_stage``'s. With managed tables the items they do not
         hold are left out, as the evaluation stage leaves them out (recsys/evaluation/untrained.py), so the epoch
         chosen on valid is chosen on the ranking the run reports."""
+        return self.evaluate_users(two_tower, split, device=device, rank=rank, world_size=world_size).metrics
+
+    def evaluate_users(
+        self,
+        two_tower: nn.Module,
+        split: str,
+        *,
+        metric: str | None = None,
+        device: torch.device,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> SplitFigures:
+        """``evaluate``'s metrics and, for ``metric`` (a per-user one, e.g. "recall@20"), every evaluated user's
+        figure (all ranks' users, on every rank): a search compares two trials user by user (recsys/tune/)."""
         protocol, user_emb, item_emb = self.embeddings(
             two_tower, split, device=device, rank=rank, world_size=world_size
         )
@@ -240,21 +254,49 @@ class Evaluator:
             chunk_size=self.chunk_size,
             unranked=unranked,
         )
+        per_user = metric is not None and metric.partition("@")[0] in PER_USER_METRICS
         if self.per_rank_users:  # every rank ranks its own users; the metrics are combined across ranks
-            return rank_and_score(
+            ranked, metrics = rank_and_score(
                 user_emb,
                 item_emb,
                 max(self.ks),
                 **score,
                 score=partial(metrics_over_ranks, device=device, world_size=world_size),
-            )[1]
+            )
+            if not per_user:
+                return SplitFigures(metrics, None, None)
+            users, figures = _users_figures(ranked, protocol, self.ks, metric)
+            if world_size > 1:
+                shares: list[Any] = [None] * world_size
+                dist.all_gather_object(shares, (users, figures))
+                users, figures = (np.concatenate(parts) for parts in zip(*shares))
+                order = np.argsort(users, kind="stable")
+                users, figures = users[order], figures[order]
+            return SplitFigures(metrics, users, figures)
         results: list[Any] = [None]
         if rank == 0:
-            results[0] = rank_and_score(user_emb, item_emb, max(self.ks), **score)[1]
+            ranked, metrics = rank_and_score(user_emb, item_emb, max(self.ks), **score)
+            figures = _users_figures(ranked, protocol, self.ks, metric) if per_user else (None, None)
+            results[0] = SplitFigures(metrics, *figures)
         if world_size > 1:
             dist.broadcast_object_list(results, src=0)
         assert results[0] is not None
         return results[0]
+
+
+class SplitFigures(NamedTuple):
+    """``Evaluator.evaluate_users``: the metrics, and one metric's figure per evaluated user (None if not asked)."""
+
+    metrics: dict[str, dict[str, float]]
+    users: np.ndarray | None  # int64, ascending: the users with a held-out item in the split
+    figures: np.ndarray | None  # float64, each user's figure; their mean is metrics' figure (float order aside)
+
+
+def _users_figures(ranked, protocol: SplitProtocol, ks: Sequence[int], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the evaluated users, their ``metric``) of this process's ranking of the trained model."""
+    ids = ranked[TRAINED_ROW][1].cpu().numpy()
+    evaluated = protocol.relevant.lengths() > 0
+    return protocol.users[evaluated], per_user_metrics(ids, protocol.relevant, ks)[metric][evaluated]
 
 
 class SplitProtocol(NamedTuple):

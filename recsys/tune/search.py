@@ -8,11 +8,13 @@ settings are never below them on valid; Optuna (TPE, seeded by ``tune.seed``) pr
 (recsys.run.search_trial: the test split is never read), and its figure is its best epoch's valid
 ``eval.valid_metric``. A trial whose figure after an epoch (its 2nd on) is below the median of the earlier trials' at
 that epoch is pruned there (``tune.prune``) and never chosen. The best trial replaces the configured settings only
-when ahead of them on valid by more than ``tune.min_gain_se`` standard errors (the one-standard-error rule). A trial that would not end within the budget is not
-started (the longest so far is the estimate); a trial running past it stops after its current epoch, keeping its
-best so far. Where the run will refit on train + valid (trainer.refit, recsys/refit_rule.py), the first trial's
-seconds are kept out of the budget for that second training. The best trial's settings are then trained as a normal run in the run dir (results.json, the evaluation
-stage, the bundle), whose rankers tune their own grids on valid as always; the trials' table goes to
+when ahead of them on valid by more than ``tune.min_gain_se`` standard errors of that lead, paired over the valid
+users, times sqrt(2 ln N) for the best of N trials (recsys/tune/trials_table.py). A trial that would not end within
+the budget is not started (the longest so far is the estimate); a trial running past it stops after its current
+epoch, keeping its best so far. Where the run will refit on train + valid (trainer.refit, recsys/refit_rule.py), the
+first trial's seconds are kept out of the budget for that second training. The chosen settings are then trained as a
+normal run in the run dir (results.json, the evaluation stage, the bundle), whose rankers tune their own grids on
+valid as always; the trials' table goes to
 ``tune/trials.json`` and ``tune/trials.md``. A run dir whose search and training are done is not
 searched again: the same command reports it.
 
@@ -141,10 +143,11 @@ def _run_trial(
     trial_dir = run_dir / TUNE_DIR / f"trial_{number}"
     began = clock()
     log.info("tune: trial %d: %s", number, ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
-    counts = None
+    counts = per_user = None
     try:
         results = train_trial(trial_cfg, trial_dir, deadline, pruning)
         trained, counts = results["train"], results.get("dataset", {}).get("counts")
+        per_user = results.get("valid_users")  # (users, figures) of its best epoch: the paired comparison
         valid, best_epoch = trained.get("best_valid"), int(trained.get("best_epoch", -1))
         state = "stopped at the budget" if clock() > deadline else "complete"
         if pruning.pruned_at is not None:
@@ -155,7 +158,7 @@ def _run_trial(
     seconds = clock() - began
     log.info("tune: trial %d: valid %s, %.0f s (%s)", number, _fmt(valid), seconds, state)
     users = min(counts.get("users", 0), counts.get("valid", 0)) if counts else 0  # each valid user has a valid row
-    return Trial(number, values, valid, seconds, state, best_epoch, users), counts
+    return Trial(number, values, valid, seconds, state, best_epoch, users, per_user), counts
 
 
 def trial_config(cfg: Config, values: Mapping[str, Any]) -> Config:

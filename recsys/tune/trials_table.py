@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from recsys.atomic import write_json_atomic, write_text_atomic
 from recsys.markdown import markdown_table
@@ -24,6 +26,8 @@ class Trial:
     state: str  # "complete", "stopped at the budget", "pruned at epoch <n>" or "failed: <why>"
     best_epoch: int = -1
     valid_users: int = 0  # the users its valid figure averages over, at most (0: not known)
+    # (the valid users ascending, the best epoch's figure of each): trials compared user by user; not in trials.json
+    per_user: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
 
 def best_trial(trials: Sequence[Trial]) -> Trial | None:
@@ -41,21 +45,43 @@ def valid_standard_error(trial: Trial) -> float | None:
     return math.sqrt(trial.valid * (1.0 - trial.valid) / trial.valid_users)
 
 
+def lead_standard_error(first: Trial, best: Trial) -> tuple[float | None, str]:
+    """The standard error of ``best``'s lead over ``first`` on valid, and how it was had: paired where both trials kept
+    their users' figures (the standard deviation of the same users' differences / sqrt(users): the users' own spread
+    cancels), else ``valid_standard_error`` of ``first`` (a stand-in); None when neither is known."""
+    if first.per_user is not None and best.per_user is not None and np.array_equal(first.per_user[0], best.per_user[0]):
+        diff = np.asarray(best.per_user[1], dtype=np.float64) - np.asarray(first.per_user[1], dtype=np.float64)
+        if len(diff) > 1:
+            return float(diff.std(ddof=1) / math.sqrt(len(diff))), f"paired over {len(diff)} users"
+    se = valid_standard_error(first)
+    return se, f"bounded, {first.valid_users} users"
+
+
+def selection_factor(candidates: int) -> float:
+    """sqrt(2 ln N), at least 1: the expected largest of N standard normal noises is below it, so the best of N
+    trials no better than trial 0 leads it by about this many standard errors by chance alone."""
+    return max(1.0, math.sqrt(2.0 * math.log(max(candidates, 1))))
+
+
 def chosen_trial(trials: Sequence[Trial], min_gain_se: float) -> tuple[Trial | None, str]:
     """(the trial the run trains, why): the best on valid, unless trial 0 (the configured settings) completed and the
-    best is ahead of it by no more than ``min_gain_se`` standard errors of trial 0's figure (the one-standard-error
-    rule: a lead that small is the noise of valid's users, and picking the highest of many trials inflates it)."""
+    best's lead over it is within ``min_gain_se`` x ``selection_factor(N)`` standard errors of that lead, N the
+    other trials it was chosen from (the one-standard-error rule, corrected for picking the highest of N: a lead
+    that small is what the noise of valid's users gives the best of N trials as good as trial 0)."""
     best = best_trial(trials)
     first = trials[0] if trials and trials[0].number == 0 else None
     if best is None or first is None or best is first or best_trial([first]) is None:
         return best, "" if best is None else f"trial {best.number}: the best on valid"
-    se = valid_standard_error(first)
-    lead = best.valid - first.valid
-    if se is None or min_gain_se <= 0 or lead > min_gain_se * se:
-        return best, f"trial {best.number}: the best on valid, {lead:.4f} ahead of the configured settings"
+    se, how = lead_standard_error(first, best)
+    others = sum(1 for t in trials if t is not first and best_trial([t]) is t)
+    factor, lead = selection_factor(others), best.valid - first.valid
+    noise = "" if se is None else f" (standard error {se:.4f}, {how})"
+    if se is None or min_gain_se <= 0 or lead > min_gain_se * factor * se:
+        return best, f"trial {best.number}: the best on valid, {lead:.4f} ahead of the configured settings{noise}"
     return first, (
-        f"trial 0, the configured settings: the best, trial {best.number}, is {lead:.4f} ahead on valid, within "
-        f"tune.min_gain_se={min_gain_se:g} standard errors ({se:.4f}, {first.valid_users} users)"
+        f"trial 0, the configured settings: the best of {others} others, trial {best.number}, is {lead:.4f} ahead "
+        f"on valid, within tune.min_gain_se={min_gain_se:g} x {factor:.2f} (sqrt(2 ln {others})) standard errors "
+        f"of that lead ({se:.4f}, {how})"
     )
 
 
@@ -63,7 +89,8 @@ def write_trials(run_dir: Path, trials: Sequence[Trial], summary: dict[str, Any]
     """Both files into ``run_dir/tune/``; returns the folder."""
     out = run_dir / TUNE_DIR
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "trials.json", {**summary, "trials": [asdict(t) for t in trials]})
+    shown = [{k: v for k, v in asdict(t).items() if k != "per_user"} for t in trials]
+    write_json_atomic(out / "trials.json", {**summary, "trials": shown})
     keys = list(dict.fromkeys(k for t in trials for k in t.values))
     rows = [
         [t.number, *[_shown(t.values.get(k)) for k in keys], _shown(t.valid), f"{t.seconds:.0f}", t.state]

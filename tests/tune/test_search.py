@@ -61,6 +61,10 @@ def test_the_search_never_reads_the_test_split(tmp_path, data_root, process_grou
     cfg = tiny_config([f"data.root={data_root}", "tune.budget_minutes=10", "tune.max_trials=2", "trainer.epochs=1"])
     trials = search(cfg, tmp_path, search_trial)
     assert len(trials) == 2 and read and set(read) == {"valid"}
+    for trial in trials:  # each kept its valid users' figures, whose mean is its valid figure
+        users, figures = trial.per_user
+        assert 0 < len(users) <= trial.valid_users and np.all(np.diff(users) > 0)
+        assert figures.mean() == pytest.approx(trial.valid, abs=1e-12)
 
 
 def _fake_trial(seconds: float, clock: list[float], figures=None):
@@ -162,7 +166,7 @@ def test_under_torchrun_every_trial_and_the_run_train_on_both_ranks(tmp_path, da
         [
             "-m", "recsys.train", "+experiment=tiny", f"data.root={data_root}", f"hydra.run.dir={run_dir}",
             "sharding.device=cpu", "tune.budget_minutes=10", "tune.max_trials=3", "trainer.epochs=2",
-            "trainer.progress_bar=false", "tune.min_gain_se=0",
+            "trainer.progress_bar=false", "tune.min_gain_se=0", "data.shard_by_user=true",
         ],
         nproc=2,
     )  # fmt: skip
@@ -173,6 +177,8 @@ def test_under_torchrun_every_trial_and_the_run_train_on_both_ranks(tmp_path, da
     assert table["chosen"] == best["number"]
     assert results["train"]["world_size"] == 2
     assert results["train"]["best_valid"] == pytest.approx(best["valid"], abs=1e-9)
+    # each rank ranked its own users (data.shard_by_user): the trials were compared over both ranks' users
+    assert f"paired over {int(results['valid']['two_tower']['num_users_evaluated'])} users" in table["why"]
 
 
 def test_a_run_that_will_refit_keeps_a_training_of_its_budget_for_the_refit(tmp_path):
@@ -190,8 +196,9 @@ def test_a_run_that_will_refit_keeps_a_training_of_its_budget_for_the_refit(tmp_
 
 
 def test_the_configured_settings_stay_unless_the_best_leads_by_more_than_valids_noise(tmp_path):
-    """The one-standard-error rule: on 1,000 valid users trial 0's 0.30 has a standard error of at most
-    sqrt(0.3 x 0.7 / 1000) = 0.0145; a lead of 0.01 keeps trial 0, one of 0.03 moves to the best; 0 turns it off."""
+    """The one-standard-error rule, corrected for the best of N: on 1,000 valid users (no per-user figures) trial 0's
+    0.30 has a standard error of at most sqrt(0.3 x 0.7 / 1000) = 0.0145, and the best of 2 other trials must lead by
+    more than sqrt(2 ln 2) = 1.18 of them (0.0171): a lead of 0.01 keeps trial 0, one of 0.03 moves; 0 turns it off."""
 
     def trial(clock, figures):
         fake = _fake_trial(1.0, clock, figures=figures)
@@ -210,7 +217,41 @@ def test_the_configured_settings_stay_unless_the_best_leads_by_more_than_valids_
         assert best.number == chosen, (figures, min_gain_se)
         if (figures[1], min_gain_se) == (0.31, 1.0) and chosen == 0:
             assert why == (
-                "trial 0, the configured settings: the best, trial 1, is 0.0100 ahead on valid, within "
-                "tune.min_gain_se=1 standard errors (0.0145, 1000 users)"
+                "trial 0, the configured settings: the best of 2 others, trial 1, is 0.0100 ahead on valid, within "
+                "tune.min_gain_se=1 x 1.18 (sqrt(2 ln 2)) standard errors of that lead (0.0145, bounded, 1000 users)"
             )
+        assert final == with_values(cfg, trials[chosen].values)
+
+
+def _paired_trial(clock: list[float], per_user: list[np.ndarray]):
+    """A stand-in trial whose best epoch kept each of 1,000 valid users' figure (the arrays, in turn)."""
+    users = np.arange(1000, dtype=np.int64)
+
+    def train(cfg, trial_dir, deadline, on_epoch=None):
+        clock[0] += 1.0
+        figures = per_user.pop(0)
+        return {"train": {"best_valid": float(figures.mean()), "best_epoch": 0}, "valid_users": (users, figures)}
+
+    return train
+
+
+def test_a_lead_the_same_users_agree_on_moves_where_one_of_noise_does_not(tmp_path):
+    """Trials that keep their users' figures are compared user by user: a lead of 0.01 that every user shows (their
+    differences' standard error ~0) moves to the best, though under the 0.0145 bound that stops the test above; the
+    same lead made of users who gain or lose 0.3 at random (standard error 0.3 / sqrt(1000) = 0.0095, x 1.18 for the
+    best of 2) keeps the configured settings."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.0, 0.6, 1000)
+    consistent = base + 0.01
+    swings = rng.permutation(np.r_[np.full(517, 0.3), np.full(483, -0.3)])  # mean +0.0102
+    noisy = base + swings
+    for second, chosen in ((consistent, 1), (noisy, 0)):
+        clock = [0.0]
+        cfg = tiny_config(["tune.budget_minutes=10", "tune.max_trials=3"])
+        per_user = [base, second, base - 0.05]
+        trials = search(cfg, tmp_path, _paired_trial(clock, per_user), clock=lambda c=clock: c[0])
+        final, best, why = chosen_config(cfg, trials)
+        assert trials[1].valid - trials[0].valid == pytest.approx(second.mean() - base.mean())
+        assert best.number == chosen, why
+        assert "paired over 1000 users" in why
         assert final == with_values(cfg, trials[chosen].values)
