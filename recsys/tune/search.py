@@ -42,7 +42,7 @@ from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.refit_rule import decide_refit
 from recsys.rundir.dir import RESULTS_FILE
 from recsys.tune.space import configured, describe, suggest
-from recsys.tune.trials_table import TUNE_DIR, Trial, chosen_trial, write_trials
+from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, chosen_trial, write_trials
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ def search(
             proposal=proposal, sync=sync,
         ))  # fmt: skip
         trials.append(trial)
+        _keep_compared_figures(trials)
         if reserve is None:  # trial 0 is the configured training: what the run's refit, if any, will about cost
             reserve = _refit_reserve(cfg, trial, counts)
             budget_s -= reserve
@@ -108,6 +109,15 @@ def search(
         else:
             study.tell(proposal, trial.valid)
     return trials
+
+
+def _keep_compared_figures(trials: list[Trial]) -> None:
+    """Only trial 0's and the best trial's users' figures are ever compared (chosen_trial): the others' are dropped,
+    so that a long search over 10^6 valid users holds two arrays, not one per trial."""
+    best = best_trial(trials)
+    for trial in trials[1:]:
+        if trial is not best:
+            trial.per_user = None
 
 
 class _PruningHook:

@@ -61,8 +61,9 @@ def test_the_search_never_reads_the_test_split(tmp_path, data_root, process_grou
     cfg = tiny_config([f"data.root={data_root}", "tune.budget_minutes=10", "tune.max_trials=2", "trainer.epochs=1"])
     trials = search(cfg, tmp_path, search_trial)
     assert len(trials) == 2 and read and set(read) == {"valid"}
-    for trial in trials:  # each kept its valid users' figures, whose mean is its valid figure
-        users, figures = trial.per_user
+    best = max(trials, key=lambda t: t.valid)
+    for trial in {trials[0].number: trials[0], best.number: best}.values():  # the compared ones keep their users'
+        users, figures = trial.per_user  # figures, whose mean is the trial's valid figure
         assert 0 < len(users) <= trial.valid_users and np.all(np.diff(users) > 0)
         assert figures.mean() == pytest.approx(trial.valid, abs=1e-12)
 
@@ -252,6 +253,7 @@ def test_a_lead_the_same_users_agree_on_moves_where_one_of_noise_does_not(tmp_pa
         trials = search(cfg, tmp_path, _paired_trial(clock, per_user), clock=lambda c=clock: c[0])
         final, best, why = chosen_config(cfg, trials)
         assert trials[1].valid - trials[0].valid == pytest.approx(second.mean() - base.mean())
+        assert trials[2].per_user is None  # neither trial 0 nor the best: its figures are not kept
         assert best.number == chosen, why
         assert "paired over 1000 users" in why
         assert final == with_values(cfg, trials[chosen].values)
