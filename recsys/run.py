@@ -313,11 +313,7 @@ def _train_and_test(
         )  # fmt: skip
         trained = trainer.fit(start.resume_from)
         if not stage:  # a search's trial: its best epoch's figure of each valid user, to compare trials user by user
-            best = trainer.best_valid_users
-            return {
-                **trained,
-                "valid_users": None if best is None or best.users is None else (best.users, best.figures),
-            }
+            return {**trained, "valid_users": trainer.best_valid_users}
         ranked = rank_after_training(cfg, env, data, trainer.two_tower, run_dir, evaluator, chosen=chosen)
         headline = ranked.pop("headline")
         results = {

@@ -23,6 +23,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -152,8 +153,8 @@ class Trainer:
         """``deadline``: a time.monotonic() after which no further epoch starts (a search's trial keeps its best so
         far); None: the epochs and early stopping alone decide. ``on_epoch(epoch, valid figure)``: called after each
         epoch's validation (one process: a search's trial); true stops the training there, as early stopping does.
-        ``keep_valid_users``: ``best_valid_users`` holds the best epoch's valid figure of each user (a search's
-        trial: recsys/tune/ compares trials user by user)."""
+        ``keep_valid_users``: ``best_valid_users`` holds (the valid users, the best epoch's figure of each) (a
+        search's trial: recsys/tune/ compares trials user by user)."""
         self.cfg, self.tcfg, self.run_dir, self.env, self.data, self.sharded = (
             cfg,
             cfg.trainer,
@@ -165,7 +166,7 @@ class Trainer:
         self.checkpoints, self.batches, self.evaluator = checkpoints, batches, evaluator
         self.deadline, self.on_epoch = deadline, on_epoch
         self.keep_valid_users = keep_valid_users
-        self.best_valid_users: SplitFigures | None = None
+        self.best_valid_users: tuple[np.ndarray, np.ndarray] | None = None
         self.two_tower = sharded.two_tower
         self.state = TrainerState(
             fingerprint=checkpoints.fingerprint,
@@ -332,8 +333,8 @@ class Trainer:
         state.epoch, state.next_batch = epoch + 1, 0
         if self.cfg.data.train_on_valid or score > state.best_score:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
-            if figures is not None and self.keep_valid_users:
-                self.best_valid_users = figures
+            if figures is not None and figures.users is not None:  # asked for: keep_valid_users
+                self.best_valid_users = figures.users, figures.figures
             self.checkpoint("best", with_optimizer=False)
         else:
             state.bad_epochs += 1
