@@ -33,7 +33,7 @@ from recsys.refusals import refusals
 from recsys.run import fit, search_trial
 from recsys.rundir.preemption import PREEMPTED_EXIT_CODE, Preempted
 from recsys.rundir.record import has_record, write_run_record
-from recsys.tune.search import tune_and_fit
+from recsys.tune.tuned_run import tune_and_fit
 
 
 def run_record(cfg: DictConfig) -> dict[str, str]:

@@ -59,6 +59,10 @@ class TuneConfig:
     # standard errors of its lead (paired: the same users' figures), times sqrt(2 ln N) for the best of N trials: the
     # one-standard-error rule, corrected for picking the highest of N (recsys/tune/trials_table.py); 0 = the best
     min_gain_se: float = 1.0
+    # under torchrun: false = every trial trains on all the ranks, its tables sharded as the run's; true = each rank
+    # trains a trial of its own at once, alone on its own device (a process of one rank): world-size trials at a
+    # time, for tables that fit one device (recsys/tune/per_rank.py)
+    parallel_trials: bool = False
     space: list[KnobConfig] = field(default_factory=default_space)  # the settings varied and their ranges
 
 

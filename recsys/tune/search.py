@@ -20,29 +20,25 @@ searched again: the same command reports it.
 
 Under torchrun every trial trains on all the ranks, as the run does (one process group for the whole search): rank 0
 decides what each rank does next (start a trial or not, its settings, pruning) and broadcasts it, so that ranks whose
-clocks differ by a few milliseconds never disagree.
+clocks differ by a few milliseconds never disagree. With ``tune.parallel_trials`` each rank trains a trial of its own
+at once instead, alone on its device (recsys/tune/per_rank.py), where the tables fit one device.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from recsys.config import Config, with_values
-from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.refit_rule import decide_refit
-from recsys.rundir.dir import RESULTS_FILE
-from recsys.tune.space import configured, describe, suggest
-from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, chosen_trial, write_trials
+from recsys.tune.space import configured, suggest
+from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, chosen_trial
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +47,11 @@ TrainTrial = Callable[[Config, Path, float, Callable[[int, float], bool] | None]
 Sync = Callable[[Any], Any]  # rank 0's value of its argument, on every rank
 
 
-def _one_process(value: Any) -> Any:
+def one_process(value: Any) -> Any:
     return value
 
 
-def _from_rank0(value: Any) -> Any:
+def from_rank0(value: Any) -> Any:
     import torch.distributed as dist  # noqa: PLC0415
 
     box = [value]
@@ -68,21 +64,12 @@ def search(
     run_dir: Path,
     train_trial: TrainTrial,
     clock: Callable[[], float] = time.monotonic,
-    sync: Sync = _one_process,
+    sync: Sync = one_process,
 ) -> list[Trial]:
     """The trials of ``cfg.tune`` (module docstring), in order; ``sync``: rank 0's decisions on every rank."""
-    import optuna  # noqa: PLC0415 (only a search needs it)
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     tune = cfg.tune
     budget_s = 60.0 * float(tune.budget_minutes)
-    pruner = (
-        optuna.pruners.MedianPruner(n_startup_trials=tune.prune_after_trials, n_warmup_steps=1)
-        if tune.prune
-        else optuna.pruners.NopPruner()
-    )
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=tune.seed), pruner=pruner)
-    study.enqueue_trial(configured(cfg, tune.space))  # trial 0: the settings as configured (the search's floor)
+    study = new_study(cfg)
     start, trials, reserve = clock(), [], None
     while not tune.max_trials or len(trials) < tune.max_trials:
         elapsed, longest = clock() - start, max((t.seconds for t in trials), default=0.0)
@@ -93,25 +80,57 @@ def search(
             break
         proposal = study.ask()
         values = sync({knob.key: suggest(proposal, knob) for knob in tune.space})
-        trial, counts = sync(_run_trial(
+        trial, counts, _ = sync(run_trial(
             cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock,
             proposal=proposal, sync=sync,
         ))  # fmt: skip
         trials.append(trial)
-        _keep_compared_figures(trials)
+        keep_compared_figures(trials)
         if reserve is None:  # trial 0 is the configured training: what the run's refit, if any, will about cost
-            reserve = _refit_reserve(cfg, trial, counts)
+            reserve = refit_reserve(cfg, trial, counts)
             budget_s -= reserve
-        if trial.valid is None:
-            study.tell(proposal, state=optuna.trial.TrialState.FAIL)
-        elif trial.state.startswith("pruned"):
-            study.tell(proposal, state=optuna.trial.TrialState.PRUNED)
-        else:
-            study.tell(proposal, trial.valid)
+        tell(study, proposal, trial)
     return trials
 
 
-def _keep_compared_figures(trials: list[Trial]) -> None:
+def new_study(cfg: Config, parallel: bool = False):
+    """The Optuna study of ``cfg.tune``: TPE seeded by tune.seed (``parallel``: with the constant liar, so that
+    the proposals asked for at once, before any is told, are spread apart), the median pruner (tune.prune), and
+    trial 0 the settings as configured (the search's floor)."""
+    import optuna  # noqa: PLC0415 (only a search needs it)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tune = cfg.tune
+    with warnings.catch_warnings():  # constant_liar is "experimental" in Optuna 4: it is the documented way to ask
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # for several proposals at once
+        sampler = optuna.samplers.TPESampler(seed=tune.seed, constant_liar=parallel)
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=new_pruner(tune))
+    study.enqueue_trial(configured(cfg, tune.space))
+    return study
+
+
+def new_pruner(tune):
+    """Optuna's median pruner from a trial's 2nd epoch once tune.prune_after_trials trials have ended, or none."""
+    import optuna  # noqa: PLC0415
+
+    if not tune.prune:
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.MedianPruner(n_startup_trials=tune.prune_after_trials, n_warmup_steps=1)
+
+
+def tell(study, proposal, trial: Trial) -> None:
+    """The trial's outcome into the study: failed, pruned or its valid figure."""
+    from optuna.trial import TrialState  # noqa: PLC0415
+
+    if trial.valid is None:
+        study.tell(proposal, state=TrialState.FAIL)
+    elif trial.state.startswith("pruned"):
+        study.tell(proposal, state=TrialState.PRUNED)
+    else:
+        study.tell(proposal, trial.valid)
+
+
+def keep_compared_figures(trials: list[Trial]) -> None:
     """Only trial 0's and the best trial's users' figures are ever compared (chosen_trial): the others' are dropped,
     so that a long search over 10^6 valid users holds two arrays, not one per trial."""
     best = best_trial(trials)
@@ -126,16 +145,18 @@ class _PruningHook:
 
     def __init__(self, proposal, epochs: int, sync: Sync) -> None:
         self.proposal, self.epochs, self.sync, self.pruned_at = proposal, epochs, sync, None
+        self.reports: dict[int, float] = {}  # epoch -> valid figure, as reported
 
     def __call__(self, epoch: int, score: float) -> bool:
         self.proposal.report(score, epoch)
+        self.reports[epoch] = score
         # after the last epoch it would save nothing; every rank stops where rank 0's pruner says
         if self.sync(epoch + 1 < self.epochs and self.proposal.should_prune()):
             self.pruned_at = epoch
         return self.pruned_at is not None
 
 
-def _refit_reserve(cfg: Config, first: Trial, counts: Mapping[str, int] | None) -> float:
+def refit_reserve(cfg: Config, first: Trial, counts: Mapping[str, int] | None) -> float:
     """Seconds of the budget kept for the run's refit (trainer.refit, recsys/refit_rule.py): the first trial's, so
     that the search, the run and its refit take about the budget and one training."""
     if counts is None or not decide_refit(cfg, counts.get("train", 0), counts.get("valid", 0))[0]:
@@ -144,10 +165,11 @@ def _refit_reserve(cfg: Config, first: Trial, counts: Mapping[str, int] | None) 
     return first.seconds
 
 
-def _run_trial(
+def run_trial(
     cfg, run_dir, number, values, train_trial, *, deadline: float, clock, proposal, sync
-) -> tuple[Trial, dict | None]:
-    """The trial and its dataset's split counts (None where the training did not say)."""
+) -> tuple[Trial, dict | None, dict[int, float]]:
+    """The trial, its dataset's split counts (None where the training did not say) and its valid figure of each
+    epoch reported to the pruner."""
     trial_cfg = trial_config(cfg, values)
     pruning = _PruningHook(proposal, trial_cfg.trainer.epochs, sync)
     trial_dir = run_dir / TUNE_DIR / f"trial_{number}"
@@ -168,7 +190,7 @@ def _run_trial(
     seconds = clock() - began
     log.info("tune: trial %d: valid %s, %.0f s (%s)", number, _fmt(valid), seconds, state)
     users = min(counts.get("users", 0), counts.get("valid", 0)) if counts else 0  # each valid user has a valid row
-    return Trial(number, values, valid, seconds, state, best_epoch, users, per_user), counts
+    return Trial(number, values, valid, seconds, state, best_epoch, users, per_user=per_user), counts, pruning.reports
 
 
 def trial_config(cfg: Config, values: Mapping[str, Any]) -> Config:
@@ -185,51 +207,6 @@ def chosen_config(cfg: Config, trials: list[Trial]) -> tuple[Config, Trial | Non
     tune.min_gain_se of the configured settings; as given when no trial completed), that trial and why."""
     best, why = chosen_trial(trials, cfg.tune.min_gain_se)
     return (cfg if best is None else with_values(cfg, best.values)), best, why
-
-
-def tune_and_fit(
-    cfg: Config, run_dir: Path, fit: Callable, train_trial: TrainTrial, record: dict | None = None
-) -> dict:
-    """The search, then ``fit`` of the chosen config in ``run_dir`` (with ``record``, the run's .hydra/ files, its
-    config.yaml the one trained); the trials' table into ``run_dir/tune/``. Under torchrun, on every rank: one
-    process group for the trials and the run (module docstring)."""
-    env = init_distributed(cfg.sharding.device, cfg.sharding.backend) if _world_size() > 1 else None
-    try:
-        return _tune_and_fit(cfg, run_dir, fit, train_trial, record, _from_rank0 if env else _one_process)
-    finally:
-        if env is not None:
-            destroy_distributed(env)
-
-
-def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _tune_and_fit(cfg, run_dir: Path, fit: Callable, train_trial: TrainTrial, record, sync: Sync) -> dict:
-    done = run_dir / TUNE_DIR / "trials.json"
-    if done.is_file() and (run_dir / RESULTS_FILE).is_file():  # searched and trained: reported, not searched again
-        values = json.loads(done.read_text()).get("values") or {}
-        return fit(with_values(cfg, values), run_dir, record)
-    log.info("tune: %g minutes on valid %s over %s", cfg.tune.budget_minutes, cfg.eval.valid_metric,
-             "; ".join(describe(k) for k in cfg.tune.space))  # fmt: skip
-    began = time.monotonic()
-    trials = search(cfg, run_dir, train_trial, sync=sync)
-    final, best, why = chosen_config(cfg, trials)
-    summary = {
-        "metric": cfg.eval.valid_metric,
-        "budget_minutes": cfg.tune.budget_minutes,
-        "seconds": time.monotonic() - began,
-        "chosen": None if best is None else best.number,
-        "why": why,
-        "values": None if best is None else best.values,
-    }
-    if int(os.environ.get("RANK", "0")) == 0:
-        write_trials(run_dir, trials, summary)
-    if best is not None:
-        log.info("tune: %s (valid %.4f): %s", why, best.valid, best.values)
-    if record is not None:
-        record = {**record, "config.yaml": OmegaConf.to_yaml(OmegaConf.structured(final))}
-    return fit(final, run_dir, record)
 
 
 def _fmt(value: Any) -> str:

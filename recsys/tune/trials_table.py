@@ -26,6 +26,7 @@ class Trial:
     state: str  # "complete", "stopped at the budget", "pruned at epoch <n>" or "failed: <why>"
     best_epoch: int = -1
     valid_users: int = 0  # the users its valid figure averages over, at most (0: not known)
+    rank: int | None = None  # tune.parallel_trials: the rank that trained it alone; None: trained on all the ranks
     # (the valid users ascending, the best epoch's figure of each): trials compared user by user; not in trials.json
     per_user: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
@@ -92,10 +93,12 @@ def write_trials(run_dir: Path, trials: Sequence[Trial], summary: dict[str, Any]
     shown = [{k: v for k, v in asdict(t).items() if k != "per_user"} for t in trials]
     write_json_atomic(out / "trials.json", {**summary, "trials": shown})
     keys = list(dict.fromkeys(k for t in trials for k in t.values))
+    ranks = any(t.rank is not None for t in trials)  # tune.parallel_trials: which rank trained each
     rows = [
-        [t.number, *[_shown(t.values.get(k)) for k in keys], _shown(t.valid), f"{t.seconds:.0f}", t.state]
+        [t.number, *([_shown(t.rank)] if ranks else []), *[_shown(t.values.get(k)) for k in keys], _shown(t.valid),
+         f"{t.seconds:.0f}", t.state]
         for t in trials
-    ]
+    ]  # fmt: skip
     lines = [
         f"# Search on valid: {summary['metric']}, {len(trials)} trials in {summary['seconds']:.0f} s "
         f"(budget {summary['budget_minutes']:g} min)",
@@ -104,7 +107,9 @@ def write_trials(run_dir: Path, trials: Sequence[Trial], summary: dict[str, Any]
         if summary["chosen"] is not None
         else "No trial completed: the run trains the settings as given.",
         "",
-        *markdown_table(["trial", *keys, f"valid {summary['metric']}", "seconds", "state"], rows),
+        *markdown_table(
+            ["trial", *(["rank"] if ranks else []), *keys, f"valid {summary['metric']}", "seconds", "state"], rows
+        ),
         "",
     ]
     write_text_atomic(out / "trials.md", "\n".join(lines))

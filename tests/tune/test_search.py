@@ -14,7 +14,8 @@ from recsys.export import ExportConfig, export_run
 from recsys.rankers.served_dir import served_ranking
 from recsys.run import fit, search_trial
 from recsys.serving import load_bundle
-from recsys.tune.search import chosen_config, search, tune_and_fit
+from recsys.tune.search import chosen_config, search
+from recsys.tune.tuned_run import tune_and_fit
 from tests.helpers.config import tiny_config
 from tests.helpers.launch import launch
 
