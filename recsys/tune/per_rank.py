@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -152,7 +153,7 @@ def trial_in_process(
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
         target=_trial_process_main,
-        args=(send, environment, cfg, run_dir, number, values, train_trial, deadline, history),
+        args=(send, os.getpid(), environment, cfg, run_dir, number, values, train_trial, deadline, history),
         name=f"recsys-trial-{number}",
     )
     began = time.monotonic()
@@ -183,9 +184,12 @@ def child_environment(env: DistEnv) -> dict[str, str | None]:
     return changes
 
 
-def _trial_process_main(send, environment, cfg, run_dir, number, values, train_trial, deadline, history) -> None:
+def _trial_process_main(
+    send, parent, environment, cfg, run_dir, number, values, train_trial, deadline, history
+) -> None:
     """The child: a job of one rank that trains the trial, its pruner the study's over ``history``; answers on
     ``send`` with (trial, counts, the epochs' reported figures)."""
+    _exit_with(parent)
     for key, value in environment.items():
         if value is None:
             os.environ.pop(key, None)
@@ -194,6 +198,21 @@ def _trial_process_main(send, environment, cfg, run_dir, number, values, train_t
     _child_logging(number, Path(run_dir))
     send.send(train_with_history(cfg, run_dir, number, values, train_trial, deadline=deadline, history=history))
     send.close()
+
+
+PARENT_CHECK_S = 2.0  # how often a trial's process looks for its parent
+
+
+def _exit_with(parent: int) -> None:
+    """Ends this process once ``parent`` is gone (killed: torchrun stopping the job after another rank failed, or
+    the scheduler's SIGKILL), so that no orphaned trial trains on for hours on a device the next job is given."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def train_with_history(

@@ -7,6 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -23,7 +27,7 @@ from recsys.tune.per_rank import (
 )
 from recsys.tune.search import chosen_config, search
 from tests.helpers.config import tiny_config
-from tests.helpers.launch import launch
+from tests.helpers.launch import ROOT, clean_env, launch
 
 
 class _TwoRanksInOneProcess:
@@ -153,6 +157,53 @@ def test_a_trials_process_is_a_job_of_one_rank_and_its_crash_a_failed_trial(tmp_
     )
     assert trial.valid is None and counts is None and reports == {}
     assert trial.state == "failed: the trial's process exited with code 3 before it answered"
+
+
+def _sleeps(cfg, trial_dir, deadline, on_epoch=None):
+    Path(trial_dir).mkdir(parents=True, exist_ok=True)
+    (Path(trial_dir) / "pid").write_text(str(os.getpid()))
+    time.sleep(300)
+
+
+_RANK = """
+import sys
+from pathlib import Path
+from recsys.tune.per_rank import trial_in_process
+from tests.helpers.config import tiny_config
+from tests.tune.test_per_rank import _sleeps
+trial_in_process(tiny_config([]), Path(sys.argv[1]), 0, {}, _sleeps, deadline=float("inf"), history=[], environment={})
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in state  # a zombie nobody reaped has ended
+
+
+def test_a_trials_process_ends_when_its_rank_is_killed(tmp_path):
+    """A rank killed mid-trial (torchrun stopping the job, the scheduler's SIGKILL) takes its trial's process with it
+    within seconds, instead of an orphan training on for hours."""
+    rank = subprocess.Popen([sys.executable, "-c", _RANK, str(tmp_path)], env=clean_env(), cwd=ROOT)
+    pid_file = tmp_path / "tune" / "trial_0" / "pid"
+    for _ in range(600):
+        if pid_file.is_file() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    assert _running(child)
+    rank.send_signal(signal.SIGKILL)
+    rank.wait()
+    for _ in range(100):
+        if not _running(child):
+            break
+        time.sleep(0.1)
+    outlived = _running(child)
+    if outlived:
+        os.kill(child, signal.SIGKILL)
+    assert not outlived, "the trial's process outlived its rank"
 
 
 def test_a_rank_on_a_gpu_gives_its_trial_that_gpu_alone(monkeypatch):
