@@ -70,8 +70,9 @@ class Coordination:
 
     def __init__(self, env: DistEnv, budget_s: float) -> None:
         self.env = env
-        # a rank whose trial ended waits for the others': up to the budget, then the epoch running past it
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=budget_s) + 4 * COLLECTIVE_TIMEOUT)
+        # a rank whose trial ended waits here for the others': up to the budget, then a trial past it has as long
+        # again to answer before it is killed (trial_in_process's grace_s); the timeout outlasts both
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=2 * budget_s) + 4 * COLLECTIVE_TIMEOUT)
 
     def from_rank0(self, value: Any) -> Any:
         box = [value]
@@ -116,7 +117,8 @@ def search_per_rank(
         mine = None
         if rank < len(plan.values):
             trial, counts, reports = run_mine(cfg, run_dir, plan.first + rank, plan.values[rank], train_trial,
-                                              deadline=start + budget_s, history=plan.history, environment=environment)  # fmt: skip
+                                              deadline=start + budget_s, history=plan.history, environment=environment,
+                                              grace_s=60.0 * float(tune.budget_minutes))  # fmt: skip
             mine = (replace(trial, rank=rank), counts, reports)
         outcomes = [o for o in comm.gather(mine) if o is not None]
         for proposal, (trial, _, reports) in zip(asked, outcomes, strict=False):  # rank 0: the study learns them
@@ -145,10 +147,11 @@ def _plan_round(cfg: Config, study, first: int, world: int) -> tuple[Round, list
 
 def trial_in_process(
     cfg: Config, run_dir: Path, number: int, values: dict[str, Any], train_trial: TrainTrial, *, deadline: float,
-    history: list, environment: dict[str, str | None],
+    history: list, environment: dict[str, str | None], grace_s: float = float("inf"),
 ) -> tuple[Trial, dict | None, dict[int, float]]:  # fmt: skip
     """This rank's trial trained in a child process that is a job of one rank on this rank's device; a child that
-    dies without an answer (a crash, the out-of-memory killer) is a failed trial, the search goes on."""
+    dies without an answer (a crash, the out-of-memory killer), or has none ``grace_s`` past the deadline (a hang:
+    a trial past the budget stops after its epoch), is a failed trial, and the search goes on."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state, no process group inherited
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
@@ -159,16 +162,24 @@ def trial_in_process(
     began = time.monotonic()
     child.start()
     send.close()  # the child holds the only writer: its exit without an answer ends recv() with EOFError
+    why = None
     try:
-        trial, counts, reports = receive.recv()
+        while not receive.poll(PARENT_CHECK_S):
+            if time.monotonic() > deadline + grace_s:
+                child.kill()
+                why = f"failed: no answer {grace_s:.0f} s past the budget; its process was killed"
+                break
+        else:
+            trial, counts, reports = receive.recv()
     except EOFError:
-        child.join()
-        why = f"failed: the trial's process exited with code {child.exitcode} before it answered"
-        log.error("tune: trial %d: %s", number, why)
-        return Trial(number, values, None, time.monotonic() - began, why), None, {}
+        why = "failed: the trial's process exited with code {code} before it answered"
     finally:
         receive.close()
     child.join()
+    if why is not None:
+        why = why.format(code=child.exitcode)
+        log.error("tune: trial %d: %s", number, why)
+        return Trial(number, values, None, time.monotonic() - began, why), None, {}
     # its seconds with the child's start and the dataset's loading: what the next round's budget check weighs
     return replace(trial, seconds=time.monotonic() - began), counts, reports
 

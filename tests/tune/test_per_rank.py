@@ -157,6 +157,12 @@ def test_a_trials_process_is_a_job_of_one_rank_and_its_crash_a_failed_trial(tmp_
     )
     assert trial.valid is None and counts is None and reports == {}
     assert trial.state == "failed: the trial's process exited with code 3 before it answered"
+    # a hang: no answer 2 s past the deadline (a trial past the budget stops after its epoch) is killed, not waited on
+    trial, counts, reports = trial_in_process(
+        cfg, tmp_path, 6, {}, _sleeps, deadline=time.monotonic(), history=[], environment=environment, grace_s=2.0
+    )
+    assert (trial.valid, counts, reports) == (None, None, {})
+    assert trial.state == "failed: no answer 2 s past the budget; its process was killed"  # and joined: it is gone
 
 
 def _sleeps(cfg, trial_dir, deadline, on_epoch=None):
