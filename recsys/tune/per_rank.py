@@ -45,7 +45,7 @@ from recsys.tune.search import (
     tell,
 )
 from recsys.tune.space import suggest
-from recsys.tune.trials_table import Trial
+from recsys.tune.trials_table import TUNE_DIR, Trial
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,6 @@ def _child_logging(number: int, run_dir: Path) -> None:
     """The child's records on the console (recsys's own, every rank's trial: each says which) and all of them in
     ``<trial dir>/train.log``: Hydra's handlers belong to the parent."""
     from recsys.logs import ConsoleFilter, ignore_known_warnings  # noqa: PLC0415
-    from recsys.tune.trials_table import TUNE_DIR  # noqa: PLC0415
 
     trial_dir = run_dir / TUNE_DIR / f"trial_{number}"
     trial_dir.mkdir(parents=True, exist_ok=True)

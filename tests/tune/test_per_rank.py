@@ -27,7 +27,8 @@ from recsys.tune.per_rank import (
 )
 from recsys.tune.search import chosen_config, search
 from tests.helpers.config import tiny_config
-from tests.helpers.launch import ROOT, clean_env, launch
+from tests.helpers.launch import ROOT, clean_env
+from tests.tune.test_search import search_under_torchrun
 
 
 class _TwoRanksInOneProcess:
@@ -229,15 +230,7 @@ def _log_span(log: Path) -> tuple[datetime, datetime]:
 def test_under_torchrun_each_rank_trains_its_own_trial_at_once(tmp_path, data_root):
     """Two ranks (gloo), three trials: trials 0 and 1 train at the same time, on ranks 0 and 1, each a job of one
     rank; trial 2 on rank 0 in the next round; the chosen settings train as the run on both ranks."""
-    run_dir = tmp_path / "run"
-    launch(
-        [
-            "-m", "recsys.train", "+experiment=tiny", f"data.root={data_root}", f"hydra.run.dir={run_dir}",
-            "sharding.device=cpu", "tune.budget_minutes=10", "tune.max_trials=3", "trainer.epochs=2",
-            "trainer.progress_bar=false", "tune.min_gain_se=0", "tune.parallel_trials=true",
-        ],
-        nproc=2,
-    )  # fmt: skip
+    run_dir = search_under_torchrun(tmp_path, data_root, "tune.parallel_trials=true")
     table = json.loads((run_dir / "tune" / "trials.json").read_text())
     results = json.loads((run_dir / "results.json").read_text())
     assert [(t["number"], t["rank"], t["state"]) for t in table["trials"]] == [

@@ -160,18 +160,24 @@ def test_a_trial_behind_the_median_is_pruned_and_not_chosen(tmp_path):
     assert [t.state for t in trials] == ["complete"] * 3
 
 
-def test_under_torchrun_every_trial_and_the_run_train_on_both_ranks(tmp_path, data_root):
-    """Two ranks (gloo): rank 0's decisions reach both (a rank that started a trial the other did not would hang the
-    job), the table lists every trial, and the run trains the chosen settings to the chosen trial's valid figure."""
+def search_under_torchrun(tmp_path, data_root, *overrides: str):
+    """A 3-trial search of the tiny experiment on 2 gloo ranks, then its run; returns the run dir."""
     run_dir = tmp_path / "run"
     launch(
         [
             "-m", "recsys.train", "+experiment=tiny", f"data.root={data_root}", f"hydra.run.dir={run_dir}",
             "sharding.device=cpu", "tune.budget_minutes=10", "tune.max_trials=3", "trainer.epochs=2",
-            "trainer.progress_bar=false", "tune.min_gain_se=0", "data.shard_by_user=true",
+            "trainer.progress_bar=false", "tune.min_gain_se=0", *overrides,
         ],
         nproc=2,
     )  # fmt: skip
+    return run_dir
+
+
+def test_under_torchrun_every_trial_and_the_run_train_on_both_ranks(tmp_path, data_root):
+    """Two ranks (gloo): rank 0's decisions reach both (a rank that started a trial the other did not would hang the
+    job), the table lists every trial, and the run trains the chosen settings to the chosen trial's valid figure."""
+    run_dir = search_under_torchrun(tmp_path, data_root, "data.shard_by_user=true")
     table = json.loads((run_dir / "tune" / "trials.json").read_text())
     results = json.loads((run_dir / "results.json").read_text())
     assert len(table["trials"]) == 3 and all(t["state"] == "complete" for t in table["trials"])
