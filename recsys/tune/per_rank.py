@@ -118,7 +118,7 @@ def search_per_rank(
         if rank < len(plan.values):
             trial, counts, reports = run_mine(cfg, run_dir, plan.first + rank, plan.values[rank], train_trial,
                                               deadline=start + budget_s, history=plan.history, environment=environment,
-                                              grace_s=60.0 * float(tune.budget_minutes))  # fmt: skip
+                                              grace_s=budget_s)  # fmt: skip
             mine = (replace(trial, rank=rank), counts, reports)
         outcomes = [o for o in comm.gather(mine) if o is not None]
         for proposal, (trial, _, reports) in zip(asked, outcomes, strict=False):  # rank 0: the study learns them
@@ -162,24 +162,29 @@ def trial_in_process(
     began = time.monotonic()
     child.start()
     send.close()  # the child holds the only writer: its exit without an answer ends recv() with EOFError
-    why = None
+    answer, killed = None, False
     try:
         while not receive.poll(PARENT_CHECK_S):
             if time.monotonic() > deadline + grace_s:
                 child.kill()
-                why = f"failed: no answer {grace_s:.0f} s past the budget; its process was killed"
+                killed = True
                 break
         else:
-            trial, counts, reports = receive.recv()
-    except EOFError:
-        why = "failed: the trial's process exited with code {code} before it answered"
+            answer = receive.recv()
+    except EOFError:  # it exited without answering
+        pass
     finally:
         receive.close()
     child.join()
-    if why is not None:
-        why = why.format(code=child.exitcode)
+    if answer is None:
+        why = (
+            f"failed: no answer {grace_s:.0f} s past the budget; its process was killed"
+            if killed
+            else f"failed: the trial's process exited with code {child.exitcode} before it answered"
+        )
         log.error("tune: trial %d: %s", number, why)
         return Trial(number, values, None, time.monotonic() - began, why), None, {}
+    trial, counts, reports = answer
     # its seconds with the child's start and the dataset's loading: what the next round's budget check weighs
     return replace(trial, seconds=time.monotonic() - began), counts, reports
 
@@ -211,7 +216,7 @@ def _trial_process_main(
     send.close()
 
 
-PARENT_CHECK_S = 2.0  # how often a trial's process looks for its parent
+PARENT_CHECK_S = 2.0  # how often a trial's process looks for its parent, and its rank for the trial's answer
 
 
 def _exit_with(parent: int) -> None:
