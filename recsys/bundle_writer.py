@@ -162,7 +162,7 @@ def encoder_entry(cfg: Config, data: RetrievalData) -> dict:
             {"name": f.name, "table": f.table, "source": f.source, "column": f.column}
             for f in query_side_features(data)
         ],
-        "temperature": cfg.model.temperature,
+        "temperature": getattr(cfg.model.loss, "temperature", None),  # the loss's (None: a loss without one)
     }
 
 

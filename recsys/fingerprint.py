@@ -86,9 +86,9 @@ FIELDS: dict[str, object] = {
     "data.interactions.users_columns": Absent({}),
     "model.tables": HASH,  # the neighbour table's settings only with neighbours (``_tables``)
     "model.features": Absent({}),
+    # the loss's settings as the flat fields they were before losses became components (``_flat_loss``)
     **{f"model.{k}": HASH for k in ("tower_dims", "temperature", "logq_correction", "logq_weight")},
     **{f"model.{k}": HASH for k in ("num_uniform_negatives", "loss", "margin", "negative_weight", "query_user_id")},
-    "model.softmax_block_mb": SKIP,  # how the loss is computed (row blocks or whole), not what
     "model.query_neighbors": Absent(False),  # resolved first: null and true build the same model
     "model.query_encoder": Absent(QueryEncoderKind.bag),
     **{f"model.sasrec.{k}": Absent(None, unless=_bag_encoder) for k in ("dim", "num_layers", "num_heads", "dropout")},
@@ -113,9 +113,36 @@ def _put(out: dict, path: str, value: Any) -> None:
     out[key] = value
 
 
+# The model fields the two first losses' settings were, with their defaults then: every saved run hashed all five
+LEGACY_LOSS_FIELDS = {
+    "temperature": 0.1,
+    "logq_correction": True,
+    "logq_weight": 1.0,
+    "margin": 0.9,
+    "negative_weight": 150.0,
+}
+LOSS_SKIPPED = ("block_mb",)  # how the loss is computed (row blocks or whole), not what
+
+
+def _flat_loss(loss: dict) -> dict:
+    """``model.loss``'s section as model fields: the settings named as a legacy field in that field, ``loss`` the
+    name (softmax, ccl: their hash is unchanged) or, with settings of its own, a section of the name and those."""
+    settings = {k: v for k, v in loss.items() if k != "name" and k not in LOSS_SKIPPED}
+    own = {k: v for k, v in settings.items() if k not in LEGACY_LOSS_FIELDS}
+    legacy = {k: v for k, v in settings.items() if k in LEGACY_LOSS_FIELDS}
+    return {**LEGACY_LOSS_FIELDS, **legacy, "loss": {"name": loss["name"], **own} if own else loss["name"]}
+
+
+def fingerprint_values(cfg: Config) -> dict:
+    """The data and model fields as ``FIELDS`` classifies them (the loss flattened: ``_flat_loss``)."""
+    values = {"data": asdict(cfg.data), "model": asdict(cfg.model)}
+    values["model"].update(_flat_loss(values["model"].pop("loss")))
+    return values
+
+
 def config_fingerprint(cfg: Config) -> str:
     """What the weights depend on (data and model, by ``FIELDS``), not where or how they are trained."""
-    values = {"data": asdict(cfg.data), "model": asdict(cfg.model)}
+    values = fingerprint_values(cfg)
     values["model"]["query_neighbors"] = query_uses_neighbors(cfg)
     if _no_neighbours(values):  # the unused neighbour table's settings change no weight
         values["model"]["tables"].pop("neighbor", None)

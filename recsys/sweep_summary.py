@@ -1,6 +1,6 @@
 """One table for a Hydra sweep: every job's overrides beside its valid / test metrics.
 
-    $ python -m recsys.train -m +experiment=tiny run_name=temp model.temperature=0.05,0.1,0.2
+    $ python -m recsys.train -m +experiment=tiny run_name=temp model.loss.temperature=0.05,0.1,0.2
 
 Jobs run in ``runs/<run_name>/<job number>/`` (``hydra.sweep`` in conf/config.yaml); this callback
 (``hydra.callbacks`` there) rewrites ``runs/<run_name>/sweep.md`` and ``sweep.json`` after each job

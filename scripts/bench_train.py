@@ -121,8 +121,7 @@ TEMPERATURE = 0.05
 MODEL = ModelConfig(
     tables={"user": TableConfig(64, "sum"), "item": TableConfig(64, "mean"), "category": TableConfig(32, "mean")},
     tower_dims=TOWER_DIMS,
-    temperature=TEMPERATURE,
-    logq_correction=True,
+    loss={"name": "softmax", "temperature": TEMPERATURE, "logq_correction": True},
     num_uniform_negatives=0,
 )
 

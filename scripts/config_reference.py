@@ -27,6 +27,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from recsys.config import Config, EvaluateConfig, ExportConfig, PlanConfig, register_configs
+from recsys.model.components import component_configs
+from recsys.model.losses import PACKAGE as LOSSES
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
@@ -35,7 +37,7 @@ CONF = ROOT / "conf"
 # the training config's top-level keys, each with the config groups that set it (conf/<group>/*.yaml)
 GROUPS = {
     "data": ["data", "data/protocol"],
-    "model": ["model", "model/side"],
+    "model": ["model", "model/loss", "model/side"],
     "optim": ["optim/sparse", "optim/dense"],
     "sharding": ["sharding"],
     "trainer": ["trainer"],
@@ -95,11 +97,14 @@ def documented_classes() -> list[type]:
             for inner in _dataclasses_in(_hints(cls)[f.name]):
                 visit(inner)
 
-    for cls in (Config, EvaluateConfig, ExportConfig, PlanConfig, *ranker_settings().values()):
+    components = [c for package in COMPONENTS.values() for c in component_configs(package).values()]
+    for cls in (Config, EvaluateConfig, ExportConfig, PlanConfig, *ranker_settings().values(), *components):
         visit(cls)
     return seen
 
 
+# sections that hold a component chosen by name (recsys/model/components.py): each component's settings below them
+COMPONENTS = {f"model.{key}": package for key, package in (("loss", LOSSES),)}
 RANKER_SETTINGS = "eval.settings"  # a dict whose entries each ranker's package types (recsys/rankers/registry.py)
 
 
@@ -213,8 +218,12 @@ def _table(cls: type, prefix: str, composed: Any) -> Iterator[str]:
             value = _without_defaults(value, inner[0])
         if f"{prefix}{f.name}" == RANKER_SETTINGS:
             value = "{" + ", ".join(f"{name}: ..." for name in value or {}) + "}"  # each: a section below
+        type_name = _type_name(hint)
+        if f"{prefix}{f.name}" in COMPONENTS:  # its settings: a section per component below
+            names = component_configs(COMPONENTS[f"{prefix}{f.name}"])
+            type_name, value = " \\| ".join(names), "{name: " + str((value or {}).get("name")) + ", ...}"
         key = f"`{prefix}{f.name}`"
-        yield f"| {key} | {_type_name(hint)} | {_code(_value(value))} | {_cell(comments[f.name])} |"
+        yield f"| {key} | {type_name} | {_code(_value(value))} | {_cell(comments[f.name])} |"
 
 
 def _sections(cls: type, prefix: str, composed: Any, level: int, skip: tuple[str, ...] = ()) -> Iterator[str]:
@@ -233,6 +242,16 @@ def _sections(cls: type, prefix: str, composed: Any, level: int, skip: tuple[str
             yield _cell(comments[f.name])
             yield ""
             yield from _sections(hint, f"{prefix}{f.name}.", sub, level + 1)
+        elif f"{prefix}{f.name}" in COMPONENTS:
+            for name, settings in component_configs(COMPONENTS[f"{prefix}{f.name}"]).items():
+                doc = " ".join((sys.modules[settings.__module__].__doc__ or "").split())
+                yield ""
+                yield f"{'#' * level} `{prefix}{f.name}` with `name: {name}`"
+                yield ""
+                yield _cell(doc.split(". ")[0].rstrip(".") + ".")
+                yield ""
+                given = sub if isinstance(sub, dict) and sub.get("name") == name else _plain(settings())
+                yield from _sections(settings, f"{prefix}{f.name}.", given, level + 1)
         elif f"{prefix}{f.name}" == RANKER_SETTINGS:
             for name, settings in ranker_settings().items():
                 yield ""
@@ -308,7 +327,7 @@ def render() -> str:
         "```",
         "",
         "Every key of every entry point, its type, its default and its meaning. Set any key on the command line",
-        "(`python -m recsys.train trainer.epochs=3 model.temperature=0.05`), choose a group's option",
+        "(`python -m recsys.train trainer.epochs=3 model.loss.temperature=0.05`), choose a group's option",
         "(`data=gowalla`, `optim/sparse=sgd`), or apply an experiment, a file of settings",
         "(`+experiment=tiny`, `conf/experiment/`). A misspelt key or a value of the wrong type stops the run",
         "before any work, naming the key. Required values are `???`. The defaults below are what",

@@ -42,6 +42,7 @@ from recsys.config.entry_points import (
     PlanConfig,
     TableRowsConfig,
     register_configs,
+    schema,
 )
 from recsys.config.evaluation import (
     VALID_METRICS,
@@ -57,7 +58,6 @@ from recsys.config.model import (
     ManagedConfig,
     ModelConfig,
     QueryEncoderKind,
-    RetrievalLoss,
     SasrecConfig,
     TableConfig,
 )
@@ -122,7 +122,6 @@ __all__ = [
     "Protocol",
     "QueryEncoderKind",
     "QueryHistory",
-    "RetrievalLoss",
     "SasrecConfig",
     "ShardingConfig",
     "Source",
@@ -140,6 +139,7 @@ __all__ = [
     "query_uses_user_id",
     "reject_unknown_keys",
     "register_configs",
+    "schema",
     "resolve_protocol",
     "to_config",
     "value_at",

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from recsys.choices import ANN_KINDS
-from recsys.config.model import ModelConfig
+from recsys.config.model import ModelConfig, open_components
 from recsys.config.run import Config
 from recsys.config.training import Device, OptimConfig, ShardingConfig
 
@@ -98,7 +98,14 @@ class PlanConfig:
 def register_configs() -> None:
     """Every entry point's schema, by the name its conf/*.yaml lists first; called by each entry point before Hydra runs."""
     store = ConfigStore.instance()
-    store.store(name="config_schema", node=Config)
+    store.store(name="config_schema", node=schema(Config))
     store.store(name="evaluate_schema", node=EvaluateConfig)
     store.store(name="export_schema", node=ExportConfig)
-    store.store(name="plan_schema", node=PlanConfig)
+    store.store(name="plan_schema", node=schema(PlanConfig))
+
+
+def schema(cls: type) -> DictConfig:
+    """The dataclass ``cls`` (with a ``model`` section) as a Hydra schema: its components' sections open."""
+    node = OmegaConf.structured(cls)
+    open_components(node.model)
+    return node

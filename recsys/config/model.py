@@ -4,18 +4,14 @@ the query's encoder and the ids' mapping; ``check_model`` refuses values no run 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from data_pipelines.config import Choice, DataConfig
 from recsys.config.need import Need
-
-
-class RetrievalLoss(Choice):
-    """The training loss of recsys.model.task.RetrievalTask."""
-
-    softmax = "softmax"  # in-batch sampled softmax with temperature and logQ correction
-    ccl = "ccl"  # SimpleX's cosine contrastive loss (margin, negative weight)
+from recsys.model.components import to_component
+from recsys.model.losses import PACKAGE as LOSSES
 
 
 class QueryEncoderKind(Choice):
@@ -103,20 +99,10 @@ class ModelConfig:
     # side features by name, beside the built-in user / item / category ones; {} = none (today's model)
     features: dict[str, FeatureConfig] = field(default_factory=dict)
     tower_dims: list[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
-    temperature: float = 0.1  # softmax temperature tau: scores are <q, c> / tau
-    logq_correction: bool = True  # subtract log q(i), the sampling probability of each candidate
-    # the correction subtracts this times log q(i): 1 = the unbiased estimate; w shifts the learned
-    # scores by (w - 1) log q(i), so < 1 favours tail items and > 1 head items (the default's measure: docs/quality.md)
-    logq_weight: float = 1.0
     num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
-    loss: RetrievalLoss = (
-        RetrievalLoss.softmax
-    )  # softmax: in-batch sampled softmax (temperature, logQ); ccl: SimpleX's cosine contrastive loss
-    margin: float = 0.9  # ccl: negatives with cosine below this cost nothing
-    negative_weight: float = 150.0  # ccl: weight of the mean negative term
-    # MiB of fp32 logits the softmax computes at once: a batch whose B x C logits exceed it runs in row blocks of
-    # queries (the same loss and gradients, memory B_block x C); -1 = auto (64 on CPU, 1024 on a GPU), 0 = dense
-    softmax_block_mb: int = -1
+    # the training loss, a component chosen by name (model/loss=NAME: conf/model/loss/NAME.yaml, whose settings the
+    # sections below list; its code recsys/model/losses/NAME.py)
+    loss: Any = field(default_factory=lambda: {"name": "softmax"})
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
     # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)
     query_user_id: bool | None = None
@@ -133,15 +119,26 @@ class ModelConfig:
     id_mapping: IdMapping = IdMapping.vocab
     managed: ManagedConfig = field(default_factory=ManagedConfig)  # model.id_mapping=managed only
 
+    def __post_init__(self) -> None:
+        self.loss = to_component(self.loss, LOSSES, "model.loss")
+
+
+COMPONENT_SECTIONS = ("loss",)  # ModelConfig's fields that hold a component's section (recsys/model/components.py)
+
+
+def open_components(model_node: DictConfig) -> None:
+    """A structured ``model`` node's component sections as plain dicts of their name: Hydra's struct mode would
+    merge only the default component's keys into the typed section; to_component refuses unknown keys instead."""
+    for key in COMPONENT_SECTIONS:
+        model_node[key] = {"name": model_node[key].name}
+        OmegaConf.set_struct(model_node[key], False)
+
 
 def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
     """model.* (with the data settings it reads): the loss, towers, tables, side features, the query's
     neighbours and sequence encoder, the managed ids."""
-    need(m.temperature > 0, "model.temperature", m.temperature, "must be > 0 (scores are divided by it)")
     need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
-    need(-1.0 <= m.margin < 1.0, "model.margin", m.margin, "must be a cosine in [-1, 1)")
-    need(m.negative_weight >= 0, "model.negative_weight", m.negative_weight, "must be >= 0")
-    need(m.softmax_block_mb >= -1, "model.softmax_block_mb", m.softmax_block_mb, "must be -1 (auto), 0 (dense) or MiB")
+    m.loss.check(need, "model.loss")
     need(
         all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0,
         "model.tower_dims",

@@ -18,7 +18,7 @@ KNOB_KINDS = ("log", "float", "int", "choice")  # tune.space[*].kind
 class KnobConfig:
     """One setting the search varies: a key of the training config and the values it may take."""
 
-    key: str = MISSING  # the training config's key, e.g. model.temperature or model.tables.item.embedding_dim
+    key: str = MISSING  # the training config's key, e.g. model.loss.temperature or model.tables.item.embedding_dim
     kind: str = "log"  # log: a float drawn on a log scale | float | int: in [low, high] | choice: one of choices
     low: float = 0.0  # log / float / int: the lowest value (log: > 0)
     high: float = 0.0  # log / float / int: the highest value
@@ -33,7 +33,7 @@ def default_space() -> list[KnobConfig]:
     """The knobs that matter to the two-tower, over ranges wide enough for catalogues of 10^3 to 10^6 items (why
     these: docs/quality.md, "The budgeted search"); the rankers' own grids are the evaluation stage's."""
     return [
-        _knob("model.temperature", "log", 0.03, 0.3),
+        _knob("model.loss.temperature", "log", 0.03, 0.3),
         _knob("optim.sparse.lr", "log", 0.01, 0.3),
         _knob("optim.dense.lr", "log", 1e-4, 3e-3),
         _knob("model.tables.item.embedding_dim", "choice", choices=[64, 128, 256]),
@@ -79,7 +79,13 @@ def check_tune(t: TuneConfig, need: Need, has_key) -> None:
     need(t.min_gain_se >= 0, "tune.min_gain_se", t.min_gain_se, "must be >= 0 standard errors (0: the best on valid)")
     for i, k in enumerate(t.space):
         where = f"tune.space[{i}]"
-        need(has_key(k.key), f"{where}.key", k.key, "must name a key of the training config")
+        # checked only for a search: the default space's model.loss.temperature is no key of a loss without one
+        need(
+            t.budget_minutes is None or has_key(k.key),
+            f"{where}.key",
+            k.key,
+            "must name a key of the training config (with its model.loss: drop the knob from tune.space)",
+        )
         need(k.kind in KNOB_KINDS, f"{where}.kind", k.kind, f"choose one of {', '.join(KNOB_KINDS)}")
         if k.kind == "choice":
             need(len(k.choices) > 0, f"{where}.choices", list(k.choices), "must list the values to choose from")

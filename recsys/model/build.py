@@ -79,14 +79,8 @@ def build_retrieval_task(
         return RetrievalTask(
             two_tower,
             item_counts=item_counts,
-            temperature=model.temperature,
-            logq_correction=model.logq_correction,
-            logq_weight=model.logq_weight,
+            loss=model.loss.build(),
             num_uniform_negatives=model.num_uniform_negatives,
-            loss=str(model.loss),
-            margin=model.margin,
-            negative_weight=model.negative_weight,
-            softmax_block_mb=model.softmax_block_mb,
         )
 
 

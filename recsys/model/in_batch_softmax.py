@@ -223,13 +223,13 @@ class _BlockedInBatchSoftmaxCrossEntropy(torch.autograd.Function):
         )
 
 
-# model.softmax_block_mb=-1's budgets. CPU: blocks that stay near the caches ran faster than the dense form;
+# model.loss.block_mb=-1's budgets. CPU: blocks that stay near the caches ran faster than the dense form;
 # GPU: fewer, larger blocks keep the kernel launches per step few (docs/performance.md, "The softmax in blocks")
 AUTO_BLOCK_MB = {"cpu": 64, "cuda": 1024}
 
 
 def resolve_block_mb(block_mb: int, device: torch.device) -> int:
-    """model.softmax_block_mb for ``device``: -1 -> ``AUTO_BLOCK_MB`` (a GPU's for any accelerator), else as given."""
+    """model.loss.block_mb for ``device``: -1 -> ``AUTO_BLOCK_MB`` (a GPU's for any accelerator), else as given."""
     if block_mb != -1:
         return block_mb
     return AUTO_BLOCK_MB["cpu" if device.type == "cpu" else "cuda"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from recsys.config import Config, to_config
+from recsys.config import Config, schema, to_config
 
 # eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
 RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
@@ -36,6 +36,31 @@ def move_ranker_settings(saved_cfg) -> None:
             node.settings[name] = node.pop(name)
 
 
+# model fields of runs from before losses were components (recsys/model/losses), by the loss that read them
+FLAT_LOSS_FIELDS = {
+    "softmax": {"temperature": "temperature", "logq_correction": "logq_correction", "logq_weight": "logq_weight"},
+    "ccl": {"margin": "margin", "negative_weight": "negative_weight"},
+}
+FLAT_LOSS_ONLY = {"softmax": {"softmax_block_mb": "block_mb"}}
+
+
+def nest_flat_loss(saved_cfg) -> None:
+    """An older run's model.loss (a name) and its flat settings (model.temperature, model.margin, ...) as the loss's
+    section, model.loss.*: the same loss with the same settings."""
+    model = OmegaConf.select(saved_cfg, "model")
+    if model is None or not isinstance(model.get("loss", None), str):
+        return
+    name = model.pop("loss")
+    fields = {**FLAT_LOSS_FIELDS.get(name, {}), **FLAT_LOSS_ONLY.get(name, {})}
+    section = {"name": name}
+    for old in [*FLAT_LOSS_FIELDS["softmax"], *FLAT_LOSS_FIELDS["ccl"], *FLAT_LOSS_ONLY["softmax"]]:
+        if old in model:
+            value = model.pop(old)
+            if old in fields:
+                section[fields[old]] = value
+    model.loss = section
+
+
 def read_config_file(path) -> Config:
     """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
     saved_cfg = OmegaConf.load(path)
@@ -44,4 +69,5 @@ def read_config_file(path) -> Config:
         saved_cfg.model.query_neighbors = False
     drop_retired_keys(saved_cfg)
     move_ranker_settings(saved_cfg)
-    return to_config(OmegaConf.merge(OmegaConf.structured(Config), saved_cfg))
+    nest_flat_loss(saved_cfg)
+    return to_config(OmegaConf.merge(schema(Config), saved_cfg))

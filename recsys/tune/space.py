@@ -17,7 +17,7 @@ def suggest(trial, knob: KnobConfig) -> Any:
 
 
 def describe(knob: KnobConfig) -> str:
-    """``model.temperature: log [0.03, 0.3]``: a knob as the run's log and the trials table state it."""
+    """``model.loss.temperature: log [0.03, 0.3]``: a knob as the run's log and the trials table state it."""
     if knob.kind == "choice":
         return f"{knob.key}: one of {list(knob.choices)}"
     return f"{knob.key}: {knob.kind} [{knob.low:g}, {knob.high:g}]"

@@ -33,7 +33,7 @@ def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
             f"data.root={data_root}",
             "trainer.epochs=1",
             "trainer.max_steps_per_epoch=3",
-            "model.temperature=0.05,0.1",
+            "model.loss.temperature=0.05,0.1",
         ],
         cwd=tmp_path,
         check=False,
@@ -47,11 +47,14 @@ def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
 
     summary = json.loads((sweep / "sweep.json").read_text())["jobs"]
     assert [job["job"] for job in summary] == [0, 1]
-    assert "model.temperature=0.05" in summary[0]["overrides"] and "model.temperature=0.1" in summary[1]["overrides"]
+    assert (
+        "model.loss.temperature=0.05" in summary[0]["overrides"]
+        and "model.loss.temperature=0.1" in summary[1]["overrides"]
+    )
     assert [job["test"] for job in summary] == [r["test"]["two_tower"] for r in results]
     table = (sweep / "sweep.md").read_text()
     assert "| job | overrides | valid recall@10 | valid recall@20 |" in table
-    row = next(line for line in table.splitlines() if line.startswith("| 1 | model.temperature=0.1 |"))
+    row = next(line for line in table.splitlines() if line.startswith("| 1 | model.loss.temperature=0.1 |"))
     assert f"{results[1]['valid']['two_tower']['recall@10']:.4f}" == row.split(" | ")[2]
     assert table in console  # printed at the end as well
 

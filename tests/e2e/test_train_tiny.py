@@ -72,8 +72,8 @@ def test_unknown_sharding_table_is_refused(tmp_path, data_root, process_group):
     [
         ("trainer.global_batch_size=-8", "trainer.global_batch_size=-8: must be >= 1"),
         ("trainer.epochs=-1", "trainer.epochs=-1: must be >= 1"),
-        ("model.temperature=0", "model.temperature=0.0: must be > 0"),
-        ("model.temperature=-0.05", "model.temperature=-0.05: must be > 0"),
+        ("model.loss.temperature=0", "model.loss.temperature=0.0: must be > 0"),
+        ("model.loss.temperature=-0.05", "model.loss.temperature=-0.05: must be > 0"),
         ("data.history_length=-1", "data.history_length=-1: must be >= 0"),
         ("eval.ks=[0]", r"eval.ks=\[0\]: cut-offs must be >= 1"),
         ("eval.valid_metric=recal@20", "eval.valid_metric='recal@20': choose one of recall@10, recall@20"),
@@ -123,7 +123,7 @@ def test_every_experiment_composes(experiment):
 
 
 def test_a_non_finite_loss_stops_training(tmp_path, data_root, process_group, monkeypatch):
-    import recsys.model.task as task_module
+    import recsys.model.losses.softmax as task_module
 
     real = task_module.sampled_softmax_loss
     monkeypatch.setattr(task_module, "sampled_softmax_loss", lambda *a, **kw: real(*a, **kw) * float("nan"))

@@ -11,6 +11,7 @@ from recsys.data.features import build_kjt
 from recsys.data.layout import feature_layout
 from recsys.distributed.sharding import shard_model
 from recsys.distributed.table_init import BLOCK_ROWS, fill_rows
+from recsys.model.losses.softmax import Config as SoftmaxConfig
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 
@@ -25,8 +26,7 @@ def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_a
     task = RetrievalTask(
         TwoTower(configs, query_tables=feature_layout(history_length=5).tower_keys("query"), tower_dims=[12, 8]),
         item_counts=torch.ones(NUM_ROWS["item"]),
-        temperature=0.2,
-        logq_correction=True,
+        loss=SoftmaxConfig(temperature=0.2).build(),
         num_uniform_negatives=0,
     )
     sharding = ShardingConfig(

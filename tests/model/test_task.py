@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from recsys.model.in_batch_softmax import accidental_hits, masked_logits, sampled_softmax_loss
+from recsys.model.losses.softmax import Config as SoftmaxConfig
 from recsys.model.task import RetrievalTask
 
 
@@ -57,7 +58,7 @@ def test_task_mixture_log_q_and_forward_equal_reference():
     """RetrievalTask's q(i) is the mixture (B p(i) + B'/N)/(B + B')."""
     counts = torch.tensor([1.0, 3.0, 6.0, 0.0])
     task = RetrievalTask(
-        torch.nn.Identity(), item_counts=counts, temperature=1.0, logq_correction=True, num_uniform_negatives=2
+        torch.nn.Identity(), item_counts=counts, loss=SoftmaxConfig(temperature=1.0).build(), num_uniform_negatives=2
     )
     ids = torch.tensor([0, 1, 2, 3])
     got = task.candidate_log_q(ids, global_batch_size=8).exp()
@@ -166,7 +167,7 @@ def test_backward_twice_is_an_error():
 
 def test_cosine_contrastive_loss_matches_naive_reference():
     """SimpleX's CCL: (1 - cos+) + w * mean over non-hit negatives of max(0, cos - m)."""
-    from recsys.model.task import cosine_contrastive_loss
+    from recsys.model.losses.ccl import cosine_contrastive_loss
 
     g = torch.Generator().manual_seed(1)
     q = torch.nn.functional.normalize(torch.randn(4, 3, generator=g), dim=-1)

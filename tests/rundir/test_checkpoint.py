@@ -49,14 +49,20 @@ def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_gr
     for n in (1, 2):
         fit(
             tiny_config(
-                [f"data.root={data_root}", "trainer.epochs=1", "model.temperature=0.5", "trainer.resume=none", *SHORT]
+                [
+                    f"data.root={data_root}",
+                    "trainer.epochs=1",
+                    "model.loss.temperature=0.5",
+                    "trainer.resume=none",
+                    *SHORT,
+                ]
             ),
             tmp_path,
         )
         assert (tmp_path / f"checkpoints.replaced.{n}" / "best" / "trainer_state.json").is_file()
     # each checkpoint carries the config its weights were trained with
     saved = OmegaConf.load(tmp_path / "checkpoints" / "best" / "config.yaml")
-    assert saved.model.temperature == 0.5
+    assert saved.model.loss.temperature == 0.5
 
     # a checkpoint missing a DCP file, or holding a truncated one, is named as such before DCP reads it
     from recsys.rundir.checkpoint import check_checkpoint_files

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from recsys.config import Config, QueryEncoderKind, query_uses_neighbors
-from recsys.fingerprint import FIELDS, config_fingerprint
+from recsys.fingerprint import FIELDS, config_fingerprint, fingerprint_values
 from recsys.rundir.config import load_run_config
 from tests.helpers.config import tiny_config
 
@@ -28,7 +28,7 @@ OPEN_SECTIONS = (
     "model.managed.zch_size",
 )
 # fields added after the rules became a table: the earlier rules never saw them (their defaults leave the hash)
-NEWER_FIELDS = {"data": ("slices", "slice", "slice_window"), "model": ("id_mapping", "managed", "softmax_block_mb")}
+NEWER_FIELDS = {"data": ("slices", "slice", "slice_window"), "model": ("id_mapping", "managed")}
 NEWER_SYNTHETIC = ("churn_periods", "item_lifetime_periods")
 NEWER_INTERACTIONS = ("valid_carve",)
 
@@ -43,8 +43,7 @@ def _leaves(values: dict, path: str = ""):
 
 
 def test_every_data_and_model_field_is_classified():
-    fields = {"data": asdict(Config().data), "model": asdict(Config().model)}
-    assert set(_leaves(fields)) == set(FIELDS), (
+    assert set(_leaves(fingerprint_values(Config()))) == set(FIELDS), (
         "add the new field to recsys/fingerprint.py's FIELDS: HASH, SKIP or Absent"
     )
 
@@ -52,6 +51,10 @@ def test_every_data_and_model_field_is_classified():
 def legacy_fingerprint(cfg: Config) -> str:
     """The rules as code, before they were a table (main up to 2026-12-02): what every saved run was hashed with."""
     data, model = asdict(cfg.data), asdict(cfg.model)
+    loss = model.pop("loss")  # before losses were components: flat fields, all five whatever the loss
+    model.update({"temperature": 0.1, "logq_correction": True, "logq_weight": 1.0, "margin": 0.9})
+    model.update({"negative_weight": 150.0, "loss": loss.pop("name")})
+    model.update({k: v for k, v in loss.items() if k != "block_mb"})
     for section, keys in (("data", NEWER_FIELDS["data"]), ("model", NEWER_FIELDS["model"])):
         for key in keys:
             (data if section == "data" else model).pop(key)
@@ -93,6 +96,8 @@ def legacy_fingerprint(cfg: Config) -> str:
         ["data.train_on_valid=true", "data.shard_by_user=true", "data.root=elsewhere"],
         ["data.protocol=loo", "data.query_history=recent", "model.query_encoder=sasrec", "model.sasrec.dim=8"],
         ["model.query_neighbors=false", "data.synthetic.num_user_groups=3"],
+        ["model.loss.temperature=0.2", "model.loss.block_mb=8"],
+        ["model/loss=ccl", "model.loss.margin=0.5"],
         ["data=gowalla"],
         ["data=interactions", "data.interactions.path=x.csv", "data.interactions.id_type=string"],
         ["data=interactions", "data.interactions.path=x.csv", "data.interactions.timestamp_unit=ms"],
@@ -107,7 +112,7 @@ def test_the_table_hashes_as_the_earlier_rules_did(overrides):
 def test_where_and_how_rows_are_read_change_nothing_and_what_is_trained_does():
     base = config_fingerprint(tiny_config([]))
     assert config_fingerprint(tiny_config(["data.root=/else", "data.shard_by_user=true"])) == base
-    assert config_fingerprint(tiny_config(["model.temperature=0.2"])) != base
+    assert config_fingerprint(tiny_config(["model.loss.temperature=0.2"])) != base
     assert config_fingerprint(tiny_config(["data.split_seed=3"])) != base
 
 

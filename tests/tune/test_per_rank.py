@@ -145,7 +145,7 @@ def test_a_trials_process_is_a_job_of_one_rank_and_its_crash_a_failed_trial(tmp_
     environment = child_environment(DistEnv(1, 2, 1, 2, torch.device("cpu"), "gloo"))
     assert "CUDA_VISIBLE_DEVICES" not in environment and environment["RANK"] is None
     trial, counts, reports = trial_in_process(
-        cfg, tmp_path, 4, {"model.temperature": 0.1}, _answers_with_its_environment, deadline=float("inf"),
+        cfg, tmp_path, 4, {"model.loss.temperature": 0.1}, _answers_with_its_environment, deadline=float("inf"),
         history=[], environment=environment,
     )  # fmt: skip
     assert (trial.number, trial.valid, trial.state, counts, reports) == (4, 0.25, "complete", {"train": 7, "valid": 3},

@@ -74,7 +74,7 @@ def _fake_trial(seconds: float, clock: list[float], figures=None):
 
     def train(cfg, trial_dir, deadline, on_epoch=None):
         clock[0] += seconds
-        value = figures.pop(0) if figures else float(cfg.model.temperature)
+        value = figures.pop(0) if figures else float(cfg.model.loss.temperature)
         return {"train": {"best_valid": value, "best_epoch": 0}}
 
     return train
@@ -86,7 +86,7 @@ def test_a_trial_that_would_not_fit_the_budget_is_not_started(tmp_path):
     cfg = tiny_config(["tune.budget_minutes=10"])
     trials = search(cfg, tmp_path, _fake_trial(180.0, clock), clock=lambda: clock[0])
     assert len(trials) == 3 and clock[0] == 540.0
-    assert [t.valid for t in trials] == [t.values["model.temperature"] for t in trials]
+    assert [t.valid for t in trials] == [t.values["model.loss.temperature"] for t in trials]
 
 
 def test_the_same_seed_proposes_the_same_settings(tmp_path):
@@ -98,7 +98,7 @@ def test_the_same_seed_proposes_the_same_settings(tmp_path):
     first = values(0)
     assert first == values(0) and first != values(1)
     for v in first:  # inside the default space
-        assert 0.03 <= v["model.temperature"] <= 0.3 and v["model.tables.item.embedding_dim"] in (64, 128, 256)
+        assert 0.03 <= v["model.loss.temperature"] <= 0.3 and v["model.tables.item.embedding_dim"] in (64, 128, 256)
 
 
 def test_a_budget_of_zero_and_a_knob_of_no_key_are_refused():
@@ -106,7 +106,11 @@ def test_a_budget_of_zero_and_a_knob_of_no_key_are_refused():
         check_values(tiny_config(["tune.budget_minutes=0"]))
     bad_space = "tune.space=[{key: model.temprature, kind: log, low: 0.1, high: 1.0}]"
     with pytest.raises(ValueError, match=r"tune.space\[0\].key='model.temprature': must name a key"):
-        check_values(tiny_config([bad_space]))
+        check_values(tiny_config([bad_space, "tune.budget_minutes=5"]))
+    # without a search the space is unused: the default one's model.loss.temperature is no key of the ccl loss
+    check_values(tiny_config(["model/loss=ccl"]))
+    with pytest.raises(ValueError, match=r"tune.space\[0\].key='model.loss.temperature': must name a key"):
+        check_values(tiny_config(["model/loss=ccl", "tune.budget_minutes=5"]))
     assert np.isfinite(tiny_config(["tune.budget_minutes=5"]).tune.budget_minutes)
 
 
@@ -114,13 +118,15 @@ def test_the_first_trial_is_the_configured_settings(tmp_path):
     """Trial 0 trains the config's own values, so a short search never chooses below the run it replaces; a knob
     whose configured value is outside its range is left to the sampler."""
     clock = [0.0]
-    cfg = tiny_config(["tune.budget_minutes=100", "tune.max_trials=3", "model.temperature=0.5"])  # above [0.03, 0.3]
+    cfg = tiny_config(
+        ["tune.budget_minutes=100", "tune.max_trials=3", "model.loss.temperature=0.5"]
+    )  # above [0.03, 0.3]
     trials = search(cfg, tmp_path, _fake_trial(1.0, clock, figures=[0.9, 0.1, 0.2]), clock=lambda: clock[0])
     first = trials[0].values
     assert first["optim.sparse.lr"] == cfg.optim.sparse.lr and first["optim.dense.lr"] == cfg.optim.dense.lr
     assert cfg.data.history_length == 10 and first["data.history_length"] in (20, 50, 100, 200)  # not a choice
     assert first["data.history_dropout"] == cfg.data.history_dropout
-    assert 0.03 <= first["model.temperature"] <= 0.3  # 0.5 is outside the knob: sampled
+    assert 0.03 <= first["model.loss.temperature"] <= 0.3  # 0.5 is outside the knob: sampled
     assert chosen_config(cfg, trials)[1].number == 0  # the best on valid (0.9) is the configured run
 
 

@@ -1,0 +1,110 @@
+"""Losses are components (recsys/model/components.py): chosen by name, their settings a section of their own that
+refuses what the chosen one lacks, a new one is its module (and YAML) alone, and a run dir written while the
+losses' settings were flat model fields still reads as the same loss."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from dataclasses import replace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from data_pipelines.errors import ConfigError
+from recsys.config import Config, check_values, schema
+from recsys.model.components import component_configs, to_component
+from recsys.model.losses import PACKAGE as LOSSES
+from recsys.rundir.saved_config import nest_flat_loss
+from tests.helpers.config import tiny_config
+
+
+def test_each_loss_is_chosen_by_name_with_its_own_settings():
+    cfg = tiny_config(["model/loss=ccl", "model.loss.margin=0.5"])
+    assert type(cfg.model.loss).__module__ == "recsys.model.losses.ccl"
+    assert (cfg.model.loss.margin, cfg.model.loss.negative_weight) == (0.5, 150.0)
+    softmax = tiny_config(["model.loss.temperature=1"]).model.loss
+    assert softmax.temperature == 1.0 and isinstance(softmax.temperature, float)
+    assert Config().model.loss == component_configs(LOSSES)["softmax"]()
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"name": "softmax", "margin": 0.5}, r"model.loss.margin: not a setting of model.loss.name=softmax"),
+        ({"name": "bpr"}, r"model.loss.name='bpr': expected one of ccl, softmax"),
+        ({"name": "softmax", "temperature": "hot"}, r"model.loss.temperature='hot': expected a float"),
+        ({"name": "ccl", "negative_weight": True}, r"model.loss.negative_weight=True: expected a float"),
+        ("softmax", r"model.loss='softmax': expected a section with a name"),
+    ],
+)
+def test_a_setting_the_chosen_loss_lacks_is_refused_by_its_path(section, message):
+    with pytest.raises(ConfigError, match=message):
+        to_component(section, LOSSES, "model.loss")
+
+
+def test_a_new_loss_is_its_module_alone(tmp_path, monkeypatch):
+    """A module in the losses package with a Config and a build(): found by name, no registration anywhere."""
+    package = tmp_path / "extra"
+    package.mkdir()
+    (package / "scaled_ccl.py").write_text(
+        textwrap.dedent(
+            """
+            from dataclasses import dataclass
+            from recsys.model.losses.ccl import CosineContrastive, Config as CclConfig
+
+            @dataclass
+            class Config:
+                name: str = "scaled_ccl"
+                scale: float = 2.0
+
+                def check(self, need, key):
+                    need(self.scale > 0, f"{key}.scale", self.scale, "must be > 0")
+
+                def build(self):
+                    ccl = CosineContrastive(CclConfig())
+                    return lambda *a, **kw: self.scale * ccl(*a, **kw)
+            """
+        )
+    )
+    import recsys.model.losses as losses
+
+    monkeypatch.setattr(losses, "__path__", [*losses.__path__, str(package)])
+    component_configs.cache_clear()
+    try:
+        base = tiny_config([])
+        cfg = replace(base, model=replace(base.model, loss={"name": "scaled_ccl", "scale": 3}))
+        assert cfg.model.loss.scale == 3.0
+        with pytest.raises(ValueError, match=r"model.loss.scale=-1.0: must be > 0"):
+            check_values(replace(base, model=replace(base.model, loss={"name": "scaled_ccl", "scale": -1})))
+        q = torch.nn.functional.normalize(torch.randn(4, 3), dim=1)
+        args = dict(labels=torch.arange(4), query_item_ids=torch.arange(4), candidate_item_ids=torch.arange(4))
+        plain = component_configs(LOSSES)["ccl"]().build()(q, q, **args, log_q=None)
+        assert cfg.model.loss.build()(q, q, **args, log_q=None) == pytest.approx(3 * plain.item())
+    finally:
+        component_configs.cache_clear()
+        sys.modules.pop("recsys.model.losses.scaled_ccl", None)
+
+
+@pytest.mark.parametrize(
+    ("flat", "section"),
+    [
+        (
+            {"loss": "softmax", "temperature": 0.2, "logq_correction": False, "logq_weight": 1.0, "margin": 0.9,
+             "negative_weight": 150.0, "softmax_block_mb": 8},
+            {"name": "softmax", "temperature": 0.2, "logq_correction": False, "logq_weight": 1.0, "block_mb": 8},
+        ),
+        (
+            {"loss": "ccl", "temperature": 0.1, "logq_correction": True, "logq_weight": 1.0, "margin": 0.4,
+             "negative_weight": 10.0, "softmax_block_mb": -1},
+            {"name": "ccl", "margin": 0.4, "negative_weight": 10.0},
+        ),
+    ],
+)  # fmt: skip
+def test_an_older_runs_flat_loss_fields_read_as_the_same_loss(flat, section):
+    saved = OmegaConf.create({"model": {"tower_dims": [8], **flat}})
+    nest_flat_loss(saved)
+    assert OmegaConf.to_container(saved.model) == {"tower_dims": [8], "loss": section}
+    merged = OmegaConf.merge(schema(Config), saved)
+    assert OmegaConf.to_container(merged.model.loss) == section
