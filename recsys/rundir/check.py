@@ -4,7 +4,8 @@
 - ``RunDirMustExist`` (conf/evaluate.yaml, conf/export.yaml): ``recsys.evaluate`` / ``recsys.export``
   refuse a missing ``run_dir`` argument (Hydra would fail on its own run dir, ``${run_dir}/...``), and a
   ``run_dir`` that does not exist, before Hydra creates their output dir (``<run_dir>/eval``, ``<run_dir>``)
-  in it: a typo must not leave an empty run behind.
+  in it: a typo must not leave an empty run behind; and a run dir a training holds (its ``.lock``: they would
+  read weights and results that are still changing).
 - ``RunNameStaysInRuns`` (conf/config.yaml): ``recsys.train``'s ``run_name`` names a folder of
   ``runs/`` of its own: absolute, with ``..``, or through a symbolic link (to another run, or out of
   ``runs/``) it is refused, so no checkpoint, lock or ``.hydra/`` lands outside ``runs/`` or in
@@ -25,7 +26,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from recsys.rundir.lock import held_elsewhere
+from recsys.rundir.lock import RunDirLockedError, held_elsewhere, reading_run_dir
 
 
 def _refuse(message: str) -> None:
@@ -46,6 +47,12 @@ class RunDirMustExist(Callback):
                 f"run_dir={run_dir}: no such run dir (nothing was created there); give the folder "
                 "`python -m recsys.train` wrote, e.g. runs/<run_name>"
             )
+        if isinstance(run_dir, str) and run_dir and run_dir != "???":
+            try:  # a probe: the entry point takes the lock again for its work (recsys.run.reading_run)
+                with reading_run_dir(Path(run_dir)):
+                    pass
+            except RunDirLockedError as e:
+                _refuse(str(e))
 
 
 def run_name_problem(run_name: str, run_dir: str) -> str | None:

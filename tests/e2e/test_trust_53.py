@@ -1,0 +1,72 @@
+"""Issue 53: no run read while it is written, and a user's mistake or a crafted file gets one line. Each case feeds
+the issue's bad input and asserts the new outcome, and that what was there is as it was.
+
+Entry points run in this process as ``python -m`` runs them (``runpy``, Hydra and all): a refusal is one ``error:``
+line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from recsys.config import EvaluateConfig, ExportConfig
+from recsys.rundir.lock import RunDirLockedError, RunLock
+from tests.helpers.entry_points import QUIET, files, one_error_line, run_module
+
+FIXTURE_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "run_dir_2026_12_02"
+
+
+@pytest.fixture
+def busy_run(tmp_path):
+    """A run dir whose training is still running: its lock held by a live owner (this process)."""
+    run_dir = tmp_path / "runs" / "busy"
+    shutil.copytree(FIXTURE_RUN, run_dir)
+    with RunLock(run_dir):
+        yield run_dir
+
+
+# --- 1: evaluate / export on a run that is still training ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "module, args", [("recsys.evaluate", ["rankers=[]"]), ("recsys.export", [])], ids=["evaluate", "export"]
+)
+def test_evaluate_and_export_refuse_a_run_that_is_training(busy_run, module, args, monkeypatch, capsys):
+    before = files(busy_run)
+    assert run_module(monkeypatch, module, [f"run_dir={busy_run}", *args, *QUIET]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {busy_run}: a training is running in this run dir (pid {os.getpid()} on host ")
+    assert files(busy_run) == before and not (busy_run / "eval").exists()  # nothing read into a report, nothing written
+
+
+def test_evaluate_run_and_export_run_refuse_it_before_reading(busy_run):
+    from recsys.run import evaluate_run
+    from recsys.run_export import export_run
+
+    for work, ecfg in (
+        (evaluate_run, EvaluateConfig(run_dir=str(busy_run))),
+        (export_run, ExportConfig(run_dir=str(busy_run))),
+    ):
+        with pytest.raises(RunDirLockedError, match=f"pid {os.getpid()}"):
+            work(ecfg)
+    refit = busy_run / "refit"  # a refit dir: its run's training writes it
+    refit.mkdir()
+    with pytest.raises(RunDirLockedError, match=f"{busy_run}: a training is running"):
+        evaluate_run(EvaluateConfig(run_dir=str(refit)))
+
+
+def test_a_training_is_refused_while_the_run_is_read(tmp_path):
+    from recsys.rundir.lock import reading_run_dir
+
+    run_dir = tmp_path / "run"
+    RunLock(run_dir).acquire().release()  # trained once: an empty lock file
+    with (
+        reading_run_dir(run_dir),
+        pytest.raises(RunDirLockedError, match="recsys.evaluate or recsys.export is reading"),
+    ):
+        RunLock(run_dir).acquire()
+    RunLock(run_dir).acquire().release()  # free again once read
