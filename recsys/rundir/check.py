@@ -62,7 +62,8 @@ def run_name_problem(run_name: str, run_dir: str) -> str | None:
     if (
         not run_name
         or name.is_absolute()
-        or any(part in ("..", ".") for part in name.parts)
+        or not name.parts  # "." or "./": runs/ itself, beside every other run
+        or any(part in ("..", ".") for part in run_name.split("/"))  # as typed: PurePath drops "."
         or run_name != run_name.strip()
     ):
         return (

@@ -70,3 +70,23 @@ def test_a_training_is_refused_while_the_run_is_read(tmp_path):
     ):
         RunLock(run_dir).acquire()
     RunLock(run_dir).acquire().release()  # free again once read
+
+
+# --- 3: a run_name that names runs/ itself ---------------------------------------------------------------------------
+
+
+def test_a_run_name_that_is_the_runs_root_is_refused():
+    from recsys.rundir.check import run_name_problem
+
+    for name in (".", "./", ".//", "./.", "a/.", "./a"):  # the message forbids '.': any part of the name as typed
+        assert run_name_problem(name, f"runs/{name}").startswith(f"run_name={name!r}: must be a plain name")
+    assert run_name_problem("a/b", "runs/a/b") is None
+
+
+def test_training_with_run_name_dot_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name in (".", "./"):
+        assert run_module(monkeypatch, "recsys.train", ["+experiment=tiny", f"run_name={name}", *QUIET]) == 1
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: run_name={name!r}: must be a plain name") and "only under runs/" in line
+    assert list(tmp_path.iterdir()) == []  # no runs/.lock, .hydra/ or checkpoints/ beside the other runs
