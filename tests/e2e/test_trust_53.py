@@ -90,3 +90,37 @@ def test_training_with_run_name_dot_writes_nothing(tmp_path, monkeypatch, capsys
         line = one_error_line(capsys.readouterr().err)
         assert line.startswith(f"error: run_name={name!r}: must be a plain name") and "only under runs/" in line
     assert list(tmp_path.iterdir()) == []  # no runs/.lock, .hydra/ or checkpoints/ beside the other runs
+
+
+# --- 7: a dataclass's own check of a config value --------------------------------------------------------------------
+
+
+def test_a_synthetic_spec_out_of_range_is_one_config_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["+experiment=tiny", "data.synthetic.num_interactions=150000", f"data.root={tmp_path / 'data'}", *QUIET]
+    assert run_module(monkeypatch, "recsys.train", args) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: data.synthetic.num_interactions=150000 must be in [2000, 60000] (num_users x ")
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())  # no dataset prepared
+
+
+def test_a_config_dataclass_that_refuses_a_value_is_a_config_error():
+    from dataclasses import dataclass
+
+    from omegaconf import OmegaConf
+
+    from data_pipelines.config import to_typed
+    from data_pipelines.errors import ConfigError
+
+    @dataclass
+    class Spec:
+        n: int = 1
+
+        def __post_init__(self) -> None:
+            if self.n > 5:
+                raise ValueError(f"Spec.n={self.n} must be <= 5")
+
+    cfg = OmegaConf.structured(Spec)
+    cfg.n = 9
+    with pytest.raises(ConfigError, match=r"^Spec.n=9 must be <= 5$"):
+        to_typed(cfg, Spec)
