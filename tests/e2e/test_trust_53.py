@@ -124,3 +124,72 @@ def test_a_config_dataclass_that_refuses_a_value_is_a_config_error():
     cfg.n = 9
     with pytest.raises(ConfigError, match=r"^Spec.n=9 must be <= 5$"):
         to_typed(cfg, Spec)
+
+
+# --- 8: Ctrl-C during training ---------------------------------------------------------------------------------------
+
+SHORT = ["trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.early_stopping_patience=0"]
+
+
+def test_ctrl_c_checkpoints_the_step_in_one_line_and_the_rerun_resumes(tmp_path, data_root, monkeypatch, capsys):
+    import json
+    import signal
+
+    import recsys.trainer as trainer_module
+
+    real = trainer_module._maybe_inject_fault
+
+    def ctrl_c(cfg, env, step):  # a user's Ctrl-C in the middle of training, after step 1
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        real(cfg, env, step)
+
+    monkeypatch.setattr(trainer_module, "_maybe_inject_fault", ctrl_c)
+    args = ["+experiment=tiny", f"data.root={data_root}", *SHORT, f"hydra.run.dir={tmp_path / 'run'}", *QUIET]
+    try:
+        code = run_module(monkeypatch, "recsys.train", args)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C: a raw KeyboardInterrupt")
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted (Ctrl-C): stopped after step 2, checkpoint " in err and "to resume from it" in err
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002" / "trainer_state.json").is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's again
+    monkeypatch.setattr(trainer_module, "_maybe_inject_fault", real)
+    assert run_module(monkeypatch, "recsys.train", args) == 0  # the same command: on from step 2
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["train"]["steps"] == 4
+
+
+def test_a_second_ctrl_c_exits_at_once(monkeypatch):
+    import signal
+    import time
+
+    import recsys.rundir.preemption as preemption_module
+
+    exits = []
+    monkeypatch.setattr(preemption_module.os, "_exit", exits.append)
+    with preemption_module.PreemptionHandler(30.0) as handler:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+        assert handler.should_stop() and exits == []  # the first: finish the step, checkpoint
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+    assert exits == [preemption_module.INTERRUPTED_EXIT_CODE]  # the second: now, without a checkpoint
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line(tmp_path, monkeypatch, capsys):
+    import recsys.run as recsys_run
+
+    def interrupted(*args, **kwargs):  # Ctrl-C while the dataset is prepared
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recsys_run, "fit", interrupted)  # what `python -m recsys.train` imports
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = run_module(monkeypatch, "recsys.train", ["+experiment=tiny", *QUIET])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C: a raw KeyboardInterrupt")
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip().splitlines() == [
+        "interrupted (Ctrl-C); run the same command again to go on from the run's last checkpoint"
+    ]
