@@ -193,3 +193,24 @@ def test_ctrl_c_outside_the_training_loop_is_one_line(tmp_path, monkeypatch, cap
     assert code == 130 and err.strip().splitlines() == [
         "interrupted (Ctrl-C); run the same command again to go on from the run's last checkpoint"
     ]
+
+
+# --- 14: a CSV with two columns of one name --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["whole", "batches", "chunks"])
+def test_a_csv_with_a_repeated_column_is_refused_naming_it(tmp_path, how):
+    from data_pipelines.errors import DatasetError
+    from data_pipelines.readers import iter_columns, read_columns
+    from data_pipelines.readers.csv_chunks import iter_csv_chunks
+
+    path = tmp_path / "log.csv"
+    path.write_text("user,item,item,ts\n1,10,20,100\n2,11,21,200\n")
+    read = {
+        "whole": lambda: read_columns(path, ["user", "item", "ts"]),
+        "batches": lambda: list(iter_columns(path, ["user", "item", "ts"])),
+        "chunks": lambda: list(iter_csv_chunks(path, ["user", "item", "ts"], delimiter=",", header=True, threads=1)),
+    }[how]
+    with pytest.raises(DatasetError, match=rf"^{path}: column\(s\) \['item'\] appear more than once in the header"):
+        read()
+    assert len(read_columns(path, ["user", "ts"])) == 2  # a repeated column that is not read: harmless
