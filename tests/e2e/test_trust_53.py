@@ -214,3 +214,41 @@ def test_a_csv_with_a_repeated_column_is_refused_naming_it(tmp_path, how):
     with pytest.raises(DatasetError, match=rf"^{path}: column\(s\) \['item'\] appear more than once in the header"):
         read()
     assert len(read_columns(path, ["user", "ts"])) == 2  # a repeated column that is not read: harmless
+
+
+# --- 15: a user id given to a bundle whose query reads no user -------------------------------------------------------
+
+
+def test_a_user_id_is_refused_by_a_bundle_that_reads_no_user():
+    import numpy as np
+    import torch
+
+    from recsys.data.layout import HISTORY, USER_ID
+    from recsys.rankers.graph_filter.part import GraphFilterPart
+    from recsys.rankers.parts import Catalogue
+    from recsys.rankers.served import Served
+    from recsys.rankers.two_tower.part import TwoTowerPart
+    from recsys.serving import ServingBundle
+
+    part = GraphFilterPart(torch.rand(5, 3), query_table=torch.rand(5, 3))
+    catalogue = Catalogue(3, 5, np.zeros(6, dtype=np.int64), np.zeros(0, dtype=np.int64), {}, None)
+    bundle = ServingBundle({"num_users": 3, "num_items": 5}, Served([part], [1.0]), catalogue)
+    assert not bundle.reads_users
+    message = r"the served ranker \(graph_filter\) reads no user: its query is the history alone"
+    for call, name in (
+        (lambda: bundle.recommend([1, 2], k=2, user_id=0), "user_id"),
+        (lambda: bundle.recommend_batch([[1], [2]], 2, user_ids=[0, 1]), "user_ids"),
+        (lambda: bundle.encode([0], [1], [2]), "user_ids"),
+        (lambda: bundle.encode_part("graph_filter", [0], [1], [2]), "user_ids"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name}: {message}.* pass {name}=None"):
+            call()
+    assert bundle.encode(None, [1], [2]).shape == (1, 3)  # the same query without a user: served
+
+    class Encoder:  # a two-tower query encoder's pooled inputs: (table, source)
+        def __init__(self, *sources):
+            self.inputs = tuple((f"t{i}", s) for i, s in enumerate(sources))
+
+    assert not TwoTowerPart(torch.rand(5, 3), encoder=Encoder(HISTORY)).reads_users  # a profile bag alone
+    assert TwoTowerPart(torch.rand(5, 3), encoder=Encoder(USER_ID, HISTORY)).reads_users
+    assert Served([part, TwoTowerPart(torch.rand(5, 3), encoder=Encoder(USER_ID))], [1.0, 1.0]).reads_users
