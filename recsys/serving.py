@@ -5,7 +5,8 @@ CPU process (torch, numpy, pyarrow, faiss only)::
 
     <bundle>/
       manifest.json        format, the served ranker ("served": its parts and their fusion weights) and its point,
-                           counts, the catalogue's feature columns, source run
+                           counts, the catalogue's feature columns, source run, "files": every file below (relative
+                           paths; load_bundle refuses a bundle missing one, naming it)
       parts/<i>-<ranker>/  each part of the served ranker, written and read by its ranker's registered part type
                            (recsys/rankers/parts.py; the two-tower's: its query encoder, recsys/rankers/two_tower/part.py)
       fusion/              covariance_<i>.npy float64 [D_i, D_i]: each part's item covariance, when parts are fused
@@ -224,7 +225,8 @@ def load_bundle(path: str | Path) -> ServingBundle:
             f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
             "export the run again (python -m recsys.export run_dir=...)"
         )
-    for name in manifest.get("files", []):  # every file export wrote (bundles before the list: not checked)
+    # every file export wrote (bundles before the list: not checked; before it named parts/'s files: its folders)
+    for name in manifest.get("files", []):
         if not (root / name).exists():
             raise MissingPath(f"{root / name}: missing; the bundle is incomplete (its manifest lists it): export again")
     from recsys.evaluation.ann import require_faiss  # noqa: PLC0415 (faiss, only where a bundle is loaded)

@@ -252,3 +252,19 @@ def test_a_user_id_is_refused_by_a_bundle_that_reads_no_user():
     assert not TwoTowerPart(torch.rand(5, 3), encoder=Encoder(HISTORY)).reads_users  # a profile bag alone
     assert TwoTowerPart(torch.rand(5, 3), encoder=Encoder(USER_ID, HISTORY)).reads_users
     assert Served([part, TwoTowerPart(torch.rand(5, 3), encoder=Encoder(USER_ID))], [1.0, 1.0]).reads_users
+
+
+# --- 10: a bundle with a part's file deleted -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("part, name", [("two_tower", "query_encoder.pt"), ("graph_filter", "items.npy")])
+def test_a_bundle_missing_a_parts_file_is_refused_naming_it(trained_run, tmp_path, part, name):
+    from recsys.refusals import MissingPath
+    from recsys.serving import load_bundle
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(trained_run.bundle, bundle)
+    missing = next(bundle.glob(f"parts/*-{part}")) / name
+    missing.unlink()
+    with pytest.raises(MissingPath, match=rf"^{missing}: missing; the bundle is incomplete"):
+        load_bundle(bundle)
