@@ -12,6 +12,9 @@
   another run's folder; a run dir another training holds (its ``.lock``) is refused before Hydra
   opens its train.log (its ``.hydra/`` only the run that trains there writes: recsys/rundir/record.py).
 
+Both refuse a job log (``train.log``, ``export.log``, ``eval/evaluate.log``) or ``.lock`` / ``metrics.jsonl`` that
+is a symbolic link before Hydra appends to it (recsys/rundir/links.py).
+
 Both print one line (``error: ...``) and exit 1: Hydra turns a callback's exception into a warning
 and goes on.
 """
@@ -26,12 +29,22 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from recsys.rundir.links import APPENDED, link_problem
 from recsys.rundir.lock import RunDirLockedError, held_elsewhere, reading_run_dir
 
 
 def _refuse(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+def _refuse_links(config: DictConfig, names: tuple[str, ...] = ()) -> None:
+    """The job's log (Hydra opens it next, to append) and ``names`` in its run dir: none a symbolic link."""
+    run_dir = Path(str(config.hydra.run.dir))
+    for path in (run_dir / f"{config.hydra.job.name}.log", *(run_dir / name for name in names)):
+        problem = link_problem(path)
+        if problem:
+            _refuse(problem)
 
 
 class RunDirMustExist(Callback):
@@ -53,6 +66,7 @@ class RunDirMustExist(Callback):
                     pass
             except RunDirLockedError as e:
                 _refuse(str(e))
+            _refuse_links(config)
 
 
 def run_name_problem(run_name: str, run_dir: str) -> str | None:
@@ -92,6 +106,8 @@ class RunNameStaysInRuns(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, str(config.hydra.run.dir))
+        if self.probe_lock:  # a run that writes a run dir (data_pipelines.prepare writes none)
+            _refuse_links(config, APPENDED)
         if self.probe_lock and int(os.environ.get("RANK", "0")) == 0:  # rank 0 locks; another may find its own lock
             held = held_elsewhere(Path(str(config.hydra.run.dir)))
             if held:  # refused before Hydra opens that run's train.log (the lock itself is taken in fit)

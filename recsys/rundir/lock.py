@@ -27,6 +27,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from recsys.refusals import ANOTHER_RUN_DIR, RunRefused
+from recsys.rundir.links import refuse_link
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        refuse_link(self.path)  # written where it is: never through a link
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # NOFOLLOW: a link made meanwhile
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

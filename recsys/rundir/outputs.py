@@ -9,6 +9,7 @@ from typing import Any
 
 from recsys.atomic import write_json_atomic, write_text_atomic
 from recsys.markdown import markdown_table
+from recsys.rundir.links import refuse_link
 
 __all__ = ["MetricsLog", "drop_records_after", "format_results_table", "write_json_atomic"]
 
@@ -51,6 +52,7 @@ class MetricsLog:
             return
         from torch.utils.tensorboard import SummaryWriter  # imported lazily: slow, and rank 0 only
 
+        refuse_link(run_dir / "metrics.jsonl")  # appended to where it is
         self._file = open(run_dir / "metrics.jsonl", "a")
         # resumed after a crash: TensorBoard hides the crashed attempt's events past the records kept
         self._tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=_purge_step(run_dir))

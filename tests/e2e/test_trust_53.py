@@ -268,3 +268,50 @@ def test_a_bundle_missing_a_parts_file_is_refused_naming_it(trained_run, tmp_pat
     missing.unlink()
     with pytest.raises(MissingPath, match=rf"^{missing}: missing; the bundle is incomplete"):
         load_bundle(bundle)
+
+
+# --- 13: a file the run appends to is a symbolic link ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["train.log", "metrics.jsonl", ".lock"])
+def test_a_training_refuses_to_append_through_a_link(tmp_path, data_root, monkeypatch, capsys, name):
+    monkeypatch.chdir(tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("someone's file\n")
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / name).symlink_to(outside)
+    args = ["+experiment=tiny", "run_name=r", f"data.root={data_root}", *SHORT, "hydra/hydra_logging=none"]
+    assert run_module(monkeypatch, "recsys.train", [*args, "trainer.resume=none"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line == (
+        f"error: runs/r/{name} is a symbolic link (to {outside}); a run writes its {name} in its own run dir, never "
+        "through a link (out of the run dir, or into another run's): remove the link"
+    )
+    assert outside.read_text() == "someone's file\n"
+
+
+def test_the_files_a_run_writes_in_place_are_never_links_when_fit_opens_them(tmp_path):
+    from recsys.rundir.links import LinkedFile
+    from recsys.rundir.outputs import MetricsLog
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    for name, open_it in (
+        (".lock", lambda d: RunLock(d).acquire()),
+        ("metrics.jsonl", lambda d: MetricsLog(d, enabled=True)),
+    ):
+        run_dir = tmp_path / name.strip(".")
+        run_dir.mkdir()
+        (run_dir / name).symlink_to(outside)
+        with pytest.raises(LinkedFile, match=rf"^{run_dir / name} is a symbolic link"):
+            open_it(run_dir)
+    assert outside.read_text() == "x"
+
+
+def test_export_refuses_a_job_log_that_is_a_link(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUN, run_dir)
+    (run_dir / "export.log").symlink_to(tmp_path / "elsewhere.log")
+    assert run_module(monkeypatch, "recsys.export", [f"run_dir={run_dir}", "hydra/hydra_logging=none"]) == 1
+    assert one_error_line(capsys.readouterr().err).startswith(f"error: {run_dir}/export.log is a symbolic link")
+    assert not (tmp_path / "elsewhere.log").exists()
