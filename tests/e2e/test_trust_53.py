@@ -315,3 +315,30 @@ def test_export_refuses_a_job_log_that_is_a_link(tmp_path, monkeypatch, capsys):
     assert run_module(monkeypatch, "recsys.export", [f"run_dir={run_dir}", "hydra/hydra_logging=none"]) == 1
     assert one_error_line(capsys.readouterr().err).startswith(f"error: {run_dir}/export.log is a symbolic link")
     assert not (tmp_path / "elsewhere.log").exists()
+
+
+# --- 17: one spelling of the protocol on every dataset ---------------------------------------------------------------
+
+
+def test_data_protocol_group_works_on_the_synthetic_default(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from data_pipelines.dataset_dir import read_meta
+    from data_pipelines.prepare import prepare_dataset
+    from recsys.config import register_configs, to_config
+    from tests.helpers.config import CONF_DIR, tiny_config
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        default = to_config(compose(config_name="config"))
+        loo = to_config(compose(config_name="config", overrides=["data/protocol=loo"]))
+        strong = to_config(compose(config_name="config", overrides=["data/protocol=strong_generalization"]))
+    assert (default.data.protocol, default.data.min_rating, default.data.min_user_interactions) == ("recbole", 0.0, 0)
+    assert loo.data.protocol == "loo" and loo.data.query_history == "recent"  # what data.protocol=loo gives
+    assert (strong.data.protocol, strong.data.min_rating, strong.data.min_user_interactions) == (
+        "strong_generalization",
+        0.0,
+        0,
+    )  # fmt: skip (the generator's rows: no MovieLens filter)
+    cfg = tiny_config(["data/protocol=loo", f"data.root={tmp_path}"])
+    assert read_meta(prepare_dataset(cfg.data))["protocol"] == "loo"
