@@ -227,8 +227,10 @@ def load_bundle(path: str | Path) -> ServingBundle:
         )
     # every file export wrote (bundles before the list: not checked; before it named parts/'s files: its folders)
     for name in manifest.get("files", []):
-        if not (root / name).exists():
-            raise MissingPath(f"{root / name}: missing; the bundle is incomplete (its manifest lists it): export again")
+        if not (root / name).exists():  # named by its outermost missing folder (vocab/, not vocab/items.parquet)
+            outer = [*reversed(Path(name).parents[:-1]), Path(name)]
+            missing = next(root / p for p in outer if not (root / p).exists())
+            raise MissingPath(f"{missing}: missing; the bundle is incomplete (its manifest lists it): export again")
     from recsys.evaluation.ann import require_faiss  # noqa: PLC0415 (faiss, only where a bundle is loaded)
 
     return ServingBundle(
