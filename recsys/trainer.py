@@ -40,6 +40,7 @@ from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.evaluation.sharded import Evaluator, SplitFigures
 from recsys.lr_schedule import LrSchedule
 from recsys.rundir.checkpoint import TrainerState
+from recsys.rundir.links import refuse_link
 from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import MetricsLog
 from recsys.rundir.preemption import Preempted, PreemptionHandler
@@ -217,6 +218,8 @@ class Trainer:
         self.pipeline, self.train_step = make_train_step(tcfg.pipeline, self.sharded, env, precision)
         self.steps_per_epoch = min(len(self.batches), tcfg.max_steps_per_epoch or len(self.batches))
         self.checkpoints.tidy_logs(self.state.step if resume_from is not None else None)
+        if env.is_main:
+            refuse_link(self.run_dir / "metrics.jsonl")  # appended to where it is: never through a link
         self.metrics_log = MetricsLog(self.run_dir, enabled=env.is_main)
         try:
             self.preemption.install()  # SIGTERM / Ctrl-C now set a flag; checked after every step

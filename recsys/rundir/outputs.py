@@ -9,7 +9,6 @@ from typing import Any
 
 from recsys.atomic import write_json_atomic, write_text_atomic
 from recsys.markdown import markdown_table
-from recsys.rundir.links import refuse_link
 
 __all__ = ["MetricsLog", "drop_records_after", "format_results_table", "write_json_atomic"]
 
@@ -44,7 +43,8 @@ def _purge_step(run_dir: Path) -> int | None:
 
 
 class MetricsLog:
-    """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard."""
+    """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard (the trainer refuses a
+    metrics.jsonl that is a symbolic link first: recsys/rundir/links.py)."""
 
     def __init__(self, run_dir: Path, *, enabled: bool) -> None:
         self.enabled = enabled
@@ -52,7 +52,6 @@ class MetricsLog:
             return
         from torch.utils.tensorboard import SummaryWriter  # imported lazily: slow, and rank 0 only
 
-        refuse_link(run_dir / "metrics.jsonl")  # appended to where it is
         self._file = open(run_dir / "metrics.jsonl", "a")
         # resumed after a crash: TensorBoard hides the crashed attempt's events past the records kept
         self._tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=_purge_step(run_dir))

@@ -290,22 +290,21 @@ def test_a_training_refuses_to_append_through_a_link(tmp_path, data_root, monkey
     assert outside.read_text() == "someone's file\n"
 
 
-def test_the_files_a_run_writes_in_place_are_never_links_when_fit_opens_them(tmp_path):
+def test_fit_refuses_a_lock_that_is_a_link(tmp_path, data_root, process_group):
+    """What the Hydra callback cannot see (a sweep's jobs, fit() called directly): checked where it is opened. (A
+    metrics.jsonl link there is moved aside with the crashed attempt's logs, or refused by the trainer on a resume.)"""
+    from recsys.run import fit
     from recsys.rundir.links import LinkedFile
-    from recsys.rundir.outputs import MetricsLog
+    from tests.helpers.config import tiny_config
 
     outside = tmp_path / "outside.txt"
     outside.write_text("x")
-    for name, open_it in (
-        (".lock", lambda d: RunLock(d).acquire()),
-        ("metrics.jsonl", lambda d: MetricsLog(d, enabled=True)),
-    ):
-        run_dir = tmp_path / name.strip(".")
-        run_dir.mkdir()
-        (run_dir / name).symlink_to(outside)
-        with pytest.raises(LinkedFile, match=rf"^{run_dir / name} is a symbolic link"):
-            open_it(run_dir)
-    assert outside.read_text() == "x"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").symlink_to(outside)
+    with pytest.raises(LinkedFile, match=rf"^{run_dir / '.lock'} is a symbolic link"):
+        fit(tiny_config([f"data.root={data_root}", *SHORT]), run_dir)
+    assert outside.read_text() == "x" and not (run_dir / "checkpoints").exists()
 
 
 def test_export_refuses_a_job_log_that_is_a_link(tmp_path, monkeypatch, capsys):
