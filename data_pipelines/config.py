@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from data_pipelines.errors import ConfigError
+from data_pipelines.errors import ConfigError, one_line
 
 T = TypeVar("T")
 
@@ -256,13 +256,17 @@ def to_typed(cfg: DictConfig, schema: type[T]) -> T:
     """A composed ``DictConfig`` -> an instance of the dataclass ``schema`` it was built on.
 
     Raises on keys no schema declares and on required (``???``) values left unset; types and enum
-    names were checked by Hydra when it composed the config.
+    names were checked by Hydra when it composed the config; a dataclass's own check (``__post_init__``) that
+    refuses a value is a ``ConfigError`` too (one line, like the others).
     """
     reject_unknown_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"config values required but not set: {', '.join(missing)}")
-    obj: Any = OmegaConf.to_object(cfg)
+    try:
+        obj: Any = OmegaConf.to_object(cfg)
+    except ValueError as e:
+        raise ConfigError(one_line(e)) from None
     if not isinstance(obj, schema):
         raise TypeError(f"expected a config built on the {schema.__name__} schema, got {type(obj).__name__}")
     return obj

@@ -91,7 +91,10 @@ def _prepare(cfg: DataConfig) -> Path:
         if unsupported:
             raise ConfigError(f"data.source=synthetic: {unsupported} apply to MovieLens only; set them to 0")
 
-        spec = SyntheticSpec(**asdict(cfg.synthetic))
+        try:
+            spec = SyntheticSpec(**asdict(cfg.synthetic))
+        except ValueError as e:  # the spec's own checks name its fields: they are data.synthetic.*'s
+            raise ConfigError(str(e).replace("SyntheticSpec", "data.synthetic")) from None
         return Path(
             prepare_synthetic(spec, protocol=cfg.protocol, split_seed=cfg.split_seed, root=Path(cfg.root))
         ).resolve()

@@ -190,7 +190,8 @@ def write_bundle(
             ranked = np.flatnonzero(~unranked.numpy()).astype(np.int64)
         require_faiss().write_index(build_index(embeddings, index, ids=ranked), str(tmp / "index.faiss"))
         _write_catalogue(tmp, data, cfg, manifest)
-        manifest["files"] = sorted(p.name for p in tmp.iterdir())  # load_bundle refuses a bundle missing one
+        # every file, those of parts/ and vocab/ too: load_bundle refuses a bundle missing one, naming it
+        manifest["files"] = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         check_replaceable(out)  # again: something may have appeared there while the items were embedded

@@ -63,7 +63,7 @@ from recsys.run_checks import (
 from recsys.rundir.checkpoint import load_checkpoint
 from recsys.rundir.config import checkpoint_dir, load_run_config
 from recsys.rundir.dir import RESULTS_FILE, check_finished_evaluation, result_ks
-from recsys.rundir.lock import lock_run_dir
+from recsys.rundir.lock import lock_run_dir, reading_run_dir
 from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import format_results_table
 from recsys.rundir.record import write_run_record
@@ -362,8 +362,20 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, w
     return TrainedRun(data, sharded, path)
 
 
+def reading_run(run_dir: Path):
+    """Context: ``run_dir`` read by evaluate / export, refused while a training writes it (or the run its refit dir
+    lies in): recsys/rundir/lock.py."""
+    within = [run_dir.parent] if run_dir.name == REFIT_DIR else []
+    return reading_run_dir(*within, run_dir)
+
+
 def evaluate_run(ecfg: EvaluateConfig) -> dict | None:
     """Collective over all ranks: the offline report of a trained run; returns it on rank 0 (None elsewhere)."""
+    with reading_run(Path(ecfg.run_dir)):  # every rank, before anything is read
+        return _evaluate_run(ecfg)
+
+
+def _evaluate_run(ecfg: EvaluateConfig) -> dict | None:
     run_dir = Path(ecfg.run_dir)
     cfg = load_run_config(run_dir, ecfg.checkpoint)
     load_plugins(cfg.eval.plugins)  # the run's plug-in rankers, as it ranked with them

@@ -19,7 +19,7 @@ from recsys.rankers.parts import BundleRun
 from recsys.rankers.served import Served
 from recsys.rankers.served_dir import SERVED_DIR, load_served
 from recsys.rankers.two_tower.weights import served_from_weights
-from recsys.run import REFIT_DIR, load_trained
+from recsys.run import REFIT_DIR, load_trained, reading_run
 from recsys.run_checks import check_exportable, check_index_kind, export_stage_dir
 from recsys.rundir.config import load_run_config
 
@@ -58,8 +58,13 @@ def export_run(ecfg: ExportConfig) -> Path:
 
     The bundle serves the run's headline ranker as its evaluation stage fit it for test (``<run dir>/served/``), of
     the refit where the run has one (``stage=selection``: the run's own); ``checkpoint=PATH`` (other weights than the
-    best epoch's), or a run without served/, exports the two-tower alone.
+    best epoch's), or a run without served/, exports the two-tower alone; refused while a training runs there.
     """
+    with reading_run(Path(ecfg.run_dir)):  # every rank, before anything is read or written
+        return _export_run(ecfg)
+
+
+def _export_run(ecfg: ExportConfig) -> Path:
     run_dir = Path(ecfg.run_dir)
     out = Path(ecfg.out_dir) if ecfg.out_dir else run_dir / "export"
     check_index_kind(ecfg.index)

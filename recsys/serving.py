@@ -5,7 +5,8 @@ CPU process (torch, numpy, pyarrow, faiss only)::
 
     <bundle>/
       manifest.json        format, the served ranker ("served": its parts and their fusion weights) and its point,
-                           counts, the catalogue's feature columns, source run
+                           counts, the catalogue's feature columns, source run, "files": every file below (relative
+                           paths; load_bundle refuses a bundle missing one, naming it)
       parts/<i>-<ranker>/  each part of the served ranker, written and read by its ranker's registered part type
                            (recsys/rankers/parts.py; the two-tower's: its query encoder, recsys/rankers/two_tower/part.py)
       fusion/              covariance_<i>.npy float64 [D_i, D_i]: each part's item covariance, when parts are fused
@@ -78,9 +79,24 @@ class ServingBundle:
         """float32 [num_items, D]: the served ranker's item vectors (item_embeddings.npy)."""
         return self.served.items()
 
-    def _query(self, user_ids, history_lengths, history_items) -> Query:
+    @property
+    def reads_users(self) -> bool:
+        """Whether the served ranker's query reads the user (a user-id table, a user's side features): without, a
+        user id given is refused (it would change nothing), and queries are their histories alone."""
+        return self.served.reads_users
+
+    def _check_reads_users(self, given, name: str, reads: bool) -> None:
+        if given is not None and not reads:
+            raise ValueError(
+                f"{name}: the served ranker ({self.served.name}) reads no user: its query is the history alone (no "
+                f"user-id table or user feature), so a user id would change nothing; pass {name}=None "
+                "(bundle.reads_users says which bundles read one)"
+            )
+
+    def _query(self, user_ids, history_lengths, history_items, reads_users: bool | None = None) -> Query:
         """The queries checked against each other and the bundle's counts, each user's items counted once at their
-        latest position (recsys/serving_inputs.py)."""
+        latest position (recsys/serving_inputs.py); user ids only where the ranker (``reads_users``) reads them."""
+        self._check_reads_users(user_ids, "user_ids", self.reads_users if reads_users is None else reads_users)
         items = item_indices(history_items, self.manifest["num_items"], "history_items")
         users = user_indices(user_ids, self.manifest["num_users"])
         num_users = len(np.asarray(history_lengths).reshape(-1)) if users is None else len(users)
@@ -94,7 +110,7 @@ class ServingBundle:
         """Query vectors ``B x D`` of the served ranker (rank items by <query, item_embeddings>).
 
         ``user_ids``: dataset indices (vocab/users.parquet maps raw ids), or None: queries without a user (no user
-        row); ``history_items``: every user's items, concatenated in user order, oldest first (``history_lengths``
+        row; a ranker that reads no user, ``reads_users``, refuses them); ``history_items``: every user's items, concatenated in user order, oldest first (``history_lengths``
         per user), each counted once at its latest position. Each part reads what it reads of them (the two-tower
         its latest manifest history_length items; the graph filter every distinct item).
         """
@@ -104,7 +120,8 @@ class ServingBundle:
         self, ranker: str, user_ids: np.ndarray | None, history_lengths: np.ndarray, history_items: np.ndarray
     ) -> torch.Tensor:
         """The query vectors of one part of the served ranker (manifest "parts"), as ``encode`` takes the queries."""
-        return self.served.part(ranker).encode(self._query(user_ids, history_lengths, history_items), self.catalogue)
+        part = self.served.part(ranker)
+        return part.encode(self._query(user_ids, history_lengths, history_items, part.reads_users), self.catalogue)
 
     def encode_raw(
         self, user_raw_ids: np.ndarray | None, history_lengths: np.ndarray, history_raw_ids: np.ndarray
@@ -116,6 +133,7 @@ class ServingBundle:
             raise ValueError(
                 "encode_raw: this bundle's tables are indexed by the dataset's ids (model.id_mapping=vocab)"
             )
+        self._check_reads_users(user_raw_ids, "user_raw_ids", self.reads_users)
         raw_items = as_raw_ids(history_raw_ids, "history_raw_ids")
         anonymous = user_raw_ids is None
         user_raw = None if anonymous else as_raw_ids(user_raw_ids, "user_raw_ids")
@@ -140,11 +158,12 @@ class ServingBundle:
         fewer items are left to recommend (never padding).
 
         ``history``: the user's item indices, oldest first (vocab/items.parquet maps raw ids), each counted once;
-        ``user_id``: their index, read by a model with a user-id table (None: a query without a user, which uses
-        no user row). ``exclude_seen``: the history is never recommended, as the evaluation masks it. Ties go to
+        ``user_id``: their index, read by a model with a user-id table or user features (None: a query without a user,
+        which uses no user row; a ranker that reads no user, ``reads_users``, refuses one). ``exclude_seen``: the history is never recommended, as the evaluation masks it. Ties go to
         the lower item index. The items of unranked_items.npy (never-trained ids of a managed run) are never
         recommended.
         """
+        self._check_reads_users(user_id, "user_id", self.reads_users)
         items = history_indices(history, self.manifest["num_items"])
         user = user_index(user_id, self.manifest["num_users"])
         ids, scores = self.recommend_batch(
@@ -166,6 +185,7 @@ class ServingBundle:
         if isinstance(histories, (str, bytes)) or not hasattr(histories, "__len__"):
             raise ValueError(f"histories: expected a list of histories (one sequence per user), got {histories!r}")
         histories = [history_indices(h, num_items, f"histories[{i}]") for i, h in enumerate(histories)]
+        self._check_reads_users(user_ids, "user_ids", self.reads_users)
         users = user_indices(user_ids, self.manifest["num_users"], len(histories))
         lengths = np.array([len(h) for h in histories], dtype=np.int64)
         ranked = np.ones(num_items, dtype=bool) if self.unranked is None else ~self.unranked
@@ -205,9 +225,12 @@ def load_bundle(path: str | Path) -> ServingBundle:
             f"{manifest_path}: format {manifest.get('format')!r}, this code reads {BUNDLE_FORMAT!r}; "
             "export the run again (python -m recsys.export run_dir=...)"
         )
-    for name in manifest.get("files", []):  # every file export wrote (bundles before the list: not checked)
-        if not (root / name).exists():
-            raise MissingPath(f"{root / name}: missing; the bundle is incomplete (its manifest lists it): export again")
+    # every file export wrote (bundles before the list: not checked; before it named parts/'s files: its folders)
+    for name in manifest.get("files", []):
+        if not (root / name).exists():  # named by its outermost missing folder (vocab/, not vocab/items.parquet)
+            outer = [*reversed(Path(name).parents[:-1]), Path(name)]
+            missing = next(root / p for p in outer if not (root / p).exists())
+            raise MissingPath(f"{missing}: missing; the bundle is incomplete (its manifest lists it): export again")
     from recsys.evaluation.ann import require_faiss  # noqa: PLC0415 (faiss, only where a bundle is loaded)
 
     return ServingBundle(

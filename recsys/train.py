@@ -6,7 +6,7 @@
     $ python -m recsys.train +experiment=movielens tune.budget_minutes=20   # search on valid, then train the best
 
 Outputs land in runs/<run_name>/ (results.json, metrics.jsonl, tb/, train.log). On SIGTERM it checkpoints
-and exits with status 75 (recsys/rundir/preemption.py); the same command resumes.
+and exits with status 75, on Ctrl-C with 130 (recsys/rundir/preemption.py); the same command resumes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from recsys.config import register_configs, to_config
 from recsys.logs import setup_logging
 from recsys.refusals import refusals
 from recsys.run import fit, search_trial
-from recsys.rundir.preemption import PREEMPTED_EXIT_CODE, Preempted
+from recsys.rundir.preemption import INTERRUPTED_EXIT_CODE, Preempted
 from recsys.rundir.record import has_record, write_run_record
 from recsys.tune.tuned_run import tune_and_fit
 
@@ -63,9 +63,15 @@ def main(cfg: DictConfig) -> None:
                 fit(typed, run_dir, record_files)
             else:  # the budgeted search on valid, then the chosen settings trained (recsys/tune/search.py)
                 tune_and_fit(typed, run_dir, fit, search_trial, record_files)
-        except Preempted as e:  # SIGTERM: checkpointed; a status schedulers can tell from a failure
+        except Preempted as e:  # SIGTERM / Ctrl-C: checkpointed; a status schedulers can tell from a failure
             print(str(e), file=sys.stderr)
-            sys.exit(PREEMPTED_EXIT_CODE)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C outside the training loop (preparing, ranking): nothing to save there
+            print(
+                "interrupted (Ctrl-C); run the same command again to go on from the run's last checkpoint",
+                file=sys.stderr,
+            )
+            sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

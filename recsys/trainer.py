@@ -40,6 +40,7 @@ from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.evaluation.sharded import Evaluator, SplitFigures
 from recsys.lr_schedule import LrSchedule
 from recsys.rundir.checkpoint import TrainerState
+from recsys.rundir.links import refuse_link
 from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import MetricsLog
 from recsys.rundir.preemption import Preempted, PreemptionHandler
@@ -217,13 +218,15 @@ class Trainer:
         self.pipeline, self.train_step = make_train_step(tcfg.pipeline, self.sharded, env, precision)
         self.steps_per_epoch = min(len(self.batches), tcfg.max_steps_per_epoch or len(self.batches))
         self.checkpoints.tidy_logs(self.state.step if resume_from is not None else None)
+        if env.is_main:
+            refuse_link(self.run_dir / "metrics.jsonl")  # appended to where it is: never through a link
         self.metrics_log = MetricsLog(self.run_dir, enabled=env.is_main)
         try:
-            self.preemption.install()  # SIGTERM now sets a flag; checked after every step
+            self.preemption.install()  # SIGTERM / Ctrl-C now set a flag; checked after every step
             while not self.state.early_stopped and self.state.epoch < tcfg.epochs and not self._past_deadline():
                 self.train_epoch()
                 self.validate()
-            self.preemption.restore()  # what follows is not resumable work: SIGTERM stops it at once again
+            self.preemption.restore()  # what follows is not resumable work: SIGTERM / Ctrl-C stop it at once again
             best = self.checkpoints.restore_best(self.state)
         finally:
             self.preemption.restore()
@@ -273,7 +276,7 @@ class Trainer:
             if self.preemption.should_stop(state.step):  # SIGTERM: this step is done, checkpoint it and stop
                 self._count_train_time()
                 self.checkpoint()
-                raise Preempted(state.step, str(self.checkpoints.step_path(state.step)))
+                raise Preempted(state.step, str(self.checkpoints.step_path(state.step)), self.preemption.signum)
             _maybe_inject_fault(self.cfg, env, state.step)
         progress.close()
         self._count_train_time()
@@ -347,7 +350,7 @@ class Trainer:
             state.early_stopped = True  # the search's pruner: this trial is behind the others at this epoch
         self.checkpoint()
         if self.preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written
-            raise Preempted(state.step, str(self.checkpoints.step_path(state.step)))
+            raise Preempted(state.step, str(self.checkpoints.step_path(state.step)), self.preemption.signum)
 
     def _log_managed(self, epoch: int) -> None:
         """model.id_mapping=managed: each managed table's rows, ids held, ids admitted and evicted so far."""

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> dict:
     bounds = timeline.user_bounds(data.num_users)
     histories = [timeline.item_ids[bounds[u] : bounds[u + 1]] for u in users]
     lengths = np.array([len(h) for h in histories])
-    queries = bundle.encode(users, lengths, np.concatenate(histories))
+    # the users where the query reads them (the bundle refuses user ids its ranker would ignore)
+    queries = bundle.encode(users if bundle.reads_users else None, lengths, np.concatenate(histories))
     exclude = UserItemCSR.from_pairs(np.repeat(np.arange(len(users)), lengths), np.concatenate(histories),
                                      num_users=len(users), num_items=data.num_items)  # fmt: skip
     relevant = UserItemCSR.from_pairs(test.user_ids, test.item_ids, num_users=data.num_users, num_items=data.num_items)

@@ -39,7 +39,8 @@ def first_bad_csv_row(path: Path, delimiter: str, header: bool) -> str:
 
 
 def read_csv_header(path: Path, columns: list[str] | None, delimiter: str) -> list[str]:
-    """The header's names; a DatasetError when one of ``columns`` is not among them."""
+    """The header's names; a DatasetError when one of ``columns`` (None: any column) is not among them, or is
+    there twice (Arrow would read the first silently: which one is meant, only the user knows)."""
     read = pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES)
     parse = pacsv.ParseOptions(delimiter=delimiter)
     try:
@@ -56,6 +57,12 @@ def read_csv_header(path: Path, columns: list[str] | None, delimiter: str) -> li
         raise DatasetError(
             f"{path}: no column(s) {missing} in the header {names} (delimiter {delimiter!r}); "
             "set data.interactions.*_column to the right names"
+        )
+    twice = sorted({c for c in (names if columns is None else columns) if names.count(c) > 1})
+    if twice:
+        raise DatasetError(
+            f"{path}: column(s) {twice} appear more than once in the header {names} (delimiter {delimiter!r}); "
+            "which is meant is unknown: rename or drop the copies"
         )
     return names
 
@@ -110,6 +117,8 @@ def csv_batches(
     names = source_names(columns, header)
     text = {name: pa.string() for name in source_names(text_columns, header)}
     convert = pacsv.ConvertOptions(include_columns=names, column_types=text)
+    if header:  # a missing or repeated column named before any parsing
+        read_csv_header(path, columns, delimiter)
     reader = None
     try:
         reader = pacsv.open_csv(

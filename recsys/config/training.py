@@ -127,8 +127,9 @@ class TrainerConfig:
     init_optimizer: bool = False  # true: init_from's optimizer state too (a step checkpoint's: the incremental runs of docs/continuous-training.md)
     checkpoint_every_steps: int = 0  # also checkpoint every N steps inside an epoch; 0 = at epoch ends only
     keep_last_checkpoints: int = 2  # step checkpoints kept (the best-epoch weights are kept apart)
-    # on SIGTERM (preemption): finish the step, checkpoint, exit with status 75; seconds from the signal to the
-    # exit at most (without a checkpoint if it takes longer): keep it below the scheduler's grace; 0 = SIGTERM kills at once
+    # on SIGTERM (preemption) or Ctrl-C: finish the step, checkpoint, exit with status 75 (Ctrl-C: 130); seconds from
+    # the signal to the exit at most (without a checkpoint if it takes longer): keep it below the scheduler's grace;
+    # 0 = SIGTERM kills at once
     preemption_grace_s: float = 25.0
     fault_at_step: int = 0  # fault injection for tests: exit(13) after this step on the first attempt; 0 disables
     fault_rank: int = 0  # the rank that fails when fault_at_step is set

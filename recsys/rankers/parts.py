@@ -71,6 +71,9 @@ class ServedPart(ABC):
     """One dot-product ranker at its chosen point: item vectors float32 [I, D], and ``encode``."""
 
     ranker: ClassVar[str] = ""  # the eval.rankers name it serves (``register_part``)
+    # whether its queries read the user (a user row, a user's side features): the bundle refuses user ids given to a
+    # ranker none of whose parts reads them; true unless a part type says otherwise (a plug-in's are never refused)
+    reads_users: ClassVar[bool] = True
 
     def __init__(self, items: torch.Tensor, unranked: torch.Tensor | None = None) -> None:
         """``unranked``: bool [I], items it has no vector of its own for, never recommended; None: none."""

@@ -42,6 +42,11 @@ class Served:
     def name(self) -> str:
         return "+".join(p.ranker for p in self.parts)
 
+    @property
+    def reads_users(self) -> bool:
+        """Whether any part's queries read the user (``ServedPart.reads_users``)."""
+        return any(p.reads_users for p in self.parts)
+
     def items(self) -> torch.Tensor:
         """float32 [I, sum of the parts' D]."""
         return (

@@ -4,12 +4,16 @@
 - ``RunDirMustExist`` (conf/evaluate.yaml, conf/export.yaml): ``recsys.evaluate`` / ``recsys.export``
   refuse a missing ``run_dir`` argument (Hydra would fail on its own run dir, ``${run_dir}/...``), and a
   ``run_dir`` that does not exist, before Hydra creates their output dir (``<run_dir>/eval``, ``<run_dir>``)
-  in it: a typo must not leave an empty run behind.
+  in it: a typo must not leave an empty run behind; and a run dir a training holds (its ``.lock``: they would
+  read weights and results that are still changing).
 - ``RunNameStaysInRuns`` (conf/config.yaml): ``recsys.train``'s ``run_name`` names a folder of
   ``runs/`` of its own: absolute, with ``..``, or through a symbolic link (to another run, or out of
   ``runs/``) it is refused, so no checkpoint, lock or ``.hydra/`` lands outside ``runs/`` or in
   another run's folder; a run dir another training holds (its ``.lock``) is refused before Hydra
   opens its train.log (its ``.hydra/`` only the run that trains there writes: recsys/rundir/record.py).
+
+Both refuse a job log (``train.log``, ``export.log``, ``eval/evaluate.log``) or ``.lock`` / ``metrics.jsonl`` that
+is a symbolic link before Hydra appends to it (recsys/rundir/links.py).
 
 Both print one line (``error: ...``) and exit 1: Hydra turns a callback's exception into a warning
 and goes on.
@@ -25,12 +29,22 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from recsys.rundir.lock import held_elsewhere
+from recsys.rundir.links import APPENDED, link_problem
+from recsys.rundir.lock import RunDirLockedError, held_elsewhere, reading_run_dir
 
 
 def _refuse(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+def _refuse_links(config: DictConfig, names: tuple[str, ...] = ()) -> None:
+    """The job's log (Hydra opens it next, to append) and ``names`` in its run dir: none a symbolic link."""
+    run_dir = Path(str(config.hydra.run.dir))
+    for path in (run_dir / f"{config.hydra.job.name}.log", *(run_dir / name for name in names)):
+        problem = link_problem(path)
+        if problem:
+            _refuse(problem)
 
 
 class RunDirMustExist(Callback):
@@ -46,6 +60,13 @@ class RunDirMustExist(Callback):
                 f"run_dir={run_dir}: no such run dir (nothing was created there); give the folder "
                 "`python -m recsys.train` wrote, e.g. runs/<run_name>"
             )
+        if isinstance(run_dir, str) and run_dir and run_dir != "???":
+            try:  # a probe: the entry point takes the lock again for its work (recsys.run.reading_run)
+                with reading_run_dir(Path(run_dir)):
+                    pass
+            except RunDirLockedError as e:
+                _refuse(str(e))
+            _refuse_links(config)
 
 
 def run_name_problem(run_name: str, run_dir: str) -> str | None:
@@ -55,7 +76,8 @@ def run_name_problem(run_name: str, run_dir: str) -> str | None:
     if (
         not run_name
         or name.is_absolute()
-        or any(part in ("..", ".") for part in name.parts)
+        or not name.parts  # "." or "./": runs/ itself, beside every other run
+        or any(part in ("..", ".") for part in run_name.split("/"))  # as typed: PurePath drops "."
         or run_name != run_name.strip()
     ):
         return (
@@ -84,6 +106,8 @@ class RunNameStaysInRuns(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._check(config, str(config.hydra.run.dir))
+        if self.probe_lock:  # a run that writes a run dir (data_pipelines.prepare writes none)
+            _refuse_links(config, APPENDED)
         if self.probe_lock and int(os.environ.get("RANK", "0")) == 0:  # rank 0 locks; another may find its own lock
             held = held_elsewhere(Path(str(config.hydra.run.dir)))
             if held:  # refused before Hydra opens that run's train.log (the lock itself is taken in fit)

@@ -8,6 +8,10 @@ exits however it dies (SIGKILL, OOM), so a lock left by a dead run is stale by c
 taken over (with a warning naming the old owner). The file's content (host, pid, start time) is
 only for the messages. On several hosts the run dir must be on a shared file system whose locks
 reach every host (NFSv4, Lustre, GPFS do).
+
+``recsys.evaluate`` and ``recsys.export`` read a run dir under a shared lock on the same file (:func:`reading_run_dir`):
+refused while a training holds it (its weights, results and served ranker still change), and a training started
+while they read is refused in turn.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from recsys.refusals import ANOTHER_RUN_DIR, RunRefused
+from recsys.rundir.links import refuse_link
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +45,13 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        refuse_link(self.path)  # written where it is: never through a link
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # NOFOLLOW: a link made meanwhile
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunDirLockedError(
-                f"{self.path.parent}: another training holds this run dir ({_describe(self.path)}); "
-                f"wait for it to finish, or train in {ANOTHER_RUN_DIR}"
-            ) from None
+            raise RunDirLockedError(_held_by_other(self.path)) from None
         previous = _read(self.path)
         if previous:  # its owner exited without releasing (killed): the kernel dropped its flock
             log.warning(
@@ -87,13 +92,43 @@ def held_elsewhere(run_dir: Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return (
-            f"{path.parent}: another training holds this run dir ({_describe(path)}); "
-            f"wait for it to finish, or train in {ANOTHER_RUN_DIR}"
-        )
+        return _held_by_other(path)
     finally:
         os.close(fd)  # drops the probe's flock, if it got it
     return None
+
+
+def _held_by_other(path: Path) -> str:
+    """Why a training cannot take ``path``: a training holds it (the owner wrote itself in), or only readers do."""
+    if _read(path):
+        who = f"another training holds this run dir ({_describe(path)})"
+    else:  # readers write nothing; a training that released it emptied the file
+        who = f"recsys.evaluate or recsys.export is reading this run dir (lock file {path})"
+    return f"{path.parent}: {who}; wait for it to finish, or train in {ANOTHER_RUN_DIR}"
+
+
+@contextmanager
+def reading_run_dir(*run_dirs: Path) -> Iterator[None]:
+    """Hold a shared lock on each run dir's ``.lock`` (a refit dir's and the run dir it lies in, whose training writes
+    both) while evaluate / export read them; a live training's exclusive lock refuses them, naming it.
+
+    A dir without ``.lock`` (never trained here, or by an older version) is read as it is: nothing is created."""
+    with ExitStack() as stack:
+        for folder in run_dirs:
+            path = Path(folder) / LOCK_FILE
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            stack.callback(os.close, fd)  # drops the shared flock
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunDirLockedError(
+                    f"{path.parent}: a training is running in this run dir ({_describe(path)}); its weights, results "
+                    "and served ranker are still changing: wait for it to finish, then run this again"
+                ) from None
+        yield
 
 
 def _read(path: Path) -> dict:

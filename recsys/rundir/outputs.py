@@ -43,7 +43,8 @@ def _purge_step(run_dir: Path) -> int | None:
 
 
 class MetricsLog:
-    """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard."""
+    """Appends one JSON object per record to metrics.jsonl and mirrors scalars to TensorBoard (the trainer refuses a
+    metrics.jsonl that is a symbolic link first: recsys/rundir/links.py)."""
 
     def __init__(self, run_dir: Path, *, enabled: bool) -> None:
         self.enabled = enabled

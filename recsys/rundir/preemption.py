@@ -1,10 +1,13 @@
-"""Preemption: on SIGTERM, finish the current step, checkpoint, and exit with a status of its own.
+"""Preemption: on SIGTERM (or Ctrl-C), finish the current step, checkpoint, and exit with a status of its own.
 
 Kubernetes, Slurm and torchrun's agent send SIGTERM some seconds before SIGKILL. Without a handler
 the run dies at once and loses every step since its last checkpoint. With one (installed by the
 trainer while it trains), the signal only sets a flag; after each step the ranks agree on it, write a
 checkpoint together and stop with :class:`Preempted`, which ``recsys.train`` turns into exit status
 :data:`PREEMPTED_EXIT_CODE`. A rerun (``trainer.resume=auto``) continues at the next unseen batch.
+
+Ctrl-C (SIGINT) is handled the same way, with the shell's status for it (130) and one line instead of a
+``KeyboardInterrupt`` traceback; a second Ctrl-C exits at once, without a checkpoint (the previous one is intact).
 
 ``trainer.preemption_grace_s`` bounds the time from the signal to the exit: set it below the
 scheduler's own grace period (Kubernetes: 30 s by default). If the step and the checkpoint have not
@@ -28,17 +31,27 @@ log = logging.getLogger(__name__)
 
 # EX_TEMPFAIL (sysexits.h): "try again later" -- not a success (0) and not a failure (1) to debug
 PREEMPTED_EXIT_CODE = 75
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a program stopped by Ctrl-C
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_code(signum: int) -> int:
+    return INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else PREEMPTED_EXIT_CODE
+
+
+def signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
 
 
 class Preempted(Exception):
-    """Training stopped on SIGTERM after writing ``checkpoint`` (the run resumes from it)."""
+    """Training stopped on SIGTERM or Ctrl-C after writing ``checkpoint`` (the run resumes from it)."""
 
-    def __init__(self, step: int, checkpoint: str) -> None:
+    def __init__(self, step: int, checkpoint: str, signum: int = signal.SIGTERM) -> None:
+        how = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "preempted (SIGTERM)"
         super().__init__(
-            f"preempted (SIGTERM): stopped after step {step}, checkpoint {checkpoint}; "
-            "run the same command again to resume from it"
+            f"{how}: stopped after step {step}, checkpoint {checkpoint}; run the same command again to resume from it"
         )
-        self.step, self.checkpoint = step, checkpoint
+        self.step, self.checkpoint, self.exit_code = step, checkpoint, exit_code(signum)
 
 
 # steps between the ranks' agreements on a stop: milliseconds each on a GPU, well inside any grace period on CPU
@@ -46,7 +59,7 @@ COLLECTIVE_EVERY_STEPS = 16
 
 
 class PreemptionHandler:
-    """Context manager: SIGTERM sets a flag (and starts the grace-period watchdog) instead of killing."""
+    """Context manager: SIGTERM or SIGINT sets a flag (and starts the grace-period watchdog) instead of killing."""
 
     def __init__(
         self, grace_s: float, *, rank: int = 0, world_size: int = 1, device: torch.device = torch.device("cpu")
@@ -54,7 +67,9 @@ class PreemptionHandler:
         self.grace_s = grace_s
         self.rank, self.world_size, self.device = rank, world_size, device
         self.requested = False
-        self._previous = None  # the SIGTERM handler before install (may itself be None: set outside Python)
+        self.signum = signal.SIGTERM  # the signal that asked for the stop
+        self._previous: dict = {}  # the handlers before install (each may be None: set outside Python)
+        self._interrupts = 0  # Ctrl-Cs seen by the watcher: the second exits at once
         self._installed = False
         self._lock = threading.Lock()
         self._watchdog: threading.Timer | None = None
@@ -69,9 +84,9 @@ class PreemptionHandler:
     def install(self) -> None:
         if self.grace_s > 0 and not self._installed:
             try:
-                self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+                self._previous = {signum: signal.signal(signum, self._on_signal) for signum in SIGNALS}
             except ValueError:  # not the main thread: signals cannot be handled here
-                log.warning("trainer.preemption_grace_s: not on the main thread, SIGTERM is not handled")
+                log.warning("trainer.preemption_grace_s: not on the main thread, SIGTERM and Ctrl-C are not handled")
                 return
             self._installed = True
             # A Python signal handler runs only when the main thread returns to the interpreter: a rank blocked
@@ -81,13 +96,14 @@ class PreemptionHandler:
             writer.setblocking(False)
             self._writer = writer
             self._previous_wakeup_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-            threading.Thread(target=self._watch, args=(self._reader,), name="sigterm-watcher", daemon=True).start()
+            threading.Thread(target=self._watch, args=(self._reader,), name="signal-watcher", daemon=True).start()
 
     def restore(self) -> None:
-        """The previous SIGTERM handler back (idempotent)."""
+        """The previous SIGTERM and SIGINT handlers back (idempotent)."""
         with self._lock:
             if self._installed:
-                signal.signal(signal.SIGTERM, self._previous if self._previous is not None else signal.SIG_DFL)
+                for signum, previous in self._previous.items():
+                    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
                 signal.set_wakeup_fd(self._previous_wakeup_fd)
                 self._writer.close()  # the watcher's recv returns b"": it exits
                 self._installed = False
@@ -103,35 +119,44 @@ class PreemptionHandler:
                     return
                 if not data:
                     return
-                if signal.SIGTERM in data:
-                    self._on_signal(signal.SIGTERM, None)
+                self._interrupts += data.count(signal.SIGINT)
+                if self._interrupts >= 2:  # the user insists: stop now, as Ctrl-C would without the handler
+                    self._exit(signal.SIGINT, "a second Ctrl-C: exiting with status %d without a new checkpoint")
+                for signum in SIGNALS:
+                    if signum in data:
+                        self._on_signal(signum, None)
 
     def _on_signal(self, signum, frame) -> None:
         with self._lock:  # from the main thread's handler and from the watcher: whichever comes first
             if self.requested or not self._installed:
                 return
-            self.requested = True
+            self.requested, self.signum = True, signum
             self._watchdog = threading.Timer(self.grace_s, self._expire)
             self._watchdog.daemon = True
             self._watchdog.start()
         log.warning(
-            "SIGTERM on rank %d: finishing the current step, then checkpointing (at most %.0f s)",
+            "%s on rank %d: finishing the current step, then checkpointing (at most %.0f s)%s",
+            signal_name(signum),
             self.rank,
             self.grace_s,
+            "; Ctrl-C again exits at once, without a checkpoint" if signum == signal.SIGINT else "",
         )
 
     def _expire(self) -> None:
-        log.error(
-            "SIGTERM: no checkpoint within trainer.preemption_grace_s=%s s; exiting with status %d without one "
-            "(the run resumes from its previous checkpoint)",
-            self.grace_s,
-            PREEMPTED_EXIT_CODE,
+        self._exit(
+            self.signum,
+            f"no checkpoint within trainer.preemption_grace_s={self.grace_s} s; exiting with status %d without one",
         )
+
+    @staticmethod
+    def _exit(signum: int, why: str) -> None:
+        """Exit now (``why``: a %d for the status), the previous checkpoint kept for the rerun."""
+        log.error(f"{signal_name(signum)}: {why} (the run resumes from its previous checkpoint)", exit_code(signum))
         logging.shutdown()
-        os._exit(PREEMPTED_EXIT_CODE)
+        os._exit(exit_code(signum))
 
     def should_stop(self, step: int | None = None) -> bool:
-        """Collective: whether any rank got SIGTERM (every rank must stop at the same step to checkpoint together).
+        """Collective: whether any rank got SIGTERM or Ctrl-C (every rank must stop at the same step to checkpoint together).
 
         ``step``: the training step just done; with several ranks they agree every ``COLLECTIVE_EVERY_STEPS`` steps
         only (the all-reduce and its read-back are a host sync: every step, a GPU would wait on them), so a stop

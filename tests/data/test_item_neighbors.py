@@ -180,7 +180,7 @@ def test_trains_evaluates_and_exports_with_neighbors(run):
     two_tower = test["two_tower"]["recall@20"]
     assert saved["splits"]["test"]["metrics"][saved["model"]]["recall@20"] == pytest.approx(two_tower, abs=1e-6)
     bundle = load_bundle(export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(run_dir / "bundle"))))
-    queries = bundle.encode(np.array([0, 1]), np.array([2, 0]), np.array([0, 6]))
+    queries = bundle.encode(None, np.array([2, 0]), np.array([0, 6]))  # no user: a profile bag
     assert queries.shape == (2, bundle.item_embeddings.shape[1])
     two_tower_items = bundle.served.part("two_tower").items  # the fused vectors' first part
     assert torch.equal(two_tower_items, bundle.item_embeddings[:, : two_tower_items.shape[1]])

@@ -85,7 +85,7 @@ def test_report_and_bundle_without_categories(run):
     bundle_dir = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(run_dir / "bundle")))
     bundle = load_bundle(bundle_dir)
     assert bundle.manifest["num_categories"] == 0
-    queries = bundle.encode(np.array([0, 1]), np.array([2, 0]), np.array([0, 6]))
+    queries = bundle.encode(None, np.array([2, 0]), np.array([0, 6]))  # no user: a profile bag
     assert queries.shape == (2, bundle.item_embeddings.shape[1])
-    two_tower = bundle.encode_part("two_tower", np.array([0, 1]), np.array([2, 0]), np.array([0, 6]))
+    two_tower = bundle.encode_part("two_tower", None, np.array([2, 0]), np.array([0, 6]))
     assert torch.allclose(two_tower.norm(dim=1), torch.ones(2), atol=1e-5)

@@ -152,9 +152,9 @@ def test_bundle_loader_runs_no_code_from_the_bundle(bundle, tmp_path):
     torch.save(Payload(marker), encoder_dir / "query_encoder.pt2")
     expected = load_bundle(bundle)
     served = load_bundle(planted)
-    queries = served.encode(np.array([0, 1]), np.array([2, 0]), np.array([3, 4]))
+    queries = served.encode(None, np.array([2, 0]), np.array([3, 4]))  # no user: a profile bag
     torch.testing.assert_close(
-        served.scores(queries), expected.scores(expected.encode(np.array([0, 1]), np.array([2, 0]), np.array([3, 4])))
+        served.scores(queries), expected.scores(expected.encode(None, np.array([2, 0]), np.array([3, 4])))
     )
     assert not marker.exists()
     # the files it does read are weights-only / pickle-free

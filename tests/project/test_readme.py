@@ -193,14 +193,14 @@ def test_serving_example_runs(bundle):
     assert code.count('"runs/default/export"') == 1
     scope: dict = {}
     exec(compile(code.replace('"runs/default/export"', repr(str(bundle))), "docs/serving.md", "exec"), scope)
-    user_ids, top10, scores = scope["user_ids"], scope["top10_each"], scope["scores"]
-    assert top10.shape == (len(user_ids), 10) and scores.shape == (len(user_ids), 300)
+    num_queries, top10, scores = len(scope["history_lengths"]), scope["top10_each"], scope["scores"]
+    assert top10.shape == (num_queries, 10) and scores.shape == (num_queries, 300)
     assert not set(scope["history_items"][:2].tolist()) & set(top10[0].tolist())  # the masked items are not recommended
     # what the example says it computes: inner products with the bundle's item embeddings, best first
     expected = scope["queries"] @ torch.from_numpy(np.load(bundle / "item_embeddings.npy")).t()
     assert torch.equal(top10[1], expected[1].topk(10).indices)
     # recommend(): the same ranking for one user's history, from the FAISS index, the history masked
-    one = scope["bundle"].encode(np.array([0]), np.array([3]), scope["history"])
+    one = scope["bundle"].encode(None, np.array([3]), scope["history"])
     exact = (one @ torch.from_numpy(np.load(bundle / "item_embeddings.npy")).t())[0]
     exact[scope["history"]] = -float("inf")
     assert scope["top10"].tolist() == exact.topk(10).indices.tolist() and len(scope["top10_scores"]) == 10

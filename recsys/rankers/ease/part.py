@@ -31,6 +31,7 @@ def history_rows(query: Query, num_items: int) -> torch.Tensor:
 @register_part
 class EasePart(ServedPart):
     ranker = "ease"
+    reads_users = False  # a query is its items
 
     def encode(self, query: Query, catalogue: Catalogue) -> torch.Tensor:
         """float32 [B, I]: x_u, the query's items as a binary row."""

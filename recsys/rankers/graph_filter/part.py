@@ -19,6 +19,7 @@ from recsys.safe_load import numpy_load
 @register_part
 class GraphFilterPart(ServedPart):
     ranker = "graph_filter"
+    reads_users = False  # a query is its items
 
     def __init__(self, items: torch.Tensor, *, query_table: torch.Tensor, unranked: torch.Tensor | None = None) -> None:
         super().__init__(items, unranked)

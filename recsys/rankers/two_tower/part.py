@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recsys.data.layout import USER_COLUMN, USER_ID
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
 from recsys.data.raw_ids import KEY_SPACE, hash_keys_numpy
 from recsys.query_encoder import dynamic_shapes, example_inputs, load_encoder
@@ -68,6 +69,13 @@ class TwoTowerPart(ServedPart):
         super().__init__(items, unranked)
         self.encoder, self.entry, self.id_maps = encoder, dict(entry or {}), id_maps
         self.history_length = int(self.entry.get("history_length", 0))
+
+    @property
+    def reads_users(self) -> bool:  # type: ignore[override]
+        """A user-id table or a users.parquet side feature on the query tower (without an encoder: cannot tell)."""
+        if self.encoder is None:
+            return True
+        return any(source in (USER_ID, USER_COLUMN) for _, source in self.encoder.inputs)
 
     def for_bundle(self, run: BundleRun) -> ServedPart:
         id_maps = None
