@@ -89,6 +89,7 @@ FIELDS: dict[str, object] = {
     # the loss's settings as the flat fields they were before losses became components (``_flat_loss``)
     **{f"model.{k}": HASH for k in ("tower_dims", "temperature", "logq_correction", "logq_weight")},
     **{f"model.{k}": HASH for k in ("num_uniform_negatives", "loss", "margin", "negative_weight", "query_user_id")},
+    "model.negative_exponent": Absent(0.0),  # model.negatives.exponent
     "model.query_neighbors": Absent(False),  # resolved first: null and true build the same model
     "model.query_encoder": Absent(QueryEncoderKind.bag),
     **{f"model.sasrec.{k}": Absent(None, unless=_bag_encoder) for k in ("dim", "num_layers", "num_heads", "dropout")},
@@ -137,6 +138,8 @@ def fingerprint_values(cfg: Config) -> dict:
     """The data and model fields as ``FIELDS`` classifies them (the loss flattened: ``_flat_loss``)."""
     values = {"data": asdict(cfg.data), "model": asdict(cfg.model)}
     values["model"].update(_flat_loss(values["model"].pop("loss")))
+    negatives = values["model"].pop("negatives")  # num was model.num_uniform_negatives: its hash is unchanged
+    values["model"].update(num_uniform_negatives=negatives["num"], negative_exponent=negatives["exponent"])
     return values
 
 

@@ -76,9 +76,7 @@ def embedding_loaders(device: torch.device) -> dict[str, TrainBatches]:
     spec.loader.exec_module(bench_train)
     shape = bench_train.SHAPES["embedding"]
     data = bench_train.synthetic_data(shape)
-    kwargs = dict(
-        history_length=shape.history_length, global_batch_size=shape.batch_size, num_uniform_negatives=0, seed=0
-    )
+    kwargs = dict(history_length=shape.history_length, global_batch_size=shape.batch_size, num_negatives=0, seed=0)
     return {
         "device": TrainBatches(data, device=device, **kwargs),
         "host": TrainBatches(data, pin_memory=device.type == "cuda", **kwargs),

@@ -62,7 +62,7 @@ def child(dataset_dir: str, world_size: int, rank: int, history_length: int) -> 
             data,
             history_length=history_length,
             global_batch_size=1024 * max(1, world_size),
-            num_uniform_negatives=0,
+            num_negatives=0,
             seed=0,
             rank=rank,
             world_size=max(1, world_size),

@@ -122,7 +122,7 @@ MODEL = ModelConfig(
     tables={"user": TableConfig(64, "sum"), "item": TableConfig(64, "mean"), "category": TableConfig(32, "mean")},
     tower_dims=TOWER_DIMS,
     loss={"name": "softmax", "temperature": TEMPERATURE, "logq_correction": True},
-    num_uniform_negatives=0,
+    num_negatives=0,
 )
 
 
@@ -385,7 +385,7 @@ class Inputs:
 
 def prepare_inputs(shape: Shape, data: RetrievalData, args, device: torch.device) -> Inputs:
     source = TrainBatches(
-        data, history_length=shape.history_length, global_batch_size=shape.batch_size, num_uniform_negatives=0, seed=0
+        data, history_length=shape.history_length, global_batch_size=shape.batch_size, num_negatives=0, seed=0
     )
     rng = np.random.default_rng(1)
     host = [with_side_features(b, shape, rng) for _, b in zip(range(args.num_batches), source.epoch(0))]

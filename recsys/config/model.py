@@ -94,12 +94,27 @@ class ManagedConfig:
 
 
 @dataclass
+class NegativesConfig:
+    """Candidates drawn for the whole global batch beside its positives, shared by every query (each query is scored
+    against B + num candidates: one [B, B + num] product, in row blocks as the loss's block_mb says). The loss's logQ
+    takes their probability into account: q(i) = (B p(i) + num s(i)) / (B + num), s the distribution drawn from."""
+
+    # items drawn per global batch (with replacement, the same on every rank); 0 = the in-batch positives alone;
+    # -1 = the whole catalogue every step, no sampling: a full softmax (each query against every item once, no logQ)
+    num: int = 0
+    # drawn with probability proportional to (training count)^exponent: 0 = uniform, 1 = the items' training
+    # frequency (as the in-batch positives are), 0.75 = word2vec's; items never trained on get none when > 0
+    exponent: float = 0.0
+
+
+@dataclass
 class ModelConfig:
     tables: dict[str, TableConfig] = field(default_factory=dict)  # user / item / category tables + side tables
     # side features by name, beside the built-in user / item / category ones; {} = none (today's model)
     features: dict[str, FeatureConfig] = field(default_factory=dict)
     tower_dims: list[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
-    num_uniform_negatives: int = 0  # extra uniformly sampled candidates shared by the batch; 0 disables
+    # items sampled for the whole global batch beside its positives (model.negatives.num; -1: the whole catalogue)
+    negatives: NegativesConfig = field(default_factory=NegativesConfig)
     # the training loss, a component chosen by name (model/loss=NAME: conf/model/loss/NAME.yaml, whose settings the
     # sections below list; its code recsys/model/losses/NAME.py)
     loss: Any = field(default_factory=lambda: {"name": "softmax"})
@@ -137,7 +152,9 @@ def open_components(model_node: DictConfig) -> None:
 def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
     """model.* (with the data settings it reads): the loss, towers, tables, side features, the query's
     neighbours and sequence encoder, the managed ids."""
-    need(m.num_uniform_negatives >= 0, "model.num_uniform_negatives", m.num_uniform_negatives, "must be >= 0")
+    neg = m.negatives
+    need(neg.num >= -1, "model.negatives.num", neg.num, "must be >= 0, or -1 (the whole catalogue)")
+    need(0 <= neg.exponent <= 2, "model.negatives.exponent", neg.exponent, "must be in [0, 2] (0 uniform, 1 frequency)")
     m.loss.check(need, "model.loss")
     need(
         all(w >= 1 for w in m.tower_dims) and len(m.tower_dims) > 0,

@@ -148,13 +148,13 @@ def check_trainer(t: TrainerConfig, m: ModelConfig, d: DataConfig, need: Need) -
     """trainer.* (with the model and data settings it reads): batch size, epochs, refit, precision, logging,
     checkpoints, preemption, the step's pipeline."""
     need(t.global_batch_size >= 1, "trainer.global_batch_size", t.global_batch_size, "must be >= 1")
-    # one candidate makes the softmax loss 0 (nothing is learnt): the batch's positives plus the uniform negatives
+    # one candidate makes the softmax loss 0 (nothing is learnt): the batch's positives plus the sampled negatives
     need(
-        t.global_batch_size < 1 or t.global_batch_size + m.num_uniform_negatives >= 2,
+        t.global_batch_size < 1 or m.negatives.num == -1 or t.global_batch_size + m.negatives.num >= 2,
         "trainer.global_batch_size",
         t.global_batch_size,
         f"in-batch softmax needs >= 2 candidates per step, this leaves "
-        f"{t.global_batch_size + m.num_uniform_negatives} (with model.num_uniform_negatives={m.num_uniform_negatives})",
+        f"{t.global_batch_size + m.negatives.num} (with model.negatives.num={m.negatives.num})",
     )
     need(t.epochs >= 1, "trainer.epochs", t.epochs, "must be >= 1")
     need(

@@ -13,7 +13,7 @@ Evaluation's batches: recsys/data/eval_batches.py; both build through recsys/dat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -28,6 +28,7 @@ from recsys.data.dataset import Interactions, RetrievalData
 from recsys.data.device_data import data_on_device, validate_sources
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.layout import CATEGORY, QUERY, FeatureLayout
+from recsys.data.negatives import NegativeSampler
 from recsys.data.prefetch import Prefetched
 from recsys.data.ragged import gather_ranges, gather_rows
 
@@ -126,8 +127,9 @@ class TrainBatches:
         *,
         history_length: int,
         global_batch_size: int,
-        num_uniform_negatives: int,
+        num_negatives: int,
         seed: int,
+        negative_exponent: float = 0.0,
         query_history: str = "recent",
         history_dropout: float = 0.0,
         user_id: bool = True,
@@ -169,7 +171,9 @@ class TrainBatches:
         self.example_rows = data.example_rows()
         self.rank_example_counts = None if rank_example_counts is None else [int(n) for n in rank_example_counts]
         self.bounds = self._epoch_bounds(equal_shares, rank)
-        self.num_uniform_negatives, self.seed, self.rank = num_uniform_negatives, seed, rank
+        self.seed, self.rank = seed, rank
+        counts = data.example_item_counts() if negative_exponent else np.ones(data.num_items)
+        self.negatives = NegativeSampler(num_negatives, negative_exponent, counts)
         self.history_length = history_length
         if query_history not in ("recent", "profile"):
             raise ValueError(f"data.query_history={query_history!r}: expected 'recent' or 'profile'")
@@ -354,13 +358,18 @@ class TrainBatches:
         batches = self._build_epoch(epoch, start_batch)
         return Prefetched(batches, self.prefetch, self.device) if self.prefetch > 0 else batches
 
-    def _epoch_negatives(self, epoch: int, start_batch: int) -> Array:
-        """[batches from ``start_batch``, num_uniform_negatives]: batch b's drawn from (seed, epoch, b), on the device."""
-        negatives = np.zeros((len(self) - start_batch, self.num_uniform_negatives), dtype=np.int64)
-        for b in range(start_batch, len(self) if self.num_uniform_negatives else start_batch):
-            rng = np.random.default_rng([self.seed, epoch, b])
-            negatives[b - start_batch] = rng.integers(0, self.num_items, self.num_uniform_negatives, dtype=np.int64)
-        return negatives if self.device is None else on_device(negatives, self.device)
+    def _epoch_negatives(self, epoch: int, start_batch: int) -> Callable[[int], Array]:
+        """Batch b's negatives (on the device): drawn from (seed, epoch, b); the whole catalogue, the same each step."""
+        place = (lambda a: a) if self.device is None else (lambda a: on_device(a, self.device))
+        if self.negatives.whole_catalogue:
+            catalogue = place(np.arange(self.num_items, dtype=np.int64))
+            return lambda b: catalogue
+        num = max(self.negatives.num, 0)
+        negatives = np.zeros((len(self) - start_batch, num), dtype=np.int64)
+        for b in range(start_batch, len(self) if num else start_batch):
+            negatives[b - start_batch] = self.negatives.draw(np.random.default_rng([self.seed, epoch, b]))
+        negatives = place(negatives)
+        return lambda b: negatives[b - start_batch]
 
     def _build_epoch(self, epoch: int, start_batch: int) -> Iterator[Batch]:
         per_rank = self.rank_example_counts is not None
@@ -382,7 +391,7 @@ class TrainBatches:
                 shares = rank_shares(int(self.bounds[b + 1] - self.bounds[b]), self.world_size)
                 lo = int(self.bounds[b]) + sum(shares[: self.rank])
                 hi, global_size = lo + shares[self.rank], sum(shares)
-            batch = self.batch_of_plan(plan, lo, hi, negatives[b - start_batch], global_size, rank_sizes)
+            batch = self.batch_of_plan(plan, lo, hi, negatives(b), global_size, rank_sizes)
             yield batch.pin_memory() if self.pin_memory else batch
 
 

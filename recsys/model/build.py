@@ -80,7 +80,8 @@ def build_retrieval_task(
             two_tower,
             item_counts=item_counts,
             loss=model.loss.build(),
-            num_uniform_negatives=model.num_uniform_negatives,
+            num_negatives=model.negatives.num,
+            negative_exponent=model.negatives.exponent,
         )
 
 

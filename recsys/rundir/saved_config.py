@@ -70,4 +70,7 @@ def read_config_file(path) -> Config:
     drop_retired_keys(saved_cfg)
     move_ranker_settings(saved_cfg)
     nest_flat_loss(saved_cfg)
+    model = OmegaConf.select(saved_cfg, "model")
+    if model is not None and "num_uniform_negatives" in model:  # now model.negatives.num (uniform: exponent 0)
+        model.negatives = {"num": model.pop("num_uniform_negatives")}
     return to_config(OmegaConf.merge(schema(Config), saved_cfg))

@@ -29,9 +29,7 @@ def test_gather_ranges_and_segment_sum_match_loops():
 
 def test_training_history_is_the_users_previous_items(tiny_data):
     history_length = 4
-    batches = TrainBatches(
-        tiny_data, history_length=history_length, global_batch_size=64, num_uniform_negatives=3, seed=0
-    )
+    batches = TrainBatches(tiny_data, history_length=history_length, global_batch_size=64, num_negatives=3, seed=0)
     batch = next(batches.epoch(0))
     features = batch.features.to_dict()
     train = tiny_data.splits["train"]
@@ -70,7 +68,7 @@ def test_training_history_is_the_users_previous_items(tiny_data):
 
 
 def test_ranks_split_every_global_batch_and_share_negatives(tiny_data):
-    kwargs = dict(history_length=3, global_batch_size=97, num_uniform_negatives=5, seed=7, prefetch=0)
+    kwargs = dict(history_length=3, global_batch_size=97, num_negatives=5, seed=7, prefetch=0)
     single = TrainBatches(tiny_data, **kwargs)
     ranks = [TrainBatches(tiny_data, rank=r, world_size=3, **kwargs) for r in range(3)]
     assert len(single) == len(ranks[0]) == -(-len(tiny_data.splits["train"]) // 97)
@@ -96,7 +94,7 @@ def test_every_example_is_seen_exactly_once_per_epoch(tiny_data, world_size):
             tiny_data,
             history_length=0,
             global_batch_size=1001,
-            num_uniform_negatives=0,
+            num_negatives=0,
             seed=3,
             rank=rank,
             world_size=world_size,
@@ -165,7 +163,7 @@ def test_corrupt_split_file_names_file_column_and_value(tiny_data, tmp_path):
 
 
 def test_prefetched_epoch_equals_the_unprefetched_one_and_raises_where_it_failed(tiny_data):
-    kwargs = dict(history_length=3, global_batch_size=64, num_uniform_negatives=5, seed=3)
+    kwargs = dict(history_length=3, global_batch_size=64, num_negatives=5, seed=3)
     direct = TrainBatches(tiny_data, prefetch=0, **kwargs)
     ahead = TrainBatches(tiny_data, prefetch=2, **kwargs)
     got, expected = list(ahead.epoch(1, start_batch=2)), list(direct.epoch(1, start_batch=2))
@@ -194,7 +192,7 @@ def test_heldout_users_are_never_training_examples(tiny_data):
     """strong_generalization: held-out users' train rows are fold-in history, not examples."""
     heldout = np.arange(0, 400, 4)
     data = dataclasses.replace(tiny_data, heldout_users=heldout)
-    batches = TrainBatches(data, history_length=2, global_batch_size=500, num_uniform_negatives=0, seed=1, prefetch=0)
+    batches = TrainBatches(data, history_length=2, global_batch_size=500, num_negatives=0, seed=1, prefetch=0)
     users = np.concatenate([b.features["user"].values().numpy() for b in batches.epoch(0)])
     train_users = tiny_data.splits["train"].user_ids
     assert not np.isin(users, heldout).any()
@@ -215,9 +213,7 @@ def test_per_rank_user_shards_partition_the_epoch_with_full_histories(tiny_data,
         assert np.array_equal(np.sort(pairs), np.sort(full.user_ids * 1_000_000 + full.item_ids))
     counts = [len(s.splits["train"]) for s in shards]
     assert max(counts) - min(counts) < 0.1 * sum(counts) / world_size  # balanced by rows
-    kwargs = dict(
-        history_length=3, global_batch_size=301, num_uniform_negatives=4, seed=1, world_size=world_size, prefetch=0
-    )
+    kwargs = dict(history_length=3, global_batch_size=301, num_negatives=4, seed=1, world_size=world_size, prefetch=0)
     ranks = [TrainBatches(s, rank=r, rank_example_counts=counts, **kwargs) for r, s in enumerate(shards)]
     whole = TrainBatches(tiny_data, **{**kwargs, "world_size": 1})
     row_of = {
@@ -257,7 +253,7 @@ def test_per_rank_shards_too_small_for_the_epoch_are_refused(tiny_data):
             tiny_data,
             history_length=0,
             global_batch_size=100,
-            num_uniform_negatives=0,
+            num_negatives=0,
             seed=0,
             rank=0,
             world_size=2,

@@ -55,12 +55,12 @@ def _batches_equal(a, b) -> None:
 
 
 CASES = {
-    "recent": dict(history_length=4, num_uniform_negatives=3),
-    "profile+dropout": dict(history_length=6, query_history="profile", history_dropout=0.3, num_uniform_negatives=2),
-    "no-history": dict(history_length=0, num_uniform_negatives=0),
-    "neighbours": dict(history_length=5, query_neighbors=True, num_uniform_negatives=1, user_id=False),
-    "side-features": dict(history_length=3, query_history="profile", num_uniform_negatives=0),
-    "raw-ids": dict(history_length=3, num_uniform_negatives=2),
+    "recent": dict(history_length=4, num_negatives=3),
+    "profile+dropout": dict(history_length=6, query_history="profile", history_dropout=0.3, num_negatives=2),
+    "no-history": dict(history_length=0, num_negatives=0),
+    "neighbours": dict(history_length=5, query_neighbors=True, num_negatives=1, user_id=False),
+    "side-features": dict(history_length=3, query_history="profile", num_negatives=0),
+    "raw-ids": dict(history_length=3, num_negatives=2),
 }
 
 
@@ -93,7 +93,7 @@ def test_device_loader_gives_the_host_loaders_batches(tiny_data, case, world_siz
 
 
 def test_device_loader_resumes_mid_epoch_and_prefetches_the_same_batches(tiny_data):
-    kwargs = dict(history_length=4, global_batch_size=64, num_uniform_negatives=2, seed=3)
+    kwargs = dict(history_length=4, global_batch_size=64, num_negatives=2, seed=3)
     direct = TrainBatches(tiny_data, device=CPU, prefetch=0, **kwargs)
     ahead = TrainBatches(tiny_data, device=CPU, prefetch=2, **kwargs)
     for a, b in zip(list(direct.epoch(1, start_batch=3)), list(ahead.epoch(1, start_batch=3))):
@@ -106,7 +106,7 @@ def test_device_loader_resumes_mid_epoch_and_prefetches_the_same_batches(tiny_da
 def test_device_loader_with_per_rank_data_follows_the_host(tiny_data):
     """data.shard_by_user: each rank's own rows, every rank's count known."""
     users = tiny_data.splits["train"].user_ids
-    kwargs = dict(history_length=3, global_batch_size=50, num_uniform_negatives=1, seed=1, world_size=2, prefetch=0)
+    kwargs = dict(history_length=3, global_batch_size=50, num_negatives=1, seed=1, world_size=2, prefetch=0)
     host = TrainBatches(tiny_data, rank=0, rank_example_counts=[len(users), len(users)], **kwargs)
     device = TrainBatches(tiny_data, rank=0, rank_example_counts=[len(users), len(users)], device=CPU, **kwargs)
     for a, b in zip(list(device.epoch(0)), list(host.epoch(0))):
@@ -117,14 +117,14 @@ def test_an_out_of_range_id_in_a_source_is_refused_once_before_any_batch(tiny_da
     bad = dataclasses.replace(tiny_data, item_category_ids=tiny_data.item_category_ids.copy())
     bad.item_category_ids[5] = tiny_data.num_categories  # one past the category table
     with pytest.raises(ValueError, match=r"feature 'categories': id \d+ is out of range for table 'category'"):
-        TrainBatches(bad, history_length=3, global_batch_size=50, num_uniform_negatives=0, seed=0, device=CPU)
+        TrainBatches(bad, history_length=3, global_batch_size=50, num_negatives=0, seed=0, device=CPU)
 
 
 def test_a_cpu_loader_keeps_numpy_arrays_and_checks_its_sources_once(tiny_data, monkeypatch):
     """Without the test hook a CPU loader reads the host's own arrays (numpy's kernels) and skips the per-batch
     check its sources were validated for."""
     monkeypatch.setattr(arrays, "TORCH_ON_CPU", False)
-    kwargs = dict(history_length=4, global_batch_size=64, num_uniform_negatives=2, seed=3, prefetch=0)
+    kwargs = dict(history_length=4, global_batch_size=64, num_negatives=2, seed=3, prefetch=0)
     device = TrainBatches(tiny_data, device=CPU, **kwargs)
     assert isinstance(device.rows.item_ids, np.ndarray) and not device.builder.validate
     for a, b in zip(list(device.epoch(0)), list(TrainBatches(tiny_data, **kwargs).epoch(0))):
@@ -134,9 +134,7 @@ def test_a_cpu_loader_keeps_numpy_arrays_and_checks_its_sources_once(tiny_data, 
 def test_batches_carry_their_values_count_per_key(tiny_data):
     """Each KJT says how many values each key holds (from the parts' shapes), so torchrec never sums its lengths and
     reads them back inside a step: on a GPU that read-back would be a host sync every step."""
-    batches = TrainBatches(
-        tiny_data, history_length=4, global_batch_size=64, num_uniform_negatives=2, seed=0, device=CPU
-    )
+    batches = TrainBatches(tiny_data, history_length=4, global_batch_size=64, num_negatives=2, seed=0, device=CPU)
     kjt = next(batches.epoch(0)).features
     assert kjt._length_per_key is not None and kjt._offset_per_key is not None
     assert kjt._length_per_key == [int(kjt[k].lengths().sum()) for k in kjt.keys()]

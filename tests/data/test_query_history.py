@@ -40,7 +40,7 @@ def test_profile_bag_is_other_training_items_never_the_target(tiny_data):
         tiny_data,
         history_length=history_length,
         global_batch_size=64,
-        num_uniform_negatives=0,
+        num_negatives=0,
         seed=0,
         query_history="profile",
         prefetch=0,
@@ -106,7 +106,7 @@ def test_profile_bags_and_their_categories_equal_the_per_item_gathers(tiny_data,
     from recsys.data.ragged import gather_rows, segment_sum
 
     batches = TrainBatches(
-        tiny_data, history_length=7, global_batch_size=64, num_uniform_negatives=0, seed=2,
+        tiny_data, history_length=7, global_batch_size=64, num_negatives=0, seed=2,
         query_history="profile", history_dropout=dropout, prefetch=0,
     )  # fmt: skip
     train, order = tiny_data.splits["train"], batches.profile_order(1)

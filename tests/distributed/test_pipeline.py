@@ -24,7 +24,7 @@ def test_sparse_dist_pipeline_equals_plain_loop(tmp_path, data_root, process_gro
         "trainer.log_every_steps=1",
         "trainer.checkpoint_every_steps=4",
         "trainer.early_stopping_patience=0",
-        "model.num_uniform_negatives=8",
+        "model.negatives.num=8",
     ]
     plain = fit(tiny_config([*common, "trainer.pipeline=none"]), tmp_path / "plain")
     piped = fit(tiny_config([*common, "trainer.pipeline=sparse_dist"]), tmp_path / "piped")

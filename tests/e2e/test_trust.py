@@ -260,10 +260,10 @@ def test_batch_sizes_that_leave_one_candidate_are_refused_naming_the_key():
     with pytest.raises(
         ValueError,
         match=r"trainer.global_batch_size=1: in-batch softmax needs >= 2 candidates per step, "
-        r"this leaves 1 \(with model.num_uniform_negatives=0\)",
+        r"this leaves 1 \(with model.negatives.num=0\)",
     ):
         tiny_config(["trainer.global_batch_size=1"])
-    assert tiny_config(["trainer.global_batch_size=1", "model.num_uniform_negatives=1"]).trainer.global_batch_size == 1
+    assert tiny_config(["trainer.global_batch_size=1", "model.negatives.num=1"]).trainer.global_batch_size == 1
     assert tiny_config(["trainer.global_batch_size=2"]).trainer.global_batch_size == 2
 
 

@@ -11,7 +11,7 @@ FAULT_TOLERANCE = [
     "trainer.max_steps_per_epoch=10",
     "trainer.checkpoint_every_steps=4",
     "trainer.early_stopping_patience=0",
-    "model.num_uniform_negatives=8",
+    "model.negatives.num=8",
     "model.query_user_id=true",  # all three tables (the tiny default's profile bag has no user table): more to reshard
 ]
 
@@ -21,7 +21,7 @@ MULTIPROCESS = [
     "trainer.max_steps_per_epoch=12",
     "trainer.log_every_steps=1",
     "trainer.early_stopping_patience=0",
-    "model.num_uniform_negatives=16",
+    "model.negatives.num=16",
     "sharding.device=cpu",
 ]
 # 15944 training rows in batches of 1001: 15 odd-sized global batches (501 + 500 rows per rank)

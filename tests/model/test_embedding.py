@@ -27,7 +27,7 @@ def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_a
         TwoTower(configs, query_tables=feature_layout(history_length=5).tower_keys("query"), tower_dims=[12, 8]),
         item_counts=torch.ones(NUM_ROWS["item"]),
         loss=SoftmaxConfig(temperature=0.2).build(),
-        num_uniform_negatives=0,
+        num_negatives=0,
     )
     sharding = ShardingConfig(
         device="cpu", tables={t: TableShardingConfig(sharding_types=[sharding_type]) for t in NUM_ROWS}

@@ -58,7 +58,7 @@ def test_task_mixture_log_q_and_forward_equal_reference():
     """RetrievalTask's q(i) is the mixture (B p(i) + B'/N)/(B + B')."""
     counts = torch.tensor([1.0, 3.0, 6.0, 0.0])
     task = RetrievalTask(
-        torch.nn.Identity(), item_counts=counts, loss=SoftmaxConfig(temperature=1.0).build(), num_uniform_negatives=2
+        torch.nn.Identity(), item_counts=counts, loss=SoftmaxConfig(temperature=1.0).build(), num_negatives=2
     )
     ids = torch.tensor([0, 1, 2, 3])
     got = task.candidate_log_q(ids, global_batch_size=8).exp()

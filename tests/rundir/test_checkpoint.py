@@ -18,7 +18,7 @@ from recsys.rundir.checkpoint import (
 from tests.helpers.checkpoints import assert_same_tensors, full_state
 from tests.helpers.config import tiny_config
 
-SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.num_uniform_negatives=8"]
+SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.negatives.num=8"]
 
 
 def test_resumed_run_ends_bit_identical_to_an_uninterrupted_one(tmp_path, data_root, process_group):

@@ -57,7 +57,7 @@ def test_checkpoint_from_two_ranks_loads_on_other_world_sizes_and_plans(
     overrides = [
         f"data.root={data_root}",
         f"sharding={sharding}",
-        "model.num_uniform_negatives=8",
+        "model.negatives.num=8",
         "model.query_user_id=true",
     ]
     if nproc == 1:  # this process's one-rank group

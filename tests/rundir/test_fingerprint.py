@@ -55,6 +55,9 @@ def legacy_fingerprint(cfg: Config) -> str:
     model.update({"temperature": 0.1, "logq_correction": True, "logq_weight": 1.0, "margin": 0.9})
     model.update({"negative_weight": 150.0, "loss": loss.pop("name")})
     model.update({k: v for k, v in loss.items() if k != "block_mb"})
+    negatives = model.pop("negatives")  # model.num_uniform_negatives before; only uniform draws then
+    assert negatives["exponent"] == 0.0
+    model["num_uniform_negatives"] = negatives["num"]
     for section, keys in (("data", NEWER_FIELDS["data"]), ("model", NEWER_FIELDS["model"])):
         for key in keys:
             (data if section == "data" else model).pop(key)
@@ -98,6 +101,7 @@ def legacy_fingerprint(cfg: Config) -> str:
         ["model.query_neighbors=false", "data.synthetic.num_user_groups=3"],
         ["model.loss.temperature=0.2", "model.loss.block_mb=8"],
         ["model/loss=ccl", "model.loss.margin=0.5"],
+        ["model.negatives.num=8"],
         ["data=gowalla"],
         ["data=interactions", "data.interactions.path=x.csv", "data.interactions.id_type=string"],
         ["data=interactions", "data.interactions.path=x.csv", "data.interactions.timestamp_unit=ms"],

@@ -8,7 +8,7 @@ from recsys.rundir.checkpoint import TrainerState, latest_checkpoint
 from recsys.rundir.dir import is_finished
 from tests.helpers.config import tiny_config
 
-SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.num_uniform_negatives=8"]
+SHORT = ["trainer.max_steps_per_epoch=6", "trainer.early_stopping_patience=0", "model.negatives.num=8"]
 
 
 def _records(path):
