@@ -57,8 +57,6 @@ from recsys.config.model import (
     IdMapping,
     ManagedConfig,
     ModelConfig,
-    QueryEncoderKind,
-    SasrecConfig,
     TableConfig,
 )
 from recsys.config.run import (
@@ -120,9 +118,7 @@ __all__ = [
     "OptimConfig",
     "PlanConfig",
     "Protocol",
-    "QueryEncoderKind",
     "QueryHistory",
-    "SasrecConfig",
     "ShardingConfig",
     "Source",
     "SparseOptimConfig",
