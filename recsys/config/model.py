@@ -93,7 +93,8 @@ class ModelConfig:
     query_neighbors: bool | None = None
     # how the query reads its history, a component chosen by name (model/query_encoder=NAME:
     # conf/model/query_encoder/NAME.yaml, whose settings the sections below list; its code
-    # recsys/model/query_encoders/NAME.py): bag (the mean-pooled item bag) | sasrec (the recent items in order)
+    # recsys/model/query_encoders/NAME.py): bag (the mean-pooled item bag) | sasrec (the recent items in order) |
+    # attention (the items weighed by learned attention)
     query_encoder: Any = field(default_factory=lambda: {"name": "bag"})
     # vocab: the user / item tables have a row per dataset index; managed: raw 64-bit ids, model.managed
     id_mapping: IdMapping = IdMapping.vocab

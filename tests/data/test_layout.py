@@ -40,6 +40,11 @@ SHAPES = {
         [*USER, ITEM[1], *CATEGORY, *NEIGHBOR, ("sequence", Q, "sequence", "sequence")],
     ),
     "managed": (["model.id_mapping=managed"], (), [*ITEM, *CATEGORY, *QUERY_NEIGHBOR, *NEIGHBOR]),
+    "attention_profile": (
+        ["model/query_encoder=attention"],  # the profile bag, per position: no user id (null with profile)
+        (),
+        [ITEM[1], *CATEGORY, *NEIGHBOR, ("sequence", Q, "sequence", "sequence")],
+    ),
 }
 
 
