@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from recsys.config import Config, IdMapping, QueryEncoderKind, query_uses_neighbors
+from recsys.config import Config, IdMapping, query_uses_neighbors
 
 FINGERPRINT_VERSION = 1
 
@@ -41,8 +41,8 @@ def _no_neighbours(values: dict) -> bool:
     return not values["data"]["item_neighbors"]
 
 
-def _bag_encoder(values: dict) -> bool:
-    return values["model"]["query_encoder"] == QueryEncoderKind.bag
+def _not_sasrec(values: dict) -> bool:
+    return values["model"]["query_encoder"] != "sasrec"
 
 
 def _no_slices(values: dict) -> bool:
@@ -91,8 +91,10 @@ FIELDS: dict[str, object] = {
     **{f"model.{k}": HASH for k in ("num_uniform_negatives", "loss", "margin", "negative_weight", "query_user_id")},
     "model.negative_exponent": Absent(0.0),  # model.negatives.exponent
     "model.query_neighbors": Absent(False),  # resolved first: null and true build the same model
-    "model.query_encoder": Absent(QueryEncoderKind.bag),
-    **{f"model.sasrec.{k}": Absent(None, unless=_bag_encoder) for k in ("dim", "num_layers", "num_heads", "dropout")},
+    # the query encoder as the name and sasrec section it was before encoders were components (``_flat_query_encoder``;
+    # runs then had bag or sasrec: "unless bag" was "unless not sasrec")
+    "model.query_encoder": Absent("bag"),
+    **{f"model.sasrec.{k}": Absent(None, unless=_not_sasrec) for k in ("dim", "num_layers", "num_heads", "dropout")},
     "model.id_mapping": Absent(IdMapping.vocab),
     **{
         f"model.managed.{k}": Absent(None, unless=_vocab_ids)
@@ -134,12 +136,29 @@ def _flat_loss(loss: dict) -> dict:
     return {**LEGACY_LOSS_FIELDS, **legacy, "loss": {"name": loss["name"], **own} if own else loss["name"]}
 
 
+# model.sasrec's fields before query encoders were components, with their defaults then (hashed with sasrec only)
+LEGACY_SASREC = {"dim": 64, "num_layers": 2, "num_heads": 1, "dropout": 0.2}
+
+
+def _flat_query_encoder(encoder: dict) -> dict:
+    """``model.query_encoder``'s section as the model fields it was: ``query_encoder`` the name (bag, sasrec: their
+    hash is unchanged) or, for another encoder with settings, a section of the name and those; ``sasrec`` sasrec's
+    settings (or, for another encoder, the defaults then, which its hash leaves out)."""
+    name = encoder["name"]
+    settings = {k: v for k, v in encoder.items() if k != "name"}
+    if name == "sasrec":
+        return {"query_encoder": name, "sasrec": settings}
+    return {"query_encoder": {"name": name, **settings} if settings else name, "sasrec": dict(LEGACY_SASREC)}
+
+
 def fingerprint_values(cfg: Config) -> dict:
-    """The data and model fields as ``FIELDS`` classifies them (the loss flattened: ``_flat_loss``)."""
+    """The data and model fields as ``FIELDS`` classifies them (the loss and the query encoder flattened:
+    ``_flat_loss``, ``_flat_query_encoder``)."""
     values = {"data": asdict(cfg.data), "model": asdict(cfg.model)}
     values["model"].update(_flat_loss(values["model"].pop("loss")))
     negatives = values["model"].pop("negatives")  # num was model.num_uniform_negatives: its hash is unchanged
     values["model"].update(num_uniform_negatives=negatives["num"], negative_exponent=negatives["exponent"])
+    values["model"].update(_flat_query_encoder(values["model"].pop("query_encoder")))
     return values
 
 

@@ -137,7 +137,7 @@ def check_exportable(cfg: Config, run_dir: Path) -> None:
         )
     if uses_sequence_encoder(cfg):
         raise RunRefused(
-            f"{run_dir}: model.query_encoder=sasrec runs cannot be exported yet: the serving bundle's query encoder "
-            "(recsys/serving.py) pools a history bag and has no sequence encoder; evaluate the run with "
-            "python -m recsys.evaluate instead"
+            f"{run_dir}: model.query_encoder.name={cfg.model.query_encoder.name} runs cannot be exported yet: the "
+            "serving bundle's query encoder (recsys/serving.py) pools a history bag and has no sequence encoder; "
+            "evaluate the run with python -m recsys.evaluate instead"
         )

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from recsys.config import Config, EvaluateConfig, ExportConfig, PlanConfig, register_configs
 from recsys.model.components import component_configs
 from recsys.model.losses import PACKAGE as LOSSES
+from recsys.model.query_encoders import PACKAGE as QUERY_ENCODERS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
@@ -37,7 +38,7 @@ CONF = ROOT / "conf"
 # the training config's top-level keys, each with the config groups that set it (conf/<group>/*.yaml)
 GROUPS = {
     "data": ["data", "data/protocol"],
-    "model": ["model", "model/loss", "model/side"],
+    "model": ["model", "model/loss", "model/query_encoder", "model/side"],
     "optim": ["optim/sparse", "optim/dense"],
     "sharding": ["sharding"],
     "trainer": ["trainer"],
@@ -104,7 +105,7 @@ def documented_classes() -> list[type]:
 
 
 # sections that hold a component chosen by name (recsys/model/components.py): each component's settings below them
-COMPONENTS = {f"model.{key}": package for key, package in (("loss", LOSSES),)}
+COMPONENTS = {f"model.{key}": package for key, package in (("loss", LOSSES), ("query_encoder", QUERY_ENCODERS))}
 RANKER_SETTINGS = "eval.settings"  # a dict whose entries each ranker's package types (recsys/rankers/registry.py)
 
 

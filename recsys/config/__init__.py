@@ -58,8 +58,6 @@ from recsys.config.model import (
     ManagedConfig,
     ModelConfig,
     NegativesConfig,
-    QueryEncoderKind,
-    SasrecConfig,
     TableConfig,
 )
 from recsys.config.run import (
@@ -122,9 +120,7 @@ __all__ = [
     "OptimConfig",
     "PlanConfig",
     "Protocol",
-    "QueryEncoderKind",
     "QueryHistory",
-    "SasrecConfig",
     "ShardingConfig",
     "Source",
     "SparseOptimConfig",

@@ -12,14 +12,7 @@ from data_pipelines.config import Choice, DataConfig
 from recsys.config.need import Need
 from recsys.model.components import to_component
 from recsys.model.losses import PACKAGE as LOSSES
-
-
-class QueryEncoderKind(Choice):
-    """How the query tower reads the user's history (model.query_encoder)."""
-
-    bag = "bag"  # the mean-pooled bag of history items from the item table (every protocol)
-    sasrec = "sasrec"  # SASRec: the recent items in order through transformer blocks (data.query_history=recent)
-
+from recsys.model.query_encoders import PACKAGE as QUERY_ENCODERS
 
 POOLINGS = ("sum", "mean")  # model.tables.<name>.pooling
 FEATURE_SOURCES = ("users", "items")  # model.features.<name>.source
@@ -46,19 +39,6 @@ class FeatureConfig:
     column: str = MISSING  # integer ids (int64), or several per row (list<int64>); 0.. contiguous, by prepare
     tower: str = "query"  # "query" | "candidate"
     table: str = ""  # the model.tables entry it looks up; "" = its own, named after the feature
-
-
-@dataclass
-class SasrecConfig:
-    """model.query_encoder=sasrec: the history's items (oldest -> newest, at most data.history_length) are looked
-    up per position in a table of their own (``sequence``: item-sized, fused optimizer like the others), plus a
-    learned embedding of each item's recency, and go through pre-LN transformer blocks; the newest item's output
-    (a learned vector for a user without history) joins the query tower's other inputs (recsys/model/sequence.py)."""
-
-    dim: int = 64  # columns of the sequence table = the blocks' width
-    num_layers: int = 2  # transformer encoder blocks
-    num_heads: int = 1  # attention heads per block; must divide dim
-    dropout: float = 0.2  # on the inputs and inside each block (SASRec's 0.2 for dense data); 0 disables
 
 
 class IdMapping(Choice):
@@ -126,19 +106,22 @@ class ModelConfig:
     # item-kNN-like term at the cost of one more bag lookup per query (the default's measure: docs/quality.md).
     # null = whenever that table exists (data.item_neighbors > 0) and the query pools a history bag
     query_neighbors: bool | None = None
-    # how the query reads its history: bag (the mean-pooled item bag) | sasrec (the recent items in order through
-    # transformer blocks, model.sasrec; needs data.query_history=recent)
-    query_encoder: QueryEncoderKind = QueryEncoderKind.bag
-    sasrec: SasrecConfig = field(default_factory=SasrecConfig)  # model.query_encoder=sasrec only
+    # how the query reads its history, a component chosen by name (model/query_encoder=NAME:
+    # conf/model/query_encoder/NAME.yaml, whose settings the sections below list; its code
+    # recsys/model/query_encoders/NAME.py): bag (the mean-pooled item bag) | sasrec (the recent items in order) |
+    # attention (the items weighed by learned attention)
+    query_encoder: Any = field(default_factory=lambda: {"name": "bag"})
     # vocab: the user / item tables have a row per dataset index; managed: raw 64-bit ids, model.managed
     id_mapping: IdMapping = IdMapping.vocab
     managed: ManagedConfig = field(default_factory=ManagedConfig)  # model.id_mapping=managed only
 
     def __post_init__(self) -> None:
         self.loss = to_component(self.loss, LOSSES, "model.loss")
+        self.query_encoder = to_component(self.query_encoder, QUERY_ENCODERS, "model.query_encoder")
 
 
-COMPONENT_SECTIONS = ("loss",)  # ModelConfig's fields that hold a component's section (recsys/model/components.py)
+# ModelConfig's fields that hold a component's section (recsys/model/components.py)
+COMPONENT_SECTIONS = ("loss", "query_encoder")
 
 
 def open_components(model_node: DictConfig) -> None:
@@ -151,7 +134,7 @@ def open_components(model_node: DictConfig) -> None:
 
 def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
     """model.* (with the data settings it reads): the loss, towers, tables, side features, the query's
-    neighbours and sequence encoder, the managed ids."""
+    neighbours and encoder, the managed ids."""
     neg = m.negatives
     need(neg.num >= -1, "model.negatives.num", neg.num, "must be >= 0, or -1 (the whole catalogue)")
     need(0 <= neg.exponent <= 2, "model.negatives.exponent", neg.exponent, "must be in [0, 2] (0 uniform, 1 frequency)")
@@ -169,15 +152,14 @@ def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
         _check_feature(name, feature, m, d, need)
     if m.query_neighbors:
         need(
-            d.item_neighbors > 0 and d.history_length > 0 and m.query_encoder == QueryEncoderKind.bag,
+            d.item_neighbors > 0 and d.history_length > 0 and not m.query_encoder.sequence,
             "model.query_neighbors",
             m.query_neighbors,
             "pools the query's history bag through the neighbour table: needs data.item_neighbors > 0, "
-            f"data.history_length > 0 and model.query_encoder=bag (got {d.item_neighbors}, {d.history_length}, "
-            f"{str(m.query_encoder)}); null turns it on where it applies",
+            f"data.history_length > 0 and a pooled history bag, model/query_encoder=bag (got {d.item_neighbors}, "
+            f"{d.history_length}, {m.query_encoder.name}); null turns it on where it applies",
         )
-    if m.query_encoder == QueryEncoderKind.sasrec:
-        _check_sasrec(m, d, need)
+    m.query_encoder.check(need, "model.query_encoder", d)
     if m.id_mapping == IdMapping.managed:
         _check_managed(m, d, need)
 
@@ -207,26 +189,6 @@ def _check_feature(name: str, feature: FeatureConfig, m: ModelConfig, d: DataCon
     )
 
 
-def _check_sasrec(m: ModelConfig, d: DataConfig, need: Need) -> None:
-    need(
-        d.query_history == "recent" and d.history_length > 0,
-        "model.query_encoder",
-        str(m.query_encoder),
-        f"reads the history in time order: needs data.query_history=recent and data.history_length > 0 "
-        f"(got data.query_history={str(d.query_history)!r}, data.history_length={d.history_length})",
-    )
-    sq = m.sasrec
-    need(sq.dim >= 1, "model.sasrec.dim", sq.dim, "must be >= 1")
-    need(sq.num_layers >= 1, "model.sasrec.num_layers", sq.num_layers, "must be >= 1")
-    need(
-        sq.num_heads >= 1 and sq.dim % max(sq.num_heads, 1) == 0,
-        "model.sasrec.num_heads",
-        sq.num_heads,
-        f"must be >= 1 and divide model.sasrec.dim={sq.dim}",
-    )
-    need(0.0 <= sq.dropout < 1.0, "model.sasrec.dropout", sq.dropout, "must be in [0, 1)")
-
-
 def _check_managed(m: ModelConfig, d: DataConfig, need: Need) -> None:
     """model.id_mapping=managed (docs/continuous-training.md): values no run can use."""
     mc = m.managed
@@ -244,8 +206,8 @@ def _check_managed(m: ModelConfig, d: DataConfig, need: Need) -> None:
         "model.id_mapping=managed shards its tables row-wise, which needs equal rows per rank in every batch",
     )
     need(
-        m.query_encoder == QueryEncoderKind.bag,
-        "model.query_encoder",
-        str(m.query_encoder),
-        "model.id_mapping=managed has no managed sequence table yet: use model.query_encoder=bag",
+        not m.query_encoder.sequence,
+        "model.query_encoder.name",
+        m.query_encoder.name,
+        "model.id_mapping=managed has no managed sequence table yet: use model/query_encoder=bag",
     )

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from data_pipelines.config import DataConfig, Protocol, QueryHistory, to_typed
 from data_pipelines.errors import ConfigError
 from recsys.config.evaluation import EvalConfig, check_eval
-from recsys.config.model import ModelConfig, QueryEncoderKind, check_model
+from recsys.config.model import ModelConfig, check_model
 from recsys.config.need import Need
 from recsys.config.training import OptimConfig, ShardingConfig, TrainerConfig, check_optim, check_trainer
 from recsys.config.tune import TuneConfig, check_tune
@@ -44,8 +44,9 @@ def query_uses_user_id(cfg: Config) -> bool:
 
 
 def uses_sequence_encoder(cfg: Config) -> bool:
-    """Whether the query reads its history through the SASRec encoder (a ``sequence`` KJT key and table)."""
-    return cfg.model.query_encoder == QueryEncoderKind.sasrec
+    """Whether the query encoder reads its history per position (a ``sequence`` KJT key and table, e.g.
+    sasrec's) instead of the item table's pooled bag: what the encoder's Config says."""
+    return cfg.model.query_encoder.sequence
 
 
 def query_uses_neighbors(cfg: Config) -> bool:

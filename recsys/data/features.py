@@ -12,7 +12,7 @@ rows [0, B_q) carry the queries' ids, rows [B_q, R) the candidates' ids::
                (the bag pooled through this table too),    (0..data.item_neighbors; only when > 0)
                else empty
     sequence   the history again, oldest first, for         empty
-               model.query_encoder=sasrec's unpooled lookup
+               the query encoder's unpooled lookup (sasrec)
                (an EmbeddingCollection); the item key's
                query rows are then empty
     <side>     model.features' tables after these, one key each (recsys/data/side_features.py)
@@ -44,7 +44,7 @@ TABLES: list[str] = ["user", "item", "category"]
 # the candidate's neighbour bag looks up a table of its own (item-sized), not the item table: a
 # second key on the item table would leave fbgemm's fast CPU path (see above)
 NEIGHBOR_TABLE = "neighbor"
-# model.query_encoder=sasrec's per-position lookup of the history: an item-sized table of its own in an
+# a sequence query encoder's (e.g. sasrec's) per-position lookup of the history: an item-sized table of its own in an
 # EmbeddingCollection (unpooled), beside the EmbeddingBagCollection's tables
 SEQUENCE_TABLE = "sequence"
 ALL_TABLES: list[str] = [*TABLES, NEIGHBOR_TABLE, SEQUENCE_TABLE]

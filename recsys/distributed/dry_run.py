@@ -196,10 +196,11 @@ def table_rows(cfg: PlanConfig) -> dict[str, int]:
 
 def build_meta_task(cfg: PlanConfig) -> RetrievalTask:
     """The training module (towers, tables and the item-probability buffer) on the meta device."""
-    if cfg.model.query_encoder != "bag":
+    if cfg.model.query_encoder.sequence:
         raise ValueError(
-            f"model.query_encoder={cfg.model.query_encoder}: the planner dry run plans the EmbeddingBagCollection's "
-            "tables only; plan with model.query_encoder=bag (the sequence table is item-sized, placed like the item table)"
+            f"model.query_encoder.name={cfg.model.query_encoder.name}: the planner dry run plans the "
+            "EmbeddingBagCollection's tables only; plan with model/query_encoder=bag (the sequence table is "
+            "item-sized, placed like the item table)"
         )
     return build_retrieval_task(
         cfg.model,

@@ -128,7 +128,7 @@ def sparse_optimizer_kwargs(
 def planner_constraints(
     cfg: ShardingConfig, device: torch.device, table_names, managed: Collection[str] = ()
 ) -> dict[str, ParameterConstraints]:
-    """Each configured table's constraints; the sequence table (item-sized, model.query_encoder=sasrec) is
+    """Each configured table's constraints; the sequence table (item-sized, a sequence query encoder's) is
     placed like the item table unless sharding.tables.sequence says otherwise. ``managed`` tables
     (model.id_mapping=managed) are row-wise with the fused kernel whatever is configured: the one way torchrec
     shards managed collisions (recsys/distributed/managed.py)."""
@@ -241,7 +241,7 @@ class _Tables:
 
     bags: dict[str, nn.Module]  # name -> EmbeddingBag (its weight gets the fused optimizer)
     configs: dict[str, Any]  # name -> torchrec EmbeddingBagConfig / EmbeddingConfig
-    ec: Any  # the unpooled sequence tables (model.query_encoder=sasrec), or None
+    ec: Any  # the unpooled sequence tables (a sequence query encoder's, e.g. sasrec), or None
     mc: Any  # the managed-collision EBC (model.id_mapping=managed), or None
     managed: list[str]  # the tables behind managed collisions
 
@@ -250,7 +250,7 @@ def _task_tables(task: nn.Module) -> _Tables:
     ebc, ec, mc = task.model.ebc, getattr(task.model, "ec", None), getattr(task.model, "mc_ebc", None)
     bags = dict(ebc.embedding_bags.items()) if ebc is not None else {}
     configs = {c.name: c for c in ebc.embedding_bag_configs()} if ebc is not None else {}
-    if ec is not None:  # the unpooled sequence table (model.query_encoder=sasrec)
+    if ec is not None:  # the unpooled sequence table (a sequence query encoder's)
         configs.update({c.name: c for c in ec.embedding_configs()})
     managed = []
     if mc is not None:  # raw-id tables behind managed collisions (model.id_mapping=managed)

@@ -16,12 +16,11 @@ import numpy as np
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-from recsys.config import Config, IdMapping, ModelConfig, QueryEncoderKind
+from recsys.config import Config, IdMapping, ModelConfig
 from recsys.data.dataset import RetrievalData
 from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE
 from recsys.data.layout import CANDIDATE, QUERY, FeatureLayout, SideEntry, feature_layout, run_layout
 from recsys.model.managed import MANAGED_TABLES, ZCH_SIZE_OF
-from recsys.model.sequence import SequenceEncoder
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 
@@ -87,7 +86,7 @@ def build_retrieval_task(
 
 def default_layout(model: ModelConfig, history_length: int, side_towers: Mapping[str, Sequence[str]]) -> FeatureLayout:
     """The layout of a model built without a dataset: the user id, the history with its categories (through the
-    sequence encoder with model.query_encoder=sasrec), no neighbours; ``side_towers``: side tables -> the towers
+    sequence key when the query encoder reads it per position, e.g. sasrec), no neighbours; ``side_towers``: side tables -> the towers
     they feed (each a feature named after its table; a query one reads a users column, which the model cannot tell
     from an items one)."""
     side = [
@@ -95,25 +94,22 @@ def default_layout(model: ModelConfig, history_length: int, side_towers: Mapping
         for table, towers in side_towers.items()
         for tower in towers
     ]
-    sequence = model.query_encoder == QueryEncoderKind.sasrec
-    return feature_layout(history_length=history_length, sequence=sequence, side=side)
+    return feature_layout(history_length=history_length, sequence=model.query_encoder.sequence, side=side)
 
 
 def sequence_lookup(
     model: ModelConfig, layout: FeatureLayout, num_items: int
-) -> tuple[EmbeddingConfig | None, SequenceEncoder | None]:
-    """The sequence key's table (item-sized, looked up per position) and encoder (recsys.model.sequence), or
+) -> tuple[EmbeddingConfig | None, torch.nn.Module | None]:
+    """The sequence key's table (item-sized, ``model.query_encoder.dim`` columns, looked up per position) and the
+    query encoder's module that reads it (``model.query_encoder.build``: recsys/model/query_encoders), or
     (None, None) when the layout has no sequence key."""
     if not layout.sequence:
         return None, None
-    sq = model.sasrec
+    encoder = model.query_encoder
     table = EmbeddingConfig(
-        name=SEQUENCE_TABLE, num_embeddings=num_items, embedding_dim=sq.dim, feature_names=[SEQUENCE_TABLE]
+        name=SEQUENCE_TABLE, num_embeddings=num_items, embedding_dim=encoder.dim, feature_names=[SEQUENCE_TABLE]
     )
-    encoder = SequenceEncoder(
-        sq.dim, layout.history_length, num_layers=sq.num_layers, num_heads=sq.num_heads, dropout=sq.dropout
-    )
-    return table, encoder
+    return table, encoder.build(layout.history_length)
 
 
 def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None = None) -> RetrievalTask:

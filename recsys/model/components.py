@@ -46,7 +46,10 @@ def to_component(section: Any, package: str, key: str) -> Any:
             raise ConfigError(f"{key}: {type(section).__name__} is not a component of {package}")
         return section
     if not isinstance(section, Mapping):
-        raise ConfigError(f"{key}={section!r}: expected a section with a name ({', '.join(configs)})")
+        group = key.replace(".", "/")  # the config group that chooses one (conf/model/loss/: model/loss=NAME)
+        raise ConfigError(
+            f"{key}={section!r}: expected a section with a name ({', '.join(configs)}): choose one with {group}=NAME"
+        )
     name = section.get("name")
     if name not in configs:
         raise ConfigError(f"{key}.name={name!r}: expected one of {', '.join(configs)}")
@@ -55,7 +58,7 @@ def to_component(section: Any, package: str, key: str) -> Any:
     unknown = sorted(set(section) - known)
     if unknown:
         raise ConfigError(
-            f"{key}.{unknown[0]}: not a setting of {key}.name={name} (its settings: {', '.join(sorted(known - {'name'}))})"
+            f"{key}.{unknown[0]}: not a setting of {key}.name={name} (its settings: {', '.join(sorted(known - {'name'})) or 'none'})"
         )
     hints = typing.get_type_hints(config)
     values = {}

@@ -16,8 +16,9 @@ With managed ids (``model.id_mapping=managed``, recsys/model/managed.py) the use
 raw ids and go through ``mc_ebc`` (a ManagedCollisionEmbeddingBagCollection), the other keys through ``ebc``;
 both read the one KJT (each takes its own keys) and their pooled columns are regrouped together.
 
-With a sequence encoder (``model.query_encoder=sasrec``) an EmbeddingCollection looks the ``sequence``
-key up unpooled, and the query tower reads the encoder's output before the pooled query columns::
+With a query encoder that reads the history per position (``model/query_encoder=sasrec``, recsys/model/query_encoders)
+an EmbeddingCollection looks the ``sequence`` key up unpooled, and the query tower reads the encoder's output before
+the pooled query columns::
 
     ec(features)["sequence"] -> JaggedTensor (sum of history lengths) x D_s -> B_q x L x D_s
     sequence_encoder -> B_q x D_s ; query tower input: [B_q x D_s | pooled query columns]
@@ -36,7 +37,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 
 from recsys.data.features import ALL_TABLES, CANDIDATE_TABLES
 from recsys.model.managed import managed_collection
-from recsys.model.sequence import SequenceEncoder, padded_history
+from recsys.model.sequence import padded_history
 
 
 def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:
@@ -67,8 +68,9 @@ def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> list[Embeddi
 
 
 @torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward(): padding and encoding branch on sizes
-def encode_history(encoder: SequenceEncoder, history: JaggedTensor, num_queries: int) -> torch.Tensor:
-    """The first ``num_queries`` rows of an unpooled history lookup -> ``num_queries x D_s`` (recsys.model.sequence)."""
+def encode_history(encoder: nn.Module, history: JaggedTensor, num_queries: int) -> torch.Tensor:
+    """The first ``num_queries`` rows of an unpooled history lookup -> ``num_queries x D_s`` through ``encoder`` (a
+    query encoder's module: recsys/model/query_encoders)."""
     items, lengths = padded_history(history, num_queries, encoder.max_length)
     return encoder(items, lengths)
 
@@ -122,12 +124,12 @@ class TwoTower(nn.Module):
         tower_dims: Sequence[int],
         candidate_tables: Sequence[str] = tuple(CANDIDATE_TABLES),
         sequence_table: EmbeddingConfig | None = None,
-        sequence_encoder: SequenceEncoder | None = None,
+        sequence_encoder: nn.Module | None = None,
         managed_tables: Sequence[str] = (),
         managed_options: dict | None = None,
     ) -> None:
         """``sequence_table`` and ``sequence_encoder`` (together or neither): the unpooled history lookup and the
-        module that summarises it for the query tower (recsys.model.sequence). ``managed_tables``: the tables
+        module that summarises it for the query tower (a query encoder's: recsys/model/query_encoders). ``managed_tables``: the tables
         looked up by raw ids through managed collisions (``managed_options``: recsys.model.managed.managed_collection's
         keyword arguments); their num_embeddings is their zch_size."""
         super().__init__()

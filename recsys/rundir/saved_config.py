@@ -61,6 +61,19 @@ def nest_flat_loss(saved_cfg) -> None:
     model.loss = section
 
 
+def nest_query_encoder(saved_cfg) -> None:
+    """An older run's model.query_encoder (a name: bag or sasrec) and its model.sasrec section as the encoder's
+    section, model.query_encoder.*: sasrec's settings under sasrec, the (unused) section dropped under bag."""
+    model = OmegaConf.select(saved_cfg, "model")
+    if model is None:
+        return
+    sasrec = model.pop("sasrec", None)
+    if not isinstance(model.get("query_encoder", None), str):
+        return
+    name = model.pop("query_encoder")
+    model.query_encoder = {"name": name, **(OmegaConf.to_container(sasrec) if name == "sasrec" and sasrec else {})}
+
+
 def read_config_file(path) -> Config:
     """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
     saved_cfg = OmegaConf.load(path)
@@ -73,4 +86,5 @@ def read_config_file(path) -> Config:
     model = OmegaConf.select(saved_cfg, "model")
     if model is not None and "num_uniform_negatives" in model:  # now model.negatives.num (uniform: exponent 0)
         model.negatives = {"num": model.pop("num_uniform_negatives")}
+    nest_query_encoder(saved_cfg)
     return to_config(OmegaConf.merge(schema(Config), saved_cfg))

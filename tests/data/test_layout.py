@@ -24,7 +24,7 @@ ITEM = [("item", Q, "item", "history"), ("item", C, "item", "item_id")]
 CATEGORY = [("category", Q, "category", "history_categories"), ("category", C, "category", "item_categories")]
 NEIGHBOR = [("neighbor", C, "neighbor", "item_neighbors")]
 QUERY_NEIGHBOR = [("neighbor", Q, "neighbor", "history")]
-SASREC = ["data.protocol=loo", "data.query_history=recent", "model.query_encoder=sasrec"]
+SASREC = ["data.protocol=loo", "data.query_history=recent", "model/query_encoder=sasrec"]
 
 # config shape -> (overrides, what the data lacks, the layout's (key, tower, table, source) entries)
 SHAPES = {
@@ -40,6 +40,11 @@ SHAPES = {
         [*USER, ITEM[1], *CATEGORY, *NEIGHBOR, ("sequence", Q, "sequence", "sequence")],
     ),
     "managed": (["model.id_mapping=managed"], (), [*ITEM, *CATEGORY, *QUERY_NEIGHBOR, *NEIGHBOR]),
+    "attention_profile": (
+        ["model/query_encoder=attention"],  # the profile bag, per position: no user id (null with profile)
+        (),
+        [ITEM[1], *CATEGORY, *NEIGHBOR, ("sequence", Q, "sequence", "sequence")],
+    ),
 }
 
 

@@ -41,7 +41,7 @@ def read_run(run_dir):
             marks=pytest.mark.two_rank_runs("column_wise_pipeline"),
             id="column_wise-pipeline",
         ),
-        pytest.param(  # model.query_encoder=sasrec: the EmbeddingCollection sharded beside the bags, pipelined
+        pytest.param(  # model/query_encoder=sasrec: the EmbeddingCollection sharded beside the bags, pipelined
             "sasrec_pipeline",
             24,
             # the transformer blocks amplify the float re-association of two ranks' sums: on an AMD EPYC (Zen 3)

@@ -33,9 +33,9 @@ UNEVEN = ["trainer.global_batch_size=1001", "trainer.epochs=1", "trainer.max_ste
 SASREC = [
     "data.protocol=loo",
     "data.query_history=recent",
-    "model.query_encoder=sasrec",
-    "model.sasrec.dropout=0",
-    "model.sasrec.dim=16",
+    "model/query_encoder=sasrec",
+    "model.query_encoder.dropout=0",
+    "model.query_encoder.dim=16",
 ]
 
 # tests/e2e/test_continuous.py: the tiny log with item churn replayed as 3 daily slices through managed-collision tables,

@@ -1,6 +1,7 @@
-"""Losses are components (recsys/model/components.py): chosen by name, their settings a section of their own that
-refuses what the chosen one lacks, a new one is its module (and YAML) alone, and a run dir written while the
-losses' settings were flat model fields still reads as the same loss."""
+"""Losses and query encoders are components (recsys/model/components.py): chosen by name, their settings a section of
+their own that refuses what the chosen one lacks, a new one is its module (and YAML) alone, and a run dir written
+while their settings were flat model fields (the losses') or a name and a sasrec section (the query encoders') still
+reads as the same component."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from data_pipelines.errors import ConfigError
 from recsys.config import Config, check_values, schema
 from recsys.model.components import component_configs, to_component
 from recsys.model.losses import PACKAGE as LOSSES
-from recsys.rundir.saved_config import nest_flat_loss
+from recsys.model.query_encoders import PACKAGE as QUERY_ENCODERS
+from recsys.rundir.saved_config import nest_flat_loss, nest_query_encoder
 from tests.helpers.config import tiny_config
 
 
@@ -108,3 +110,56 @@ def test_an_older_runs_flat_loss_fields_read_as_the_same_loss(flat, section):
     assert OmegaConf.to_container(saved.model) == {"tower_dims": [8], "loss": section}
     merged = OmegaConf.merge(schema(Config), saved)
     assert OmegaConf.to_container(merged.model.loss) == section
+
+
+def test_each_query_encoder_is_chosen_by_name_and_says_what_it_reads():
+    """The layout follows the Config's ``sequence``, not its name."""
+    from recsys.config import query_layout
+
+    sasrec = tiny_config(["model/query_encoder=sasrec", "data/protocol=loo", "model.query_encoder.dim=8"])
+    assert type(sasrec.model.query_encoder).__module__ == "recsys.model.query_encoders.sasrec"
+    assert (sasrec.model.query_encoder.dim, sasrec.model.query_encoder.num_layers) == (8, 2)
+    assert sasrec.model.query_encoder.sequence and query_layout(sasrec)["sequence"]
+    bag = tiny_config([])
+    assert bag.model.query_encoder == component_configs(QUERY_ENCODERS)["bag"]() == Config().model.query_encoder
+    assert not bag.model.query_encoder.sequence and not query_layout(bag)["sequence"]
+    assert bag.model.query_encoder.build(10) is None  # the bag is the item table's pooled lookup
+    encoder = sasrec.model.query_encoder.build(5)
+    assert encoder.max_length == 5 and encoder(torch.zeros(3, 5, 8), torch.tensor([0, 2, 5])).shape == (3, 8)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"name": "bag", "dim": 8}, r"model.query_encoder.dim: not a setting of model.query_encoder.name=bag \(its settings: none\)"),
+        ({"name": "gru"}, r"model.query_encoder.name='gru': expected one of attention, bag, sasrec"),
+        ({"name": "sasrec", "num_layers": 1.5}, r"model.query_encoder.num_layers=1.5: expected a int"),
+        ("sasrec", r"model.query_encoder='sasrec': .*choose one with model/query_encoder=NAME"),
+    ],
+)  # fmt: skip
+def test_a_setting_the_chosen_query_encoder_lacks_is_refused_by_its_path(section, message):
+    with pytest.raises(ConfigError, match=message):
+        to_component(section, QUERY_ENCODERS, "model.query_encoder")
+
+
+@pytest.mark.parametrize(
+    ("flat", "section"),
+    [
+        (
+            {"query_encoder": "bag", "sasrec": {"dim": 64, "num_layers": 2, "num_heads": 1, "dropout": 0.2}},
+            {"name": "bag"},
+        ),
+        (
+            {"query_encoder": "sasrec", "sasrec": {"dim": 32, "num_layers": 1, "num_heads": 2, "dropout": 0.0}},
+            {"name": "sasrec", "dim": 32, "num_layers": 1, "num_heads": 2, "dropout": 0.0},
+        ),
+        ({}, None),  # from before model.query_encoder: the schema's default, the bag
+    ],
+)  # fmt: skip
+def test_an_older_runs_query_encoder_name_and_sasrec_section_read_as_the_same_encoder(flat, section):
+    saved = OmegaConf.create({"model": {"tower_dims": [8], **flat}})
+    nest_query_encoder(saved)
+    expected = {"tower_dims": [8]} | ({"query_encoder": section} if section else {})
+    assert OmegaConf.to_container(saved.model) == expected
+    merged = OmegaConf.merge(schema(Config), saved)
+    assert OmegaConf.to_container(merged.model.query_encoder) == (section or {"name": "bag"})

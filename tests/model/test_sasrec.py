@@ -1,4 +1,4 @@
-"""model.query_encoder=sasrec: the config's refusals, the sequence encoder's shapes and padding invariance, and a tiny
+"""model/query_encoder=sasrec: the config's refusals, the sequence encoder's shapes and padding invariance, and a tiny
 temporal leave-one-out run that trains, beats popularity and is reproduced by ``recsys.evaluate``."""
 
 import json
@@ -14,23 +14,28 @@ from recsys.fingerprint import config_fingerprint
 from recsys.model.sequence import SequenceEncoder, padded_history
 from tests.helpers.config import tiny_config
 
-SASREC = ["data.protocol=loo", "data.query_history=recent", "model.query_encoder=sasrec"]
+SASREC = ["data.protocol=loo", "data.query_history=recent", "model/query_encoder=sasrec"]
 
 
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["model.query_encoder=sasrec"], r"model.query_encoder='sasrec': .*needs data.query_history=recent.*'profile'"),
+        (
+            ["model/query_encoder=sasrec"],
+            r"model.query_encoder.name='sasrec': .*needs data.query_history=recent.*'profile'",
+        ),
         (
             [*SASREC, "data.history_length=0"],
-            r"model.query_encoder='sasrec': .*data.history_length > 0 .*data.history_length=0",
+            r"model.query_encoder.name='sasrec': .*data.history_length > 0 .*data.history_length=0",
         ),
         (
-            [*SASREC, "model.sasrec.num_heads=3"],
-            r"model.sasrec.num_heads=3: must be >= 1 and divide model.sasrec.dim=64",
+            [*SASREC, "model.query_encoder.num_heads=3"],
+            r"model.query_encoder.num_heads=3: must be >= 1 and divide model.query_encoder.dim=64",
         ),
-        ([*SASREC, "model.sasrec.dropout=1.0"], r"model.sasrec.dropout=1.0: must be in \[0, 1\)"),
-        (["model.query_encoder=gru"], "query_encoder"),
+        ([*SASREC, "model.query_encoder.dropout=1.0"], r"model.query_encoder.dropout=1.0: must be in \[0, 1\)"),
+        (["model/query_encoder=gru"], "query_encoder"),
+        (["model.query_encoder=sasrec"], r"model.query_encoder='sasrec': .*choose one with model/query_encoder=NAME"),
+        (["model.query_encoder.dim=32"], r"model.query_encoder.dim: not a setting of model.query_encoder.name=bag"),
     ],
 )
 def test_config_refuses_what_sasrec_cannot_use(overrides, message):
@@ -46,9 +51,10 @@ def test_fingerprints_of_bag_runs_do_not_change():
     # a run saved then holds the synthetic data's 0.25 dropout (the protocol now resolves loo's 0.0 when unset)
     loo = ["data.protocol=loo", "data.query_history=recent", "data.history_dropout=0.25", *off]
     assert config_fingerprint(tiny_config(loo)) == "1e07c644d9d1ea89"
-    assert config_fingerprint(tiny_config([*loo, "model.sasrec.dim=32"])) == "1e07c644d9d1ea89"  # unused at bag
-    assert config_fingerprint(tiny_config(SASREC)) != "1e07c644d9d1ea89"
-    assert config_fingerprint(tiny_config(SASREC)) != config_fingerprint(tiny_config([*SASREC, "model.sasrec.dim=32"]))
+    # the values main computed before query encoders were components (model.query_encoder=sasrec, model.sasrec.*)
+    assert config_fingerprint(tiny_config(SASREC)) == "0cb099397fd2e82c"
+    settings = ["model.query_encoder.dim=32", "model.query_encoder.dropout=0.1"]
+    assert config_fingerprint(tiny_config([*SASREC, *settings])) == "5a941a2a6207d84f"
 
 
 def jagged(histories: list[list[int]], num_candidates: int, table: torch.Tensor) -> JaggedTensor:
@@ -116,7 +122,7 @@ def test_tiny_loo_run_beats_popularity_and_evaluate_reproduces_it(tmp_path, data
         for name, value in results[split]["two_tower"].items():
             assert value == pytest.approx(report["splits"][split]["metrics"]["two_tower"][name], rel=1e-6, abs=1e-9)
 
-    with pytest.raises(ValueError, match="model.query_encoder=sasrec runs cannot be exported"):
+    with pytest.raises(ValueError, match="model.query_encoder.name=sasrec runs cannot be exported"):
         export_run(ExportConfig(run_dir=str(run_dir)))
 
 
@@ -125,7 +131,7 @@ def test_resume_continues_the_uninterrupted_run(tmp_path, data_root, process_gro
     two epochs in two trainings follow one training of two epochs (no dropout: the RNG is not checkpointed)."""
     from recsys.run import fit
 
-    common = [f"data.root={data_root}", *SASREC, "model.sasrec.dropout=0", "trainer.max_steps_per_epoch=4"]
+    common = [f"data.root={data_root}", *SASREC, "model.query_encoder.dropout=0", "trainer.max_steps_per_epoch=4"]
     common += ["trainer.log_every_steps=1", "trainer.early_stopping_patience=0"]
     fit(tiny_config([*common, "trainer.epochs=2"]), tmp_path / "whole")
     fit(tiny_config([*common, "trainer.epochs=1"]), tmp_path / "parts")

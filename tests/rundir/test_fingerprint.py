@@ -10,10 +10,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from recsys.config import Config, QueryEncoderKind, query_uses_neighbors
+from recsys.config import Config, query_uses_neighbors
 from recsys.fingerprint import FIELDS, config_fingerprint, fingerprint_values
 from recsys.rundir.config import load_run_config
+from recsys.rundir.saved_config import read_config_file
 from tests.helpers.config import tiny_config
 
 FIXTURE = (
@@ -58,6 +60,9 @@ def legacy_fingerprint(cfg: Config) -> str:
     negatives = model.pop("negatives")  # model.num_uniform_negatives before; only uniform draws then
     assert negatives["exponent"] == 0.0
     model["num_uniform_negatives"] = negatives["num"]
+    encoder = model.pop("query_encoder")  # before query encoders were components: a name and sasrec's section
+    model["query_encoder"] = encoder.pop("name")
+    model["sasrec"] = encoder or {"dim": 64, "num_layers": 2, "num_heads": 1, "dropout": 0.2}
     for section, keys in (("data", NEWER_FIELDS["data"]), ("model", NEWER_FIELDS["model"])):
         for key in keys:
             (data if section == "data" else model).pop(key)
@@ -86,7 +91,7 @@ def legacy_fingerprint(cfg: Config) -> str:
     model["query_neighbors"] = query_uses_neighbors(cfg)
     if not model["query_neighbors"]:
         del model["query_neighbors"]
-    if model["query_encoder"] == QueryEncoderKind.bag:
+    if model["query_encoder"] == "bag":
         del model["query_encoder"], model["sasrec"]
     return hashlib.sha256(json.dumps({"data": data, "model": model}, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -97,7 +102,15 @@ def legacy_fingerprint(cfg: Config) -> str:
         [],
         ["data.item_neighbors=0"],
         ["data.train_on_valid=true", "data.shard_by_user=true", "data.root=elsewhere"],
-        ["data.protocol=loo", "data.query_history=recent", "model.query_encoder=sasrec", "model.sasrec.dim=8"],
+        ["data.protocol=loo", "data.query_history=recent", "model/query_encoder=sasrec", "model.query_encoder.dim=8"],
+        [
+            "data.protocol=loo",
+            "data.query_history=recent",
+            "model/query_encoder=sasrec",
+            "model.query_encoder.num_layers=1",
+            "model.query_encoder.dropout=0.1",
+            "model/loss=ccl",
+        ],
         ["model.query_neighbors=false", "data.synthetic.num_user_groups=3"],
         ["model.loss.temperature=0.2", "model.loss.block_mb=8"],
         ["model/loss=ccl", "model.loss.margin=0.5"],
@@ -128,3 +141,21 @@ def test_a_run_dir_written_by_an_earlier_main_still_loads(tmp_path):
     saved = json.loads((run_dir / "checkpoints" / "best" / "trainer_state.json").read_text())["fingerprint"]
     cfg = load_run_config(run_dir)
     assert config_fingerprint(cfg) == saved
+
+
+def test_an_older_sasrec_run_reads_as_the_same_encoder_and_hash(tmp_path):
+    """The fixture's config as an older sasrec run saved it (model.query_encoder: sasrec, model.sasrec: {...}) reads
+    as the sasrec component with those settings, and hashes as main did before query encoders were components."""
+    saved = OmegaConf.load(FIXTURE / ".hydra" / "config.yaml")
+    assert saved.model.query_encoder == "bag" and "sasrec" in saved.model  # the older layout
+    saved.model.query_encoder, saved.model.sasrec.dim, saved.model.sasrec.num_layers = "sasrec", 32, 1
+    saved.data.protocol, saved.data.query_history = "loo", "recent"
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    cfg = read_config_file(tmp_path / "config.yaml")
+    assert (cfg.model.query_encoder.name, cfg.model.query_encoder.dim, cfg.model.query_encoder.num_layers) == (
+        "sasrec",
+        32,
+        1,
+    )
+    assert config_fingerprint(cfg) == "1fef74ba2cf8209c"  # main's, before query encoders were components
+    assert read_config_file(FIXTURE / ".hydra" / "config.yaml").model.query_encoder.name == "bag"
