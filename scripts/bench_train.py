@@ -122,7 +122,6 @@ MODEL = ModelConfig(
     tables={"user": TableConfig(64, "sum"), "item": TableConfig(64, "mean"), "category": TableConfig(32, "mean")},
     tower_dims=TOWER_DIMS,
     loss={"name": "softmax", "temperature": TEMPERATURE, "logq_correction": True},
-    num_negatives=0,
 )
 
 
