@@ -19,7 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from recsys.config import Config, IdMapping, ModelConfig
 from recsys.data.dataset import RetrievalData
 from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE
-from recsys.data.layout import CANDIDATE, QUERY, FeatureLayout, SideEntry, feature_layout, run_layout
+from recsys.data.layout import CANDIDATE, QUERY, USER, FeatureLayout, SideEntry, feature_layout, run_layout
 from recsys.model.managed import MANAGED_TABLES, ZCH_SIZE_OF
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
@@ -74,6 +74,7 @@ def build_retrieval_task(
                 "eviction_interval": model.managed.eviction_interval,
                 "decay_exponent": model.managed.decay_exponent,
             },
+            blend_key=USER if sequence_encoder is not None and model.query_encoder.user else None,
         )
         return RetrievalTask(
             two_tower,
@@ -108,7 +109,8 @@ def sequence_lookup(
     table = EmbeddingConfig(
         name=SEQUENCE_TABLE, num_embeddings=num_items, embedding_dim=encoder.dim, feature_names=[SEQUENCE_TABLE]
     )
-    return table, encoder.build(layout.history_length)
+    user_dim = model.tables[USER].embedding_dim if encoder.user else 0  # the width of what a blend reads
+    return table, encoder.build(layout.history_length, user_dim)
 
 
 def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None = None) -> RetrievalTask:
