@@ -86,9 +86,9 @@ def build_retrieval_task(
 
 def default_layout(model: ModelConfig, history_length: int, side_towers: Mapping[str, Sequence[str]]) -> FeatureLayout:
     """The layout of a model built without a dataset: the user id, the history with its categories (through the
-    sequence key when the query encoder reads it per position, e.g. sasrec), no neighbours; ``side_towers``: side tables -> the towers
-    they feed (each a feature named after its table; a query one reads a users column, which the model cannot tell
-    from an items one)."""
+    sequence key when the query encoder reads it per position, e.g. sasrec), no neighbours; ``side_towers``: side
+    tables -> the towers they feed (each a feature named after its table; a query one reads a users column, which
+    the model cannot tell from an items one)."""
     side = [
         SideEntry(table, table, tower, "users" if tower == QUERY else "items")
         for table, towers in side_towers.items()
