@@ -99,7 +99,8 @@ class ModelConfig:
     # sections below list; its code recsys/model/losses/NAME.py)
     loss: Any = field(default_factory=lambda: {"name": "softmax"})
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
-    # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md)
+    # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md); true with
+    # a query encoder that blends the user id in (model/query_encoder=gated)
     query_user_id: bool | None = None
     # the query also pools its history bag through the neighbour table (the table of the candidates'
     # co-occurrence neighbours), so a history item meets a candidate's neighbours in one space: an
@@ -109,7 +110,7 @@ class ModelConfig:
     # how the query reads its history, a component chosen by name (model/query_encoder=NAME:
     # conf/model/query_encoder/NAME.yaml, whose settings the sections below list; its code
     # recsys/model/query_encoders/NAME.py): bag (the mean-pooled item bag) | sasrec (the recent items in order) |
-    # attention (the items weighed by learned attention)
+    # attention (the items weighed by learned attention) | gated (the user id and the pooled history, gated)
     query_encoder: Any = field(default_factory=lambda: {"name": "bag"})
     # vocab: the user / item tables have a row per dataset index; managed: raw 64-bit ids, model.managed
     id_mapping: IdMapping = IdMapping.vocab
@@ -160,6 +161,12 @@ def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
             f"{d.history_length}, {m.query_encoder.name}); null turns it on where it applies",
         )
     m.query_encoder.check(need, "model.query_encoder", d)
+    need(
+        not (m.query_encoder.user and m.query_user_id is False),
+        "model.query_user_id",
+        m.query_user_id,
+        f"model/query_encoder={m.query_encoder.name} blends the user id with the history: use null (true then) or true",
+    )
     if m.id_mapping == IdMapping.managed:
         _check_managed(m, d, need)
 

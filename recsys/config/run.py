@@ -40,6 +40,8 @@ def query_uses_user_id(cfg: Config) -> bool:
     where the bag alone keeps improving (measured: docs/quality.md)."""
     if cfg.model.query_user_id is not None:
         return cfg.model.query_user_id
+    if cfg.model.query_encoder.user:  # the encoder blends the user id with the history (model/query_encoder=gated)
+        return True
     return cfg.data.query_history != "profile" or cfg.data.history_length <= 0
 
 

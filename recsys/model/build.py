@@ -19,7 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from recsys.config import Config, IdMapping, ModelConfig
 from recsys.data.dataset import RetrievalData
 from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE
-from recsys.data.layout import CANDIDATE, QUERY, FeatureLayout, SideEntry, feature_layout, run_layout
+from recsys.data.layout import CANDIDATE, QUERY, USER, FeatureLayout, SideEntry, feature_layout, run_layout
 from recsys.model.managed import MANAGED_TABLES, ZCH_SIZE_OF
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
@@ -74,6 +74,7 @@ def build_retrieval_task(
                 "eviction_interval": model.managed.eviction_interval,
                 "decay_exponent": model.managed.decay_exponent,
             },
+            blend_key=USER if sequence_encoder is not None and model.query_encoder.user else None,
         )
         return RetrievalTask(
             two_tower,
@@ -86,9 +87,9 @@ def build_retrieval_task(
 
 def default_layout(model: ModelConfig, history_length: int, side_towers: Mapping[str, Sequence[str]]) -> FeatureLayout:
     """The layout of a model built without a dataset: the user id, the history with its categories (through the
-    sequence key when the query encoder reads it per position, e.g. sasrec), no neighbours; ``side_towers``: side tables -> the towers
-    they feed (each a feature named after its table; a query one reads a users column, which the model cannot tell
-    from an items one)."""
+    sequence key when the query encoder reads it per position, e.g. sasrec), no neighbours; ``side_towers``: side
+    tables -> the towers they feed (each a feature named after its table; a query one reads a users column, which
+    the model cannot tell from an items one)."""
     side = [
         SideEntry(table, table, tower, "users" if tower == QUERY else "items")
         for table, towers in side_towers.items()
@@ -109,7 +110,8 @@ def sequence_lookup(
     table = EmbeddingConfig(
         name=SEQUENCE_TABLE, num_embeddings=num_items, embedding_dim=encoder.dim, feature_names=[SEQUENCE_TABLE]
     )
-    return table, encoder.build(layout.history_length)
+    user_dim = model.tables[USER].embedding_dim if encoder.user else 0  # the width of what a blend reads
+    return table, encoder.build(layout.history_length, user_dim)
 
 
 def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None = None) -> RetrievalTask:

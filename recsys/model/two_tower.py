@@ -22,6 +22,9 @@ the pooled query columns::
 
     ec(features)["sequence"] -> JaggedTensor (sum of history lengths) x D_s -> B_q x L x D_s
     sequence_encoder -> B_q x D_s ; query tower input: [B_q x D_s | pooled query columns]
+
+An encoder that blends the user id in (``blend_key``: model/query_encoder=gated) reads that key's pooled query
+columns (B_q x D_u) too and returns B_q x D_u in their place: [B_q x D_u | the other pooled query columns].
 """
 
 from __future__ import annotations
@@ -68,11 +71,14 @@ def table_configs(*, num_rows: dict, dims: dict, poolings: dict) -> list[Embeddi
 
 
 @torch.fx.wrap  # a leaf when TrainPipelineSparseDist traces forward(): padding and encoding branch on sizes
-def encode_history(encoder: nn.Module, history: JaggedTensor, num_queries: int) -> torch.Tensor:
+def encode_history(
+    encoder: nn.Module, history: JaggedTensor, num_queries: int, user: torch.Tensor | None = None
+) -> torch.Tensor:
     """The first ``num_queries`` rows of an unpooled history lookup -> ``num_queries x D_s`` through ``encoder`` (a
-    query encoder's module: recsys/model/query_encoders)."""
+    query encoder's module: recsys/model/query_encoders); with ``user`` (``num_queries x D_u``, the columns it blends
+    in) -> ``num_queries x D_u``."""
     items, lengths = padded_history(history, num_queries, encoder.max_length)
-    return encoder(items, lengths)
+    return encoder(items, lengths) if user is None else encoder(items, lengths, user)
 
 
 def _column_runs(pooled: list[KeyedTensor], keys: Sequence[str]) -> list[tuple[int, int, int]]:
@@ -127,11 +133,13 @@ class TwoTower(nn.Module):
         sequence_encoder: nn.Module | None = None,
         managed_tables: Sequence[str] = (),
         managed_options: dict | None = None,
+        blend_key: str | None = None,
     ) -> None:
         """``sequence_table`` and ``sequence_encoder`` (together or neither): the unpooled history lookup and the
         module that summarises it for the query tower (a query encoder's: recsys/model/query_encoders). ``managed_tables``: the tables
         looked up by raw ids through managed collisions (``managed_options``: recsys.model.managed.managed_collection's
-        keyword arguments); their num_embeddings is their zch_size."""
+        keyword arguments); their num_embeddings is their zch_size. ``blend_key``: a query key whose pooled columns
+        the sequence encoder reads and replaces (the user id, for an encoder that blends it in)."""
         super().__init__()
         if (sequence_table is None) != (sequence_encoder is None):
             raise ValueError("TwoTower: sequence_table and sequence_encoder go together")
@@ -155,6 +163,12 @@ class TwoTower(nn.Module):
                 raise ValueError("TwoTower: the sequence table is looked up by the KJT key of its name")
             self.sequence_key, sequence_dim = sequence_table.name, sequence_table.embedding_dim
             self.ec = EmbeddingCollection(tables=[sequence_table], device=torch.device("meta"))
+        self.blend_key = blend_key
+        if blend_key is not None:
+            if sequence_encoder is None or blend_key not in self.query_keys:
+                raise ValueError(f"TwoTower: blend_key={blend_key!r} needs a sequence encoder and that query key")
+            self.query_keys.remove(blend_key)  # the encoder's output takes its place
+            sequence_dim = dim[blend_key]
         self.query_tower = mlp(sequence_dim + sum(dim[k] for k in self.query_keys), tower_dims)
         self.candidate_tower = mlp(sum(dim[k] for k in self.candidate_keys), tower_dims)
 
@@ -166,7 +180,11 @@ class TwoTower(nn.Module):
         query_in, candidate_in = tower_inputs(pooled, self.query_keys, self.candidate_keys, num_queries)
         if self.ec is not None:
             history = self.ec(features)[self.sequence_key]
-            query_in = torch.cat([encode_history(self.sequence_encoder, history, num_queries), query_in], dim=1)
+            user = None
+            if self.blend_key is not None:
+                user = tower_inputs(pooled, [self.blend_key], [], num_queries)[0]
+            encoded = encode_history(self.sequence_encoder, history, num_queries, user)
+            query_in = torch.cat([encoded, query_in], dim=1)
         # .float(): under autocast (trainer.precision=bf16) the towers' GEMMs are bf16, the norms are not
         queries = F.normalize(self.query_tower(query_in).float(), dim=-1)
         candidates = F.normalize(self.candidate_tower(candidate_in).float(), dim=-1)

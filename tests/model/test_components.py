@@ -132,7 +132,7 @@ def test_each_query_encoder_is_chosen_by_name_and_says_what_it_reads():
     ("section", "message"),
     [
         ({"name": "bag", "dim": 8}, r"model.query_encoder.dim: not a setting of model.query_encoder.name=bag \(its settings: none\)"),
-        ({"name": "gru"}, r"model.query_encoder.name='gru': expected one of attention, bag, sasrec"),
+        ({"name": "gru"}, r"model.query_encoder.name='gru': expected one of attention, bag, gated, sasrec"),
         ({"name": "sasrec", "num_layers": 1.5}, r"model.query_encoder.num_layers=1.5: expected a int"),
         ("sasrec", r"model.query_encoder='sasrec': .*choose one with model/query_encoder=NAME"),
     ],

@@ -28,6 +28,10 @@ class Config:
     def sequence(self) -> bool:
         return True
 
+    @property
+    def user(self) -> bool:
+        return False  # the tower reads the user id (if any) beside it
+
     def check(self, need, key: str, data) -> None:
         need(
             data.history_length > 0,
@@ -38,7 +42,7 @@ class Config:
         need(self.dim >= 1, f"{key}.dim", self.dim, "must be >= 1")
         need(self.hidden >= 1, f"{key}.hidden", self.hidden, "must be >= 1")
 
-    def build(self, max_length: int) -> AttentionPooling:
+    def build(self, max_length: int, user_dim: int = 0) -> AttentionPooling:
         return AttentionPooling(self.dim, max_length, hidden=self.hidden)
 
 

@@ -13,8 +13,12 @@ class Config:
     def sequence(self) -> bool:
         return False  # the history is the item key's pooled query rows
 
+    @property
+    def user(self) -> bool:
+        return False  # the tower reads the user id (if any) beside it
+
     def check(self, need, key: str, data) -> None:
         pass  # no settings; a run without a history reads the user id alone
 
-    def build(self, max_length: int) -> None:
+    def build(self, max_length: int, user_dim: int = 0) -> None:
         return None  # the bag is the item table's pooled lookup (recsys/model/two_tower.py): nothing of its own

@@ -24,6 +24,10 @@ class Config:
     def sequence(self) -> bool:
         return True
 
+    @property
+    def user(self) -> bool:
+        return False  # the tower reads the user id (if any) beside it
+
     def check(self, need, key: str, data) -> None:
         need(
             data.query_history == "recent" and data.history_length > 0,
@@ -42,7 +46,7 @@ class Config:
         )
         need(0.0 <= self.dropout < 1.0, f"{key}.dropout", self.dropout, "must be in [0, 1)")
 
-    def build(self, max_length: int) -> SequenceEncoder:
+    def build(self, max_length: int, user_dim: int = 0) -> SequenceEncoder:
         return SequenceEncoder(
             self.dim, max_length, num_layers=self.num_layers, num_heads=self.num_heads, dropout=self.dropout
         )
