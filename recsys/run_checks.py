@@ -20,7 +20,7 @@ from pathlib import Path
 from data_pipelines.dataset_dir import dropped_rows_report, read_meta
 from data_pipelines.errors import ConfigError
 from recsys.choices import ANN_KINDS
-from recsys.config import Config, IdMapping, query_uses_neighbors, uses_sequence_encoder
+from recsys.config import Config, query_not_exportable
 from recsys.rankers.registry import check_ranker_names, report_rankers
 from recsys.refusals import RunRefused
 
@@ -129,15 +129,6 @@ def export_stage_dir(run_dir: Path, checkpoint: str, refit_dir: str, stage: str)
 
 def check_exportable(cfg: Config, run_dir: Path) -> None:
     """Refuse the runs whose query encoder the bundle cannot serve yet."""
-    if cfg.model.id_mapping == IdMapping.managed and query_uses_neighbors(cfg):
-        raise RunRefused(
-            f"{run_dir}: model.id_mapping=managed with model.query_neighbors cannot be exported yet: the bundle's query "
-            "encoder looks the history up in the item and neighbour tables by the same ids, and managed tables give an "
-            "id another row in each; evaluate the run with python -m recsys.evaluate instead"
-        )
-    if uses_sequence_encoder(cfg):
-        raise RunRefused(
-            f"{run_dir}: model.query_encoder.name={cfg.model.query_encoder.name} runs cannot be exported yet: the "
-            "serving bundle's query encoder (recsys/serving.py) pools a history bag and has no sequence encoder; "
-            "evaluate the run with python -m recsys.evaluate instead"
-        )
+    why = query_not_exportable(cfg)
+    if why:
+        raise RunRefused(f"{run_dir}: {why}; evaluate the run with python -m recsys.evaluate instead")

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from data_pipelines.config import DataConfig, Protocol, QueryHistory, to_typed
 from data_pipelines.errors import ConfigError
 from recsys.config.evaluation import EvalConfig, check_eval
-from recsys.config.model import ModelConfig, check_model
+from recsys.config.model import IdMapping, ModelConfig, check_model
 from recsys.config.need import Need
 from recsys.config.training import OptimConfig, ShardingConfig, TrainerConfig, check_optim, check_trainer
 from recsys.config.tune import TuneConfig, check_tune
@@ -43,6 +43,23 @@ def query_uses_user_id(cfg: Config) -> bool:
     if cfg.model.query_encoder.user:  # the encoder blends the user id with the history (model/query_encoder=gated)
         return True
     return cfg.data.query_history != "profile" or cfg.data.history_length <= 0
+
+
+def query_not_exportable(cfg: Config) -> str:
+    """Why the serving bundle cannot serve this run's query encoder yet ("" when it can): recsys.export refuses such
+    a run, and results.json says so of the two-tower and its fusions."""
+    if cfg.model.id_mapping == IdMapping.managed and query_uses_neighbors(cfg):
+        return (
+            "model.id_mapping=managed with model.query_neighbors cannot be exported yet: the bundle's query encoder "
+            "looks the history up in the item and neighbour tables by the same ids, and managed tables give an id "
+            "another row in each"
+        )
+    if uses_sequence_encoder(cfg):
+        return (
+            f"model.query_encoder.name={cfg.model.query_encoder.name} runs cannot be exported yet: the serving "
+            "bundle's query encoder (recsys/serving.py) pools a history bag and has no sequence encoder"
+        )
+    return ""
 
 
 def uses_sequence_encoder(cfg: Config) -> bool:

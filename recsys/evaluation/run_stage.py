@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from recsys.config import Config, IdMapping
+from recsys.config import Config, IdMapping, query_not_exportable
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
@@ -99,6 +99,7 @@ def rank_after_training(
             point, test = out["rankers"][serve]["point"], eval_splits["test"]
             save_served(run_dir, serve, point, fit.served(point), fit_on=test.fit_on, users=test.users, topk=ids)
         out["headline"] = {"ranker": serve, "servable": True}
+        mark_not_exportable(out, query_not_exportable(cfg))
         test = eval_splits["test"]
         out["untrained"] = {"test": count_untrained(untrained, test.users, test.relevant, context.reduce)}
         if env.is_main:
@@ -107,3 +108,15 @@ def rank_after_training(
     if env.world_size > 1 and not per_rank_users:
         dist.broadcast_object_list(results, src=0)
     return results[0]
+
+
+def mark_not_exportable(out: dict, why: str) -> None:
+    """Where the bundle cannot serve the run's query encoder (``why``, recsys.config.query_not_exportable), the
+    two-tower and its fusions are not servable: their rows and the headline say so (recsys.export refuses the run)."""
+    if not why:
+        return
+    for name, row in out["rankers"].items():
+        if name == TRAINED or name.startswith(f"{TRAINED}+"):
+            row.update(servable=False, not_servable=why)
+    if out["headline"]["ranker"] == TRAINED or out["headline"]["ranker"].startswith(f"{TRAINED}+"):
+        out["headline"].update(servable=False, not_servable=why)

@@ -81,8 +81,8 @@ def format_results_table(results: dict[str, Any], ks: Sequence[int]) -> str:
     def serving(model: str) -> list[str]:
         if rankers is None:
             return []
-        if model == headline:
-            return ["served"]
+        if model == headline:  # the headline, not shippable where the bundle cannot serve the query encoder yet
+            return ["served" if results["headline"].get("servable", True) else "headline, not exportable"]
         return ["servable" if rankers.get(model, {}).get("servable") else "no"]
 
     rows = [

@@ -163,3 +163,16 @@ def test_an_older_runs_query_encoder_name_and_sasrec_section_read_as_the_same_en
     assert OmegaConf.to_container(saved.model) == expected
     merged = OmegaConf.merge(schema(Config), saved)
     assert OmegaConf.to_container(merged.model.query_encoder) == (section or {"name": "bag"})
+
+
+def test_a_run_whose_query_encoder_the_bundle_cannot_serve_says_so(data_root, tmp_path, process_group):
+    """results.json and its table mark the two-tower and its fusions not servable, with the reason export gives."""
+    from recsys.run import fit
+    from recsys.rundir.outputs import format_results_table
+
+    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "model/query_encoder=attention"])
+    results = fit(cfg, tmp_path)
+    assert results["headline"]["servable"] is False
+    assert "cannot be exported yet" in results["headline"]["not_servable"]
+    assert not any(row["servable"] for name, row in results["rankers"].items() if name.startswith("two_tower"))
+    assert "headline, not exportable" in format_results_table(results, [20])
