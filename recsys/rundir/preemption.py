@@ -46,12 +46,17 @@ def signal_name(signum: int) -> str:
 class Preempted(Exception):
     """Training stopped on SIGTERM or Ctrl-C after writing ``checkpoint`` (the run resumes from it)."""
 
-    def __init__(self, step: int, checkpoint: str, signum: int = signal.SIGTERM) -> None:
+    def __init__(
+        self,
+        step: int,
+        checkpoint: str,
+        signum: int = signal.SIGTERM,
+        then: str = "run the same command again to resume from it",
+    ) -> None:
+        """``then``: what the same command does next (a search's trial is not resumed: recsys/tune/search.py)."""
         how = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "preempted (SIGTERM)"
-        super().__init__(
-            f"{how}: stopped after step {step}, checkpoint {checkpoint}; run the same command again to resume from it"
-        )
-        self.step, self.checkpoint, self.exit_code = step, checkpoint, exit_code(signum)
+        super().__init__(f"{how}: stopped after step {step}, checkpoint {checkpoint}; {then}")
+        self.step, self.checkpoint, self.signum, self.exit_code = step, checkpoint, signum, exit_code(signum)
 
 
 # steps between the ranks' agreements on a stop: milliseconds each on a GPU, well inside any grace period on CPU

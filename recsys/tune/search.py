@@ -37,10 +37,17 @@ from typing import Any
 
 from recsys.config import Config, with_values
 from recsys.refit_rule import decide_refit
+from recsys.rundir.preemption import Preempted
 from recsys.tune.space import configured, suggest
 from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, chosen_trial
 
 log = logging.getLogger(__name__)
+
+# a stop inside a search: its trials are not stored yet, so a rerun searches again from trial 0
+SEARCH_RESTARTS = (
+    "the search was at trial {trial}; the same command starts the search again from trial 0 (its finished trials "
+    "are trained again), then trains the chosen settings"
+)
 
 # (config, trial dir, deadline, on_epoch) -> the training's results; on_epoch(epoch, valid figure) -> stop there
 TrainTrial = Callable[[Config, Path, float, Callable[[int, float], bool] | None], dict]
@@ -80,10 +87,13 @@ def search(
             break
         proposal = study.ask()
         values = sync({knob.key: suggest(proposal, knob) for knob in tune.space})
-        trial, counts, _ = sync(run_trial(
-            cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock,
-            proposal=proposal, sync=sync,
-        ))  # fmt: skip
+        try:
+            trial, counts, _ = sync(run_trial(
+                cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock,
+                proposal=proposal, sync=sync,
+            ))  # fmt: skip
+        except Preempted as e:  # the study is not stored: say what the same command will do
+            raise Preempted(e.step, e.checkpoint, e.signum, then=SEARCH_RESTARTS.format(trial=len(trials))) from None
         trials.append(trial)
         keep_compared_figures(trials)
         if reserve is None:  # trial 0 is the configured training: what the run's refit, if any, will about cost

@@ -89,6 +89,26 @@ def test_a_trial_that_would_not_fit_the_budget_is_not_started(tmp_path):
     assert [t.valid for t in trials] == [t.values["model.loss.temperature"] for t in trials]
 
 
+def test_a_stop_inside_the_search_says_the_search_restarts(tmp_path):
+    """SIGTERM / Ctrl-C during a trial: the one line says the same command searches again from trial 0 (it does: the
+    study is not stored), not that it resumes from the trial's checkpoint."""
+    from recsys.rundir.preemption import Preempted
+
+    clock = [0.0]
+    finished = _fake_trial(60.0, clock)
+
+    def second_is_stopped(cfg, trial_dir, deadline, on_epoch=None):
+        if clock[0] > 0:
+            raise Preempted(7, str(trial_dir / "checkpoints" / "step_7"))
+        return finished(cfg, trial_dir, deadline, on_epoch)
+
+    cfg = tiny_config(["tune.budget_minutes=10"])
+    with pytest.raises(
+        Preempted, match=r"search was at trial 1; the same command starts the search again from trial 0"
+    ):
+        search(cfg, tmp_path, second_is_stopped, clock=lambda: clock[0])
+
+
 def test_the_same_seed_proposes_the_same_settings(tmp_path):
     def values(seed: int) -> list[dict]:
         clock = [0.0]
