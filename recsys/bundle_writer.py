@@ -7,6 +7,7 @@ but a bundle export wrote is refused, never deleted.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -196,6 +197,14 @@ def write_bundle(
         os.chmod(tmp, 0o755)  # mkdtemp makes it private
         check_replaceable(out)  # again: something may have appeared there while the items were embedded
         replace_dir(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the user's to fix: say where, and that nothing was replaced
+            raise RunRefused(
+                f"{out}: the disk is full writing the bundle ({e.strerror}); {out} is unchanged and no partial bundle "
+                f"is left: free space on {out.parent} or export elsewhere (out_dir=...)"
+            ) from e
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

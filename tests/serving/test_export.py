@@ -96,3 +96,28 @@ def test_the_bundle_serves_the_runs_headline_figure_through_each_index(trained_r
         assert abs(out["metrics"][kind]["recall@20"] - headline["test"]["recall@20"]) < 1e-4
     assert out["summary"]["indexes"]["flat"]["recall_vs_exact"] == 1.0
     assert 0.0 < out["summary"]["indexes"]["hnsw"]["recall_vs_exact"] <= 1.0
+
+
+def test_a_full_disk_is_one_refusal_naming_the_bundle_dir(tmp_path, trained_run, monkeypatch):
+    """Disk full while the bundle is written (issue 53 finding 9): one refusal naming out_dir, no partial bundle."""
+    import errno
+    import re
+
+    import pytest
+
+    from recsys import bundle_writer
+    from recsys.export import ExportConfig, export_run
+    from recsys.refusals import RunRefused
+
+    real_save = np.save
+
+    def full(path, *args, **kwargs):
+        if str(path).endswith("item_embeddings.npy"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(path, *args, **kwargs)
+
+    monkeypatch.setattr(bundle_writer.np, "save", full)
+    out = tmp_path / "bundle"
+    with pytest.raises(RunRefused, match=rf"{re.escape(str(out))}: the disk is full writing the bundle .*out_dir="):
+        export_run(ExportConfig(run_dir=str(trained_run.run_dir), out_dir=str(out)))
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle")]
