@@ -16,6 +16,7 @@ from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.distributed.managed import full_id_maps, zero_miss_rows
 from recsys.query_encoder import QueryEncoder
 from recsys.rankers.parts import BundleRun
+from recsys.rankers.plugins import load_plugins
 from recsys.rankers.served import Served
 from recsys.rankers.served_dir import SERVED_DIR, load_served
 from recsys.rankers.two_tower.weights import served_from_weights
@@ -71,6 +72,9 @@ def _export_run(ecfg: ExportConfig) -> Path:
     check_replaceable(out)  # before any work, on every rank
     run_dir = export_stage_dir(run_dir, ecfg.checkpoint, REFIT_DIR, ecfg.stage)  # a trainer.refit run: its refit
     cfg = load_run_config(run_dir, ecfg.checkpoint)
+    load_plugins(
+        cfg.eval.plugins
+    )  # the run's plug-in rankers and their served parts, as train and evaluate import them
     check_exportable(cfg, run_dir)
     chosen = _served_ranker(run_dir, ecfg.checkpoint)
     env = init_distributed(ecfg.device)  # this machine's device, not necessarily the training run's

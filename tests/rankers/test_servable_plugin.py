@@ -57,3 +57,35 @@ def test_a_plugin_ranker_is_trained_exported_and_served_as_the_run_ranked_it(
     data = open_dataset(cfg, prepare_dataset(cfg.data))
     assert_bundle_ranks_test_as_the_run(load_bundle(bundle_dir), run_dir, cfg, data)
     assert toy_plugin in RANKERS
+
+
+def _unregister(name: str) -> None:
+    import recsys.rankers.parts as parts
+
+    RANKERS.pop(name, None), parts._PART_TYPES.pop(name, None)
+    sys.modules.pop("tests.plugins.toy_ranker", None)
+
+
+def test_export_imports_the_runs_plugins(tmp_path, data_root, process_group):
+    """recsys.export in a process that never imported the plug-in (issue 53 finding 4): it imports the run's
+    eval.plugins, as train and evaluate do, instead of failing on an unregistered part."""
+    overrides = [
+        f"data.root={data_root}",
+        "trainer.epochs=1",
+        f"hydra.searchpath=[file://{PLUGIN_CONF}]",
+        "+eval/rankers@eval.settings.toy=toy",
+        "eval.plugins=[tests.plugins.toy_ranker]",  # fit imports it, as recsys.train does
+        "eval.rankers=[two_tower,popularity,toy]",
+        "eval.serve=toy",
+    ]
+    run_dir = tmp_path / "run"
+    try:
+        fit(tiny_config(overrides), run_dir)
+    finally:
+        _unregister("toy")  # what a fresh export process starts from
+    try:
+        bundle_dir = export_run(ExportConfig(run_dir=str(run_dir)))
+        manifest = json.loads((bundle_dir / "manifest.json").read_text())
+        assert [p["ranker"] for p in manifest["served"]["parts"]] == ["toy"]
+    finally:
+        _unregister("toy")
