@@ -172,8 +172,7 @@ class TrainBatches:
         self.rank_example_counts = None if rank_example_counts is None else [int(n) for n in rank_example_counts]
         self.bounds = self._epoch_bounds(equal_shares, rank)
         self.seed, self.rank = seed, rank
-        counts = data.example_item_counts() if negative_exponent else np.ones(data.num_items)
-        self.negatives = NegativeSampler(num_negatives, negative_exponent, counts)
+        self.negatives = NegativeSampler(num_negatives, negative_exponent, data.num_items, data.example_item_counts)
         self.history_length = history_length
         if query_history not in ("recent", "profile"):
             raise ValueError(f"data.query_history={query_history!r}: expected 'recent' or 'profile'")

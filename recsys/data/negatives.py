@@ -6,6 +6,8 @@ Drawn per global batch from (seed, epoch, batch), so every rank draws the same o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 WHOLE_CATALOGUE = -1  # model.negatives.num: every item, every step (a full softmax)
@@ -23,12 +25,14 @@ def sampling_probs(counts: np.ndarray, exponent: float) -> np.ndarray:
 
 
 class NegativeSampler:
-    """``num`` items per draw from ``sampling_probs(counts, exponent)``, with replacement."""
+    """``num`` items per draw from ``sampling_probs(counts(), exponent)``, with replacement, of ``num_items``."""
 
-    def __init__(self, num: int, exponent: float, counts: np.ndarray) -> None:
-        self.num, self.num_items = num, len(counts)
+    def __init__(self, num: int, exponent: float, num_items: int, counts: Callable[[], np.ndarray]) -> None:
+        """``counts``: the items' training counts, asked for only when the draws are not uniform (no O(items)
+        array otherwise: catalogues of 10^9 ids)."""
+        self.num, self.num_items = num, num_items
         # uniform draws keep rng.integers (the draws of every earlier run); others invert the CDF
-        self.cdf = None if exponent == 0 or num <= 0 else np.cumsum(sampling_probs(counts, exponent))
+        self.cdf = None if exponent == 0 or num <= 0 else np.cumsum(sampling_probs(counts(), exponent))
 
     @property
     def whole_catalogue(self) -> bool:

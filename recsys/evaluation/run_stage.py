@@ -115,8 +115,6 @@ def mark_not_exportable(out: dict, why: str) -> None:
     two-tower and its fusions are not servable: their rows and the headline say so (recsys.export refuses the run)."""
     if not why:
         return
-    for name, row in out["rankers"].items():
-        if name == TRAINED or name.startswith(f"{TRAINED}+"):
+    for name, row in [*out["rankers"].items(), (out["headline"]["ranker"], out["headline"])]:
+        if TRAINED in name.split("+"):  # the two-tower, or a fusion with it as either part
             row.update(servable=False, not_servable=why)
-    if out["headline"]["ranker"] == TRAINED or out["headline"]["ranker"].startswith(f"{TRAINED}+"):
-        out["headline"].update(servable=False, not_servable=why)

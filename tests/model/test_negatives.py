@@ -24,11 +24,11 @@ def test_the_pool_is_drawn_from_counts_to_the_exponent():
     for exponent in (0.5, 1.0):
         expected = COUNTS**exponent / (COUNTS**exponent).sum()
         assert sampling_probs(COUNTS, exponent) == pytest.approx(expected)
-        draws = NegativeSampler(200_000, exponent, COUNTS).draw(np.random.default_rng(0))
+        draws = NegativeSampler(200_000, exponent, len(COUNTS), lambda: COUNTS).draw(np.random.default_rng(0))
         freq = np.bincount(draws, minlength=len(COUNTS)) / len(draws)
         assert freq == pytest.approx(expected, abs=0.005)  # 4 standard errors of the largest share
         assert freq[3] == 0  # never trained on: never drawn
-    uniform = NegativeSampler(6, 0.0, COUNTS).draw(np.random.default_rng([1, 2]))
+    uniform = NegativeSampler(6, 0.0, len(COUNTS), lambda: COUNTS).draw(np.random.default_rng([1, 2]))
     assert np.array_equal(uniform, np.random.default_rng([1, 2]).integers(0, 5, 6))  # earlier runs' draws
 
 
