@@ -230,7 +230,9 @@ def _log_span(log: Path) -> tuple[datetime, datetime]:
 def test_under_torchrun_each_rank_trains_its_own_trial_at_once(tmp_path, data_root):
     """Two ranks (gloo), three trials: trials 0 and 1 train at the same time, on ranks 0 and 1, each a job of one
     rank; trial 2 on rank 0 in the next round; the chosen settings train as the run on both ranks."""
-    run_dir = search_under_torchrun(tmp_path, data_root, "tune.parallel_trials=true")
+    # 4 epochs a trial (the helper's 2 took ~2 s): long enough that the two trials' spans overlap whatever the ranks'
+    # start-up skew on 2 loaded cores (once 28 ms apart with 2)
+    run_dir = search_under_torchrun(tmp_path, data_root, "tune.parallel_trials=true", "trainer.epochs=4")
     table = json.loads((run_dir / "tune" / "trials.json").read_text())
     results = json.loads((run_dir / "results.json").read_text())
     assert [(t["number"], t["rank"], t["state"]) for t in table["trials"]] == [
