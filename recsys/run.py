@@ -314,7 +314,7 @@ def _train_and_test(
         )  # fmt: skip
         trained = trainer.fit(start.resume_from)
         if not stage:  # a search's trial: its best epoch's figure of each valid user, to compare trials user by user
-            return {**trained, "valid_users": trainer.best_valid_users}
+            return {**trained, "valid_users": trainer.best_valid_users, "finished": trainer.finished}
         ranked = rank_after_training(cfg, env, data, trainer.two_tower, run_dir, evaluator, chosen=chosen)
         headline = ranked.pop("headline")
         results = {

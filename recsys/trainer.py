@@ -233,6 +233,11 @@ class Trainer:
             self.metrics_log.close()
         return training_results(self.state, self.data, env.world_size, best, self.managed)
 
+    @property
+    def finished(self) -> bool:
+        """Whether the training ran out its epochs or stopped early on valid (not at the deadline)."""
+        return self.state.early_stopped or self.state.epoch >= self.tcfg.epochs
+
     def _past_deadline(self) -> bool:
         """Collective when several ranks train: whether the deadline has passed (rank 0's clock decides)."""
         if self.deadline is None:

@@ -44,7 +44,7 @@ from recsys.tune.search import (
     run_trial,
     tell,
 )
-from recsys.tune.space import suggest
+from recsys.tune.space import trial_values
 from recsys.tune.trials_table import TUNE_DIR, Trial
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,8 @@ def _plan_round(cfg: Config, study, first: int, world: int) -> tuple[Round, list
     history = study.get_trials(deepcopy=True, states=(TrialState.COMPLETE, TrialState.PRUNED))
     count = world if not cfg.tune.max_trials else min(world, cfg.tune.max_trials - first)
     asked = [study.ask() for _ in range(count)]
-    return Round(first, [{knob.key: suggest(a, knob) for knob in cfg.tune.space} for a in asked], history), asked
+    values = [trial_values(a, cfg, cfg.tune.space, first + i) for i, a in enumerate(asked)]
+    return Round(first, values, history), asked
 
 
 def trial_in_process(

@@ -2,7 +2,7 @@
 
     $ python -m recsys.train +experiment=movielens tune.budget_minutes=20
 
-The first trial trains the settings as configured (each knob's own value, where its range holds it), so the chosen
+The first trial trains the settings exactly as configured (a knob's value outside its range too), so the chosen
 settings are never below them on valid; Optuna (TPE, seeded by ``tune.seed``) proposes the others' values of
 ``tune.space``. A trial trains them in ``<run dir>/tune/trial_<n>/`` with the per-epoch validation and early stopping
 (recsys.run.search_trial: the test split is never read), and its figure is its best epoch's valid
@@ -11,7 +11,8 @@ that epoch is pruned there (``tune.prune``) and never chosen. The best trial rep
 when ahead of them on valid by more than ``tune.min_gain_se`` standard errors of that lead, paired over the valid
 users, times sqrt(2 ln N) for the best of N trials (recsys/tune/trials_table.py). A trial that would not end within
 the budget is not started (the longest so far is the estimate); a trial running past it stops after its current
-epoch, keeping its best so far. Where the run will refit on train + valid (trainer.refit, recsys/refit_rule.py), the
+epoch and is never chosen (its settings were not trained out); when no trial completes, the run trains the settings
+as configured and says so. Where the run will refit on train + valid (trainer.refit, recsys/refit_rule.py), the
 first trial's seconds are kept out of the budget for that second training. The chosen settings are then trained as a
 normal run in the run dir (results.json, the evaluation stage, the bundle), whose rankers tune their own grids on
 valid as always; the trials' table goes to
@@ -38,8 +39,8 @@ from typing import Any
 from recsys.config import Config, with_values
 from recsys.refit_rule import decide_refit
 from recsys.rundir.preemption import Preempted
-from recsys.tune.space import configured, suggest
-from recsys.tune.trials_table import TUNE_DIR, Trial, best_trial, chosen_trial
+from recsys.tune.space import configured, trial_values
+from recsys.tune.trials_table import COMPLETE, TUNE_DIR, Trial, best_trial, chosen_trial
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def search(
             )
             break
         proposal = study.ask()
-        values = sync({knob.key: suggest(proposal, knob) for knob in tune.space})
+        values = sync(trial_values(proposal, cfg, tune.space, len(trials)))
         try:
             trial, counts, _ = sync(run_trial(
                 cfg, run_dir, len(trials), values, train_trial, deadline=start + budget_s, clock=clock,
@@ -191,7 +192,7 @@ def run_trial(
         trained, counts = results["train"], results.get("dataset", {}).get("counts")
         per_user = results.get("valid_users")  # (users, figures) of its best epoch: the paired comparison
         valid, best_epoch = trained.get("best_valid"), int(trained.get("best_epoch", -1))
-        state = "stopped at the budget" if clock() > deadline else "complete"
+        state = COMPLETE if results.get("finished", clock() <= deadline) else "stopped at the budget"
         if pruning.pruned_at is not None:
             state = f"pruned at epoch {pruning.pruned_at}"
     except (FloatingPointError, RuntimeError, ValueError) as e:  # a setting that diverges or cannot run
@@ -216,6 +217,8 @@ def chosen_config(cfg: Config, trials: list[Trial]) -> tuple[Config, Trial | Non
     """The run's config: ``cfg`` with the chosen trial's values (``chosen_trial``: the best on valid unless within
     tune.min_gain_se of the configured settings; as given when no trial completed), that trial and why."""
     best, why = chosen_trial(trials, cfg.tune.min_gain_se)
+    if best is None:
+        why = "no trial completed within the budget: the run trains the settings as configured"
     return (cfg if best is None else with_values(cfg, best.values)), best, why
 
 

@@ -33,7 +33,17 @@ def contains(knob: KnobConfig, value: Any) -> bool:
 
 
 def configured(cfg, space: list[KnobConfig]) -> dict[str, Any]:
-    """The config's own values of the knobs that can propose them: the search's first trial, so that the settings
-    a run would train without a search are always among those ranked (a knob whose value is outside its range is
-    left to the sampler)."""
+    """The config's own values of the knobs that can propose them: what the study is given as its first trial (a
+    value outside its knob's range is one Optuna cannot be told of)."""
     return {k.key: value_at(cfg, k.key) for k in space if contains(k, value_at(cfg, k.key))}
+
+
+def trial_values(trial, cfg, space: list[KnobConfig], number: int) -> dict[str, Any]:
+    """The values trial ``number`` trains, drawn by the Optuna ``trial``. Trial 0 trains the config exactly as given,
+    so that the settings a run would train without a search are always among those ranked: its knobs inside their
+    ranges are suggested (the study's enqueued values, which it learns from), those outside are trained as they are,
+    unknown to the sampler."""
+    if number != 0:
+        return {knob.key: suggest(trial, knob) for knob in space}
+    inside = configured(cfg, space)
+    return {k.key: suggest(trial, k) if k.key in inside else value_at(cfg, k.key) for k in space}

@@ -15,6 +15,7 @@ from recsys.atomic import write_json_atomic, write_text_atomic
 from recsys.markdown import markdown_table
 
 TUNE_DIR = "tune"
+COMPLETE = "complete"  # a trial's state once its settings trained out (its epochs, or early stopping)
 
 
 @dataclass
@@ -32,9 +33,9 @@ class Trial:
 
 
 def best_trial(trials: Sequence[Trial]) -> Trial | None:
-    """The trial with the highest valid figure (ties: the earlier one), None when none completed; a pruned trial
-    (stopped before its settings were trained out) is not chosen."""
-    scored = [t for t in trials if t.valid is not None and math.isfinite(t.valid) and not t.state.startswith("pruned")]
+    """The trial with the highest valid figure (ties: the earlier one), None when none completed; a trial pruned or
+    stopped at the budget (before its settings were trained out) is not chosen."""
+    scored = [t for t in trials if t.valid is not None and math.isfinite(t.valid) and t.state == COMPLETE]
     return max(scored, key=lambda t: (t.valid, -t.number)) if scored else None
 
 

@@ -79,6 +79,8 @@ def _tune_and_fit(cfg, run_dir: Path, fit: Callable, train_trial: TrainTrial, re
         write_trials(run_dir, trials, summary)
     if best is not None:
         log.info("tune: %s (valid %.4f): %s", why, best.valid, best.values)
+    else:
+        log.warning("tune: %s", why)
     if record is not None:
         record = {**record, "config.yaml": OmegaConf.to_yaml(OmegaConf.structured(final))}
     return fit(final, run_dir, record)

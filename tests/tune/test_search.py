@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from recsys.config import check_values, with_values
+from recsys.config import check_values, value_at, with_values
 from recsys.evaluation.sharded import Evaluator
 from recsys.export import ExportConfig, export_run
 from recsys.rankers.served_dir import served_ranking
@@ -117,7 +117,7 @@ def test_the_same_seed_proposes_the_same_settings(tmp_path):
 
     first = values(0)
     assert first == values(0) and first != values(1)
-    for v in first:  # inside the default space
+    for v in first[1:]:  # the sampler's, inside the default space (trial 0 is tiny's config as given)
         assert 0.03 <= v["model.loss.temperature"] <= 0.3 and v["model.tables.item.embedding_dim"] in (64, 128, 256)
 
 
@@ -135,19 +135,67 @@ def test_a_budget_of_zero_and_a_knob_of_no_key_are_refused():
 
 
 def test_the_first_trial_is_the_configured_settings(tmp_path):
-    """Trial 0 trains the config's own values, so a short search never chooses below the run it replaces; a knob
-    whose configured value is outside its range is left to the sampler."""
+    """Trial 0 trains the config's own values exactly, so a short search never chooses below the run it replaces:
+    tiny's history_length 10 and item dim 16 (neither a choice of the space) and a temperature above its range
+    included; the later trials are the sampler's, inside the space."""
     clock = [0.0]
     cfg = tiny_config(
         ["tune.budget_minutes=100", "tune.max_trials=3", "model.loss.temperature=0.5"]
     )  # above [0.03, 0.3]
     trials = search(cfg, tmp_path, _fake_trial(1.0, clock, figures=[0.9, 0.1, 0.2]), clock=lambda: clock[0])
-    first = trials[0].values
-    assert first["optim.sparse.lr"] == cfg.optim.sparse.lr and first["optim.dense.lr"] == cfg.optim.dense.lr
-    assert cfg.data.history_length == 10 and first["data.history_length"] in (20, 50, 100, 200)  # not a choice
-    assert first["data.history_dropout"] == cfg.data.history_dropout
-    assert 0.03 <= first["model.loss.temperature"] <= 0.3  # 0.5 is outside the knob: sampled
-    assert chosen_config(cfg, trials)[1].number == 0  # the best on valid (0.9) is the configured run
+    assert trials[0].values == {knob.key: value_at(cfg, knob.key) for knob in cfg.tune.space}
+    assert trials[0].values["data.history_length"] == 10 and trials[0].values["model.tables.item.embedding_dim"] == 16
+    assert trials[0].values["model.loss.temperature"] == 0.5
+    for later in trials[1:]:
+        assert later.values["data.history_length"] in (20, 50, 100, 200)
+        assert 0.03 <= later.values["model.loss.temperature"] <= 0.3
+    final, best, _ = chosen_config(cfg, trials)
+    assert best.number == 0 and final == cfg  # the best on valid (0.9) is the configured run, as configured
+
+
+def test_a_trial_stopped_at_the_budget_is_never_chosen(tmp_path):
+    """A budget too small for any trial: trial 0 is stopped after an epoch, so its settings were not trained out; it
+    is not chosen, and the run trains the settings as configured and says so (the table and the log)."""
+    clock = [0.0]
+    cfg = tiny_config(["tune.budget_minutes=0.05"])  # 3 s
+
+    def stopped(cfg_, trial_dir, deadline, on_epoch=None):
+        clock[0] += 60.0  # one epoch, past the deadline: the trainer stops there
+        return {"train": {"best_valid": 0.5, "best_epoch": 0}, "finished": False}
+
+    trials = search(cfg, tmp_path, stopped, clock=lambda: clock[0])
+    assert [t.state for t in trials] == ["stopped at the budget"]
+    final, best, why = chosen_config(cfg, trials)
+    assert best is None and final == cfg
+    assert why == "no trial completed within the budget: the run trains the settings as configured"
+    # a trial that ran out its epochs is complete even when its last epoch ended past the deadline
+    clock = [0.0]
+
+    def finished(cfg_, trial_dir, deadline, on_epoch=None):
+        clock[0] += 60.0
+        return {"train": {"best_valid": 0.5, "best_epoch": 1}, "finished": True}
+
+    assert [t.state for t in search(cfg, tmp_path, finished, clock=lambda: clock[0])] == ["complete"]
+
+
+def test_a_budget_too_small_for_any_trial_trains_the_configured_run(tmp_path, data_root, caplog):
+    """The real trainer stopped by the deadline (a budget of 0.06 s, 2 epochs of the tiny data): the trial's state is
+    "stopped at the budget", trials.md says the configured settings train, and the run trains tiny's own history
+    length and item width (both outside the search space)."""
+    cfg = tiny_config([f"data.root={data_root}", "tune.budget_minutes=0.001", "trainer.epochs=2"])
+    trained = {}
+
+    def fit_spy(final, run_dir, record=None):
+        trained["cfg"] = final
+        return {}
+
+    with caplog.at_level("WARNING"):
+        tune_and_fit(cfg, tmp_path, fit_spy, search_trial)
+    table = json.loads((tmp_path / "tune" / "trials.json").read_text())
+    assert [t["state"] for t in table["trials"]] == ["stopped at the budget"] and table["chosen"] is None
+    assert "No trial completed: the run trains the settings as given." in (tmp_path / "tune" / "trials.md").read_text()
+    assert trained["cfg"] == cfg and trained["cfg"].data.history_length == 10
+    assert "no trial completed within the budget" in caplog.text
 
 
 def _fake_curves(curves: list[list[float]], clock: list[float]):
