@@ -46,7 +46,7 @@ from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
 from recsys.evaluation.ease_plan import available_memory_bytes
 from recsys.evaluation.offline import check_splits, evaluate_trained
-from recsys.evaluation.run_stage import rank_after_training
+from recsys.evaluation.run_stage import rank_after_training, trial_figure
 from recsys.evaluation.sharded import Evaluator
 from recsys.logs import FILE_ONLY
 from recsys.model.build import build_task
@@ -314,7 +314,10 @@ def _train_and_test(
         )  # fmt: skip
         trained = trainer.fit(start.resume_from)
         if not stage:  # a search's trial: its best epoch's figure of each valid user, to compare trials user by user
-            return {**trained, "valid_users": trainer.best_valid_users, "finished": trainer.finished}
+            # ranked by what its run would serve (a fusion, by default), where it is a candidate for the choice
+            candidate = trainer.finished and not trainer.pruned
+            served = trial_figure(cfg, env, data, trainer.two_tower, evaluator) if candidate else None
+            return {**trained, "valid_users": trainer.best_valid_users, "finished": trainer.finished, "served": served}
         ranked = rank_after_training(cfg, env, data, trainer.two_tower, run_dir, evaluator, chosen=chosen)
         headline = ranked.pop("headline")
         results = {

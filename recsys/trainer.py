@@ -166,6 +166,7 @@ class Trainer:
         )
         self.checkpoints, self.batches, self.evaluator = checkpoints, batches, evaluator
         self.deadline, self.on_epoch = deadline, on_epoch
+        self.pruned = False  # stopped by ``on_epoch``
         self.keep_valid_users = keep_valid_users
         self.best_valid_users: tuple[np.ndarray, np.ndarray] | None = None
         self.two_tower = sharded.two_tower
@@ -352,7 +353,7 @@ class Trainer:
                     log.info("early stop: no better valid %s for %d epochs", metric, state.bad_epochs)
                 state.early_stopped = True
         if self.on_epoch is not None and not self.cfg.data.train_on_valid and self.on_epoch(epoch, score):
-            state.early_stopped = True  # the search's pruner: this trial is behind the others at this epoch
+            state.early_stopped = self.pruned = True  # the search's pruner: this trial is behind the others here
         self.checkpoint()
         if self.preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written
             raise Preempted(state.step, str(self.checkpoints.step_path(state.step)), self.preemption.signum)

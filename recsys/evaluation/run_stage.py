@@ -12,10 +12,14 @@ The served ranker's test-stage state goes to ``<run dir>/served/`` (rank 0), for
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -23,8 +27,9 @@ from torch import nn
 from recsys.config import Config, IdMapping, query_not_exportable
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
+from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
-from recsys.evaluation.stage import evaluate_rankers
+from recsys.evaluation.stage import evaluate_rankers, served_on_valid
 from recsys.evaluation.untrained import count_untrained, find_untrained, say_untrained
 from recsys.rankers.base import EvalSplit, Point
 from recsys.rankers.registry import TRAINED, RankerContext, build_rankers, resolved_rankers, serve_candidates
@@ -118,3 +123,79 @@ def mark_not_exportable(out: dict, why: str) -> None:
     for name, row in [*out["rankers"].items(), (out["headline"]["ranker"], out["headline"])]:
         if TRAINED in name.split("+"):  # the two-tower, or a fusion with it as either part
             row.update(servable=False, not_servable=why)
+
+
+# the fits a search's trials share (the rankers fit on the interactions alone): set while the search runs
+_KEPT_FITS: ContextVar[dict | None] = ContextVar("kept_fits", default=None)
+
+
+@contextmanager
+def fits_kept_between_trainings() -> Iterator[None]:
+    """Within it, ``trial_figure`` fits each ranker that reads no trained weights (the graph filter, EASE) once and
+    reuses it in every later trial of the same data; the fits are released at its end."""
+    token = _KEPT_FITS.set({})
+    try:
+        yield
+    finally:
+        _KEPT_FITS.reset(token)
+
+
+def trial_figure(
+    cfg: Config, env: DistEnv, data: RetrievalData, two_tower: nn.Module, evaluator: Evaluator
+) -> dict | None:
+    """Collective: what a search's trial is ranked by when its run would serve another ranker than the two-tower
+    alone (the graph filter's fusion, by default, on the random-split protocols): ``{"ranker": the one its run's stage
+    would serve, "valid": its valid eval.valid_metric, "users": (the valid users, each one's figure) or None}``,
+    each ranker at its grid's best point on valid as the stage chooses it; None where the two-tower alone would be
+    served (its per-epoch figure is the trial's then)."""
+    names = resolved_rankers(cfg, data.num_items)
+    candidates = [n for n in serve_candidates(cfg, data.num_items) if n in names]
+    if candidates in ([], [TRAINED]):
+        return None
+    ecfg, per_rank_users = cfg.eval, evaluator.per_rank_users
+    protocol, users, items = evaluator.embeddings(
+        two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size
+    )
+    untrained = find_untrained(
+        data, two_tower, managed=cfg.model.id_mapping == IdMapping.managed, device=env.device, world_size=env.world_size
+    )
+    results: list[Any] = [None]
+    if per_rank_users or env.is_main:
+        timeline = evaluator.csr(protocol.timeline)
+        valid = EvalSplit(
+            "valid", protocol.users, protocol.exclude, timeline, protocol.relevant, PRECEDING_SPLITS["valid"]
+        )
+        context = RankerContext(
+            eval=ecfg,
+            train_counts=data.item_counts(),
+            embeddings={"valid": (users, items)},
+            seed=cfg.trainer.seed,
+            reduce=sum_over_ranks(env.device, env.world_size) if per_rank_users else None,
+            unranked_items=untrained.unranked_items(),
+        )
+        rankers, parts = build_rankers(candidates, context)
+        score = partial(metrics_over_ranks, device=env.device, world_size=env.world_size) if per_rank_users else None
+        served, metrics, ids = served_on_valid(
+            rankers, valid=valid, candidates=candidates, ks=ecfg.ks, metric=ecfg.valid_metric,
+            chunk_size=ecfg.chunk_size, parts=parts, kept_fits=_KEPT_FITS.get(), **({"score": score} if score else {}),
+        )  # fmt: skip
+        metric = ecfg.valid_metric
+        results[0] = {"ranker": served, "valid": metrics[metric], "users": None}
+        if metric.partition("@")[0] in PER_USER_METRICS:  # the paired comparison's figures
+            evaluated = valid.relevant.lengths() > 0
+            figures = per_user_metrics(ids, valid.relevant, [int(metric.partition("@")[2])])[metric]
+            results[0]["users"] = (valid.users[evaluated], figures[evaluated])
+            if per_rank_users and env.world_size > 1:  # every rank's users, on every rank
+                results[0]["users"] = _gathered(results[0]["users"], env.world_size)
+    if env.world_size > 1 and not per_rank_users:
+        dist.broadcast_object_list(results, src=0)
+    return results[0]
+
+
+def _gathered(users_figures: tuple[np.ndarray, np.ndarray], world_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Collective: every rank's (users, figures), concatenated in the order of the users."""
+    shares: list[Any] = [None] * world_size
+    dist.all_gather_object(shares, users_figures)
+    users, figures = (np.concatenate(parts) for parts in zip(*shares, strict=True))
+    order = np.argsort(users, kind="stable")
+    return users[order], figures[order]

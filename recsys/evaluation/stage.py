@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from recsys.evaluation.metrics import compute_metrics
+from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,23 @@ def fit_order(rankers: Sequence[Ranker], known: Mapping[str, Ranker]) -> list[Ra
     return list(order.values())
 
 
-def _fit_all(rankers: Sequence[Ranker], split: EvalSplit) -> tuple[dict[str, Fit], dict[str, float]]:
+def _fit_all(
+    rankers: Sequence[Ranker], split: EvalSplit, kept: dict | None = None
+) -> tuple[dict[str, Fit], dict[str, float]]:
+    """Each ranker's fit on ``split`` (parts first, as ``fit_order`` lists them) and its seconds; ``kept``: fits
+    reused from and added to it, for the rankers that are fit on the interactions alone (no trained weights, no
+    parts), whose fit is the same for every training of one dataset (a search's trials)."""
     fits: dict[str, Fit] = {}
     seconds: dict[str, float] = {}
     for ranker in rankers:
         start = time.perf_counter()
-        fits[ranker.name] = ranker.fit(split, fits)
+        key = (ranker.name, repr(ranker.settings()), split.name, split.fit_on)
+        if kept is not None and key in kept:
+            fits[ranker.name] = kept[key]
+        else:
+            fits[ranker.name] = ranker.fit(split, fits)
+            if kept is not None and not ranker.parts() and ranker.name != TRAINED_ROW:  # not the trained weights
+                kept[key] = fits[ranker.name]
         seconds[ranker.name] = time.perf_counter() - start
     return fits, seconds
 
@@ -148,6 +160,31 @@ def evaluate_rankers(
     return out
 
 
+def served_on_valid(
+    rankers: Sequence[Ranker],
+    *,
+    valid: EvalSplit,
+    candidates: Sequence[str],
+    ks: Sequence[int],
+    metric: str,
+    chunk_size: int = 4096,
+    parts: Sequence[Ranker] = (),
+    kept_fits: dict | None = None,
+    score: Score = compute_metrics,
+) -> tuple[str, dict[str, float], np.ndarray]:
+    """(the served ranker, its valid metrics, its valid top-k ids): the valid half of ``evaluate_rankers``, each
+    ranker at its grid's best point and the served one chosen as the run's stage chooses it, no test ranked (a
+    search's trial is ranked by what its run would serve). ``kept_fits``: ``_fit_all``'s."""
+    ranking = _Ranking(sorted({int(k) for k in ks} | {int(metric.partition("@")[2])}), metric, chunk_size, score)
+    order = fit_order(rankers, {r.name: r for r in [*parts, *rankers]})
+    rows = {r.name: {"fit_on": {}, "fit": {}} for r in rankers}
+    metrics: dict[str, Any] = {}
+    ids: dict[str, np.ndarray] = {}
+    _tune_on_valid(rankers, order, valid, ranking, {}, rows, metrics, ids, kept_fits)
+    served = choose_served(rankers, candidates, metrics, metric)
+    return served, metrics[served], ids[served]
+
+
 def choose_served(rankers: Sequence[Ranker], candidates: Sequence[str], valid: Mapping[str, dict], metric: str) -> str:
     """The servable ranker of ``candidates`` with the best ``valid`` ``metric`` (ties: the later listed, e.g. a fusion
     whose beta = 0 ties the part it adds to), or without valid figures the last; a ValueError when none is servable."""
@@ -177,12 +214,13 @@ def _tune_on_valid(
     rows: dict[str, dict[str, Any]],
     metrics: dict[str, Any],
     ids: dict[str, np.ndarray],
+    kept_fits: dict | None = None,
 ) -> dict[str, Point]:
     """Each ranker's point on valid (``chosen``'s, else its grid's best by ``ranking.metric``): fills its
     valid ``metrics``, top-k ``ids`` and ``rows`` (fit, grid, what tuned it); returns the points."""
     metric = ranking.metric
     tuned = {}
-    fits, seconds = _fit_all(order, valid)
+    fits, seconds = _fit_all(order, valid, kept_fits)
     for ranker in rankers:
         start = time.perf_counter()
         grid = [chosen[ranker.name]] if ranker.name in chosen else ranker.grid()

@@ -5,8 +5,11 @@
 The first trial trains the settings exactly as configured (a knob's value outside its range too), so the chosen
 settings are never below them on valid; Optuna (TPE, seeded by ``tune.seed``) proposes the others' values of
 ``tune.space``. A trial trains them in ``<run dir>/tune/trial_<n>/`` with the per-epoch validation and early stopping
-(recsys.run.search_trial: the test split is never read), and its figure is its best epoch's valid
-``eval.valid_metric``. A trial whose figure after an epoch (its 2nd on) is below the median of the earlier trials' at
+(recsys.run.search_trial: the test split is never read), and its figure is the valid ``eval.valid_metric`` of what
+its run would serve: the two-tower's best epoch, or where the run serves the best on valid of several rankers (the
+default's fusion with the graph filter) that one's, each at its grid's best point, as the run's evaluation stage
+chooses (recsys.evaluation.run_stage.trial_figure; the graph filter's and EASE's fits are made once for the whole
+search). A trial whose two-tower figure after an epoch (its 2nd on) is below the median of the earlier trials' at
 that epoch is pruned there (``tune.prune``) and never chosen. The best trial replaces the configured settings only
 when ahead of them on valid by more than ``tune.min_gain_se`` standard errors of that lead, paired over the valid
 users, times sqrt(2 ln N) for the best of N trials (recsys/tune/trials_table.py). A trial that would not end within
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from recsys.config import Config, with_values
+from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.refit_rule import decide_refit
 from recsys.rundir.preemption import Preempted
 from recsys.tune.space import configured, trial_values
@@ -187,11 +191,15 @@ def run_trial(
     began = clock()
     log.info("tune: trial %d: %s", number, ", ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
     counts = per_user = None
+    served_by = TRAINED_ROW
     try:
         results = train_trial(trial_cfg, trial_dir, deadline, pruning)
         trained, counts = results["train"], results.get("dataset", {}).get("counts")
         per_user = results.get("valid_users")  # (users, figures) of its best epoch: the paired comparison
         valid, best_epoch = trained.get("best_valid"), int(trained.get("best_epoch", -1))
+        if results.get("served"):  # the figure of what its run would serve (a fusion), not the two-tower's alone
+            served = results["served"]
+            valid, per_user, served_by = served["valid"], served["users"], served["ranker"]
         state = COMPLETE if results.get("finished", clock() <= deadline) else "stopped at the budget"
         if pruning.pruned_at is not None:
             state = f"pruned at epoch {pruning.pruned_at}"
@@ -199,9 +207,10 @@ def run_trial(
         valid, best_epoch, state = None, -1, f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     shutil.rmtree(trial_dir / "checkpoints", ignore_errors=True)  # its weights are not kept: the run retrains the best
     seconds = clock() - began
-    log.info("tune: trial %d: valid %s, %.0f s (%s)", number, _fmt(valid), seconds, state)
+    log.info("tune: trial %d: valid %s of %s, %.0f s (%s)", number, _fmt(valid), served_by, seconds, state)
     users = min(counts.get("users", 0), counts.get("valid", 0)) if counts else 0  # each valid user has a valid row
-    return Trial(number, values, valid, seconds, state, best_epoch, users, per_user=per_user), counts, pruning.reports
+    trial = Trial(number, values, valid, seconds, state, best_epoch, users, served=served_by, per_user=per_user)
+    return trial, counts, pruning.reports
 
 
 def trial_config(cfg: Config, values: Mapping[str, Any]) -> Config:

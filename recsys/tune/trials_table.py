@@ -28,6 +28,7 @@ class Trial:
     best_epoch: int = -1
     valid_users: int = 0  # the users its valid figure averages over, at most (0: not known)
     rank: int | None = None  # tune.parallel_trials: the rank that trained it alone; None: trained on all the ranks
+    served: str = "two_tower"  # the ranker its valid figure is of: what its run would serve (the best on valid)
     # (the valid users ascending, the best epoch's figure of each): trials compared user by user; not in trials.json
     per_user: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
@@ -97,7 +98,7 @@ def write_trials(run_dir: Path, trials: Sequence[Trial], summary: dict[str, Any]
     ranks = any(t.rank is not None for t in trials)  # tune.parallel_trials: which rank trained each
     rows = [
         [t.number, *([_shown(t.rank)] if ranks else []), *[_shown(t.values.get(k)) for k in keys], _shown(t.valid),
-         f"{t.seconds:.0f}", t.state]
+         t.served, f"{t.seconds:.0f}", t.state]
         for t in trials
     ]  # fmt: skip
     lines = [
@@ -109,7 +110,8 @@ def write_trials(run_dir: Path, trials: Sequence[Trial], summary: dict[str, Any]
         else "No trial completed: the run trains the settings as given.",
         "",
         *markdown_table(
-            ["trial", *(["rank"] if ranks else []), *keys, f"valid {summary['metric']}", "seconds", "state"], rows
+            ["trial", *(["rank"] if ranks else []), *keys, f"valid {summary['metric']}", "of", "seconds", "state"],
+            rows,
         ),
         "",
     ]

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from recsys.config import Config, with_values
 from recsys.distributed.env import destroy_distributed, init_distributed
+from recsys.evaluation.run_stage import fits_kept_between_trainings
 from recsys.run import prepare_dataset_on_rank0
 from recsys.rundir.dir import RESULTS_FILE
 from recsys.tune.per_rank import Coordination, search_per_rank
@@ -65,7 +66,8 @@ def _tune_and_fit(cfg, run_dir: Path, fit: Callable, train_trial: TrainTrial, re
     log.info("tune: %g minutes on valid %s over %s", cfg.tune.budget_minutes, cfg.eval.valid_metric,
              "; ".join(describe(k) for k in cfg.tune.space))  # fmt: skip
     began = time.monotonic()
-    trials = run_search(cfg, run_dir, train_trial)
+    with fits_kept_between_trainings():  # the graph filter's (EASE's) fit made once for every trial's figure
+        trials = run_search(cfg, run_dir, train_trial)
     final, best, why = chosen_config(cfg, trials)
     summary = {
         "metric": cfg.eval.valid_metric,
