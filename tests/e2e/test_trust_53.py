@@ -8,6 +8,7 @@ line on stderr and exit status 1.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -341,3 +342,98 @@ def test_data_protocol_group_works_on_the_synthetic_default(tmp_path):
     )  # fmt: skip (the generator's rows: no MovieLens filter)
     cfg = tiny_config(["data/protocol=loo", f"data.root={tmp_path}"])
     assert read_meta(prepare_dataset(cfg.data))["protocol"] == "loo"
+
+
+# --- 5: a checkpoint shard (or a byte item its metadata declares) that is a crafted pickle ---------------------------
+
+
+class _Shell:
+    """A pickle whose load runs a shell command (what a crafted checkpoint file would hold)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _craft_shard(checkpoint: Path, marker: Path) -> Path:
+    """The checkpoint's shard replaced by a pickle of the size its DCP metadata expects, whose load touches marker."""
+    shard = checkpoint / "__0_0.distcp"
+    payload = pickle.dumps(_Shell(f"touch {marker}"), protocol=2)  # as the issue's: one GLOBAL posix.system
+    shard.write_bytes(payload + b"\0" * (shard.stat().st_size - len(payload)))
+    return shard
+
+
+@pytest.fixture
+def run_copy(trained_run, tmp_path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.run_dir, run_dir)
+    return run_dir
+
+
+def _entry_point_loading(run_dir: Path, how: str, data_root: Path) -> tuple[str, list[str], Path]:
+    """The module, its arguments and the checkpoint it loads: evaluate / export (best) or a resumed training."""
+    from recsys.rankers.registry import DEFAULT_FUSION
+    from recsys.rundir.checkpoint import latest_checkpoint
+
+    if how == "evaluate":
+        return "recsys.evaluate", [f"run_dir={run_dir}", "rankers=[]"], run_dir / "checkpoints" / "best"
+    if how == "export":
+        return "recsys.export", [f"run_dir={run_dir}"], run_dir / "checkpoints" / "best"
+    step = latest_checkpoint(run_dir / "checkpoints")
+    args = ["+experiment=tiny", f"data.root={data_root}", f"eval.serve={DEFAULT_FUSION}", f"hydra.run.dir={run_dir}"]
+    return "recsys.train", [*args, f"trainer.resume={step}"], step
+
+
+@pytest.mark.parametrize("how", ["evaluate", "export", "train_resume"])
+def test_a_crafted_checkpoint_shard_is_one_line_and_never_run(run_copy, data_root, tmp_path, monkeypatch, capsys, how):
+    module, args, checkpoint = _entry_point_loading(run_copy, how, data_root)
+    marker = tmp_path / "ran"
+    shard = _craft_shard(checkpoint, marker)
+    assert run_module(monkeypatch, module, [*args, *QUIET]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {shard}: refused to load: not a checkpoint shard recsys wrote"), line
+    assert "posix.system" in line and "nothing from it was run" in line
+    assert not marker.exists()
+
+
+def test_a_byte_item_a_crafted_metadata_declares_is_never_run(run_copy, tmp_path, monkeypatch, capsys):
+    """DCP unpickles a value its metadata calls bytes with weights_only=False: a crafted .metadata that calls a tensor
+    bytes, pointing at a pickle, ran that pickle."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    from recsys.safe_load import load_dcp_metadata
+
+    best = run_copy / "checkpoints" / "best"
+    marker = tmp_path / "ran"
+    metadata = load_dcp_metadata(best / ".metadata")
+    key = next(iter(metadata.state_dict_metadata))
+    shard = best / "__0_0.distcp"
+    payload = pickle.dumps(_Shell(f"touch {marker}"), protocol=2)  # as the issue's: one GLOBAL posix.system
+    offset = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(payload)
+    metadata.state_dict_metadata[key] = BytesStorageMetadata()
+    metadata.storage_data = {i: s for i, s in metadata.storage_data.items() if i.fqn != key}
+    metadata.storage_data[MetadataIndex(key)] = _StorageInfo(shard.name, offset, len(payload))
+    (best / ".metadata").write_bytes(pickle.dumps(metadata))
+    assert run_module(monkeypatch, "recsys.export", [f"run_dir={run_copy}", *QUIET]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {shard}: refused to load") and "posix.system" in line, line
+    assert not marker.exists()
+
+
+def test_a_refusal_of_another_rank_is_raised_on_every_rank(monkeypatch):
+    """DCP gathers every rank's read error on every rank: rank 0 raises rank 1's refusal, not a CheckpointException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import recsys.safe_load as safe_load
+
+    def rank_1_refused(*args, **kwargs):
+        raise CheckpointException("read", {1: (safe_load.UnsafeFileError("__1_0.distcp: refused to load"), None)})
+
+    monkeypatch.setattr(safe_load.dcp, "load", rank_1_refused)
+    with pytest.raises(safe_load.UnsafeFileError, match=r"^__1_0.distcp: refused to load$"):
+        safe_load.load_dcp({}, Path("ckpt"))
