@@ -8,7 +8,8 @@ downloaded bundle), so nothing read from one may run code when it is loaded:
   ``pickle.load``) through :class:`SafeFileSystemReader`, whose unpickler only builds the
   metadata classes DCP writes; a checkpoint's shards through :func:`load_dcp`, whose planner unpickles
   the values the metadata calls bytes weights-only too (DCP's own: ``weights_only=False``);
-- ``np.load`` with ``allow_pickle=False``; YAML through OmegaConf (a safe loader); JSON; parquet.
+- ``np.load`` with ``allow_pickle=False``; a run's YAML through ``load_config_yaml``
+  (recsys/rundir/saved_config.py: OmegaConf's safe loader, a Python tag refused, never built); JSON; parquet.
 
 A refused file raises :class:`UnsafeFileError` naming it, before anything from it is built; a file that cannot
 be read at all (truncated, not of its kind) raises :class:`UnreadableFile` naming it. Both are refusals: an entry

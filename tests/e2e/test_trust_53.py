@@ -425,6 +425,39 @@ def test_a_byte_item_a_crafted_metadata_declares_is_never_run(run_copy, tmp_path
     assert not marker.exists()
 
 
+# --- 6: a run's config.yaml with a Python tag ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("crafted", ["checkpoints/best/config.yaml", ".hydra/config.yaml"])
+@pytest.mark.parametrize("module", ["recsys.evaluate", "recsys.export"])
+def test_a_config_yaml_with_a_python_tag_is_one_line(tmp_path, monkeypatch, capsys, module, crafted):
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUN, run_dir)
+    if crafted == ".hydra/config.yaml":  # a run whose checkpoint holds no config of its own (older runs)
+        (run_dir / "checkpoints" / "best" / "config.yaml").unlink()
+    marker = tmp_path / "ran"
+    (run_dir / crafted).write_text(f'model: !!python/object/apply:os.system ["touch {marker}"]\n')
+    args = [f"run_dir={run_dir}", *QUIET, *(["rankers=[]"] if module == "recsys.evaluate" else [])]
+    assert run_module(monkeypatch, module, args) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {run_dir / crafted}: not valid config YAML"), line
+    assert "python/object/apply" in line and not marker.exists()
+
+
+def test_a_saved_config_that_is_no_mapping_or_no_yaml_is_refused_naming_it(tmp_path):
+    from recsys.refusals import RunRefused
+    from recsys.rundir.saved_config import read_config_file
+
+    path = tmp_path / "config.yaml"
+    for text in ("- a list\n", "model: [unclosed\n"):
+        path.write_text(text)
+        with pytest.raises(RunRefused, match=rf"^{path}: not valid config YAML"):
+            read_config_file(path)
+    path.write_text("trainer: {epochs: many}\n")  # YAML, but not the config's types
+    with pytest.raises(RunRefused, match=rf"^{path}: not a config this code can read \(trainer.epochs: "):
+        read_config_file(path)
+
+
 def test_a_refusal_of_another_rank_is_raised_on_every_rank(monkeypatch):
     """DCP gathers every rank's read error on every rank: rank 0 raises rank 1's refusal, not a CheckpointException."""
     from torch.distributed.checkpoint.api import CheckpointException
