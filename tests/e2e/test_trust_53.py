@@ -425,6 +425,20 @@ def test_a_byte_item_a_crafted_metadata_declares_is_never_run(run_copy, tmp_path
     assert not marker.exists()
 
 
+def test_a_refusal_of_another_rank_is_raised_on_every_rank(monkeypatch):
+    """DCP gathers every rank's read error on every rank: rank 0 raises rank 1's refusal, not a CheckpointException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import recsys.safe_load as safe_load
+
+    def rank_1_refused(*args, **kwargs):
+        raise CheckpointException("read", {1: (safe_load.UnsafeFileError("__1_0.distcp: refused to load"), None)})
+
+    monkeypatch.setattr(safe_load.dcp, "load", rank_1_refused)
+    with pytest.raises(safe_load.UnsafeFileError, match=r"^__1_0.distcp: refused to load$"):
+        safe_load.load_dcp({}, Path("ckpt"))
+
+
 # --- 6: a run's config.yaml with a Python tag ------------------------------------------------------------------------
 
 
@@ -458,15 +472,29 @@ def test_a_saved_config_that_is_no_mapping_or_no_yaml_is_refused_naming_it(tmp_p
         read_config_file(path)
 
 
-def test_a_refusal_of_another_rank_is_raised_on_every_rank(monkeypatch):
-    """DCP gathers every rank's read error on every rank: rank 0 raises rank 1's refusal, not a CheckpointException."""
-    from torch.distributed.checkpoint.api import CheckpointException
+# --- moved keys: an old key on the command line says where it went ---------------------------------------------------
 
-    import recsys.safe_load as safe_load
 
-    def rank_1_refused(*args, **kwargs):
-        raise CheckpointException("read", {1: (safe_load.UnsafeFileError("__1_0.distcp: refused to load"), None)})
+def test_a_moved_key_on_the_command_line_says_where_it_went(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["+experiment=tiny", "model.temperature=0.05", "model.loss=ccl", *QUIET]
+    assert run_module(monkeypatch, "recsys.train", args) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "model.temperature moved to model.loss.temperature: write model.loss.temperature=0.05" in line, line
+    assert "model.loss=ccl: the loss is a config group now: write model/loss=ccl" in line
+    assert list(tmp_path.iterdir()) == []  # refused before Hydra made a run dir
 
-    monkeypatch.setattr(safe_load.dcp, "load", rank_1_refused)
-    with pytest.raises(safe_load.UnsafeFileError, match=r"^__1_0.distcp: refused to load$"):
-        safe_load.load_dcp({}, Path("ckpt"))
+
+def test_moved_keys_name_their_new_place():
+    from recsys.config.moved_keys import moved_keys_problem
+
+    problem = moved_keys_problem(
+        ["+model.softmax_block_mb=64", "model.sasrec.num_layers=3", "model.num_uniform_negatives=5,10", "-m"]
+    )
+    assert problem == (
+        "config keys moved: model.softmax_block_mb moved to model.loss.block_mb: write +model.loss.block_mb=64; "
+        "model.sasrec.num_layers moved to model.query_encoder.num_layers (with model/query_encoder=sasrec): write "
+        "model.query_encoder.num_layers=3; model.num_uniform_negatives moved to model.negatives.num: write "
+        "model.negatives.num=5,10"
+    )
+    assert moved_keys_problem(["model/loss=ccl", "model.loss.margin=0.8", "hydra.run.dir=x"]) is None
