@@ -6,8 +6,10 @@ downloaded bundle), so nothing read from one may run code when it is loaded:
 - ``torch.load`` only with ``weights_only=True`` (tensors, containers, numbers, strings);
 - DCP's ``.metadata`` (a pickle that ``torch.distributed.checkpoint`` reads with plain
   ``pickle.load``) through :class:`SafeFileSystemReader`, whose unpickler only builds the
-  metadata classes DCP writes;
-- ``np.load`` with ``allow_pickle=False``; YAML through OmegaConf (a safe loader); JSON; parquet.
+  metadata classes DCP writes; a checkpoint's shards through :func:`load_dcp`, whose planner unpickles
+  the values the metadata calls bytes weights-only too (DCP's own: ``weights_only=False``);
+- ``np.load`` with ``allow_pickle=False``; a run's YAML through ``load_config_yaml``
+  (recsys/rundir/saved_config.py: OmegaConf's safe loader, a Python tag refused, never built); JSON; parquet.
 
 A refused file raises :class:`UnsafeFileError` naming it, before anything from it is built; a file that cannot
 be read at all (truncated, not of its kind) raises :class:`UnreadableFile` naming it. Both are refusals: an entry
@@ -16,6 +18,7 @@ point prints them as one line (recsys/refusals.py).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from pathlib import Path
@@ -24,6 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.futures import Future
 
 from recsys.refusals import RunRefused
 
@@ -34,6 +40,17 @@ class UnsafeFileError(RunRefused, pickle.UnpicklingError):
 
 class UnreadableFile(RunRefused):
     """A file that cannot be read as what it should be (written in part, damaged, or another kind of file)."""
+
+
+# the parts of torch's weights-only refusal that advise, rather than say what the file asked for (one of them: load it
+# again with weights_only=False, which is what a crafted file wants)
+_TORCH_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+
+
+def _refused_global(e: pickle.UnpicklingError) -> str:
+    """What the unpickler refused, e.g. "Trying to load unsupported GLOBAL posix.system ...", on one line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return " ".join([line for line in lines if not line.startswith(_TORCH_ADVICE)] or lines[:1])
 
 
 def _unreadable(path: Path, e: BaseException) -> UnreadableFile:
@@ -107,6 +124,55 @@ class SafeFileSystemReader(dcp.FileSystemReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    def read_data(self, plan, planner):
+        """DCP's reads, one shard file at a time, so that a refused or unreadable shard is named."""
+        by_file: dict[str, list] = {}
+        for item in plan.items:
+            by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for relative_path, items in by_file.items():
+            shard = Path(self.path) / relative_path
+            try:
+                super().read_data(dataclasses.replace(plan, items=items), planner)
+            except pickle.UnpicklingError as e:
+                raise UnsafeFileError(
+                    f"{shard}: refused to load: not a checkpoint shard recsys wrote, it holds more than tensors and "
+                    f"plain values (a crafted file?); nothing from it was run ({_refused_global(e)})"
+                ) from None
+            except (RuntimeError, EOFError) as e:  # torch's zip reader, a short read
+                raise _unreadable(shard, e) from None
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, but a value the metadata calls bytes (not a tensor) is unpickled weights-only: DCP's own
+    unpickles it with ``weights_only=False``, so a crafted ``.metadata`` that called a tensor bytes ran any pickle."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        plain = io.BytesIO()
+        torch.save(torch.load(value, weights_only=True), plain)  # saved again: a pickle of tensors and plain values
+        plain.seek(0)
+        super().load_bytes(read_item, plain)
+
+
+def load_dcp(state_dict: dict[str, Any], path: Path) -> None:
+    """Collective: ``dcp.load`` of the checkpoint ``path`` into ``state_dict`` through the reader and planner above.
+    A refused or unreadable file of any rank is raised on every rank as that refusal, one line naming the file (DCP
+    gathers each rank's error, with its traceback, into one CheckpointException)."""
+    try:
+        dcp.load(
+            state_dict,
+            checkpoint_id=str(path),
+            storage_reader=SafeFileSystemReader(str(path)),
+            planner=SafeLoadPlanner(),
+        )
+    except CheckpointException as e:
+        refusal = next((error for error, _ in e.failures.values() if isinstance(error, RunRefused)), None)
+        if refusal is None:
+            raise
+        raise refusal from None
+
 
 def torch_load_weights(path: Path, **kwargs: Any) -> Any:
     """``torch.load(weights_only=True)``, with a refusal that names the file."""
@@ -115,7 +181,7 @@ def torch_load_weights(path: Path, **kwargs: Any) -> Any:
     except pickle.UnpicklingError as e:
         raise UnsafeFileError(
             f"{path}: refused to load: it holds more than tensors and plain values (a crafted "
-            f"file?); nothing from it was run ({str(e).splitlines()[0]})"
+            f"file?); nothing from it was run ({_refused_global(e)})"
         ) from None
     except FileNotFoundError:
         raise

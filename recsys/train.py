@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from recsys.config import register_configs, to_config
+from recsys.config import refuse_moved_keys, register_configs, to_config
 from recsys.logs import setup_logging
 from recsys.refusals import refusals
 from recsys.run import fit, search_trial
@@ -76,4 +76,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     register_configs()
+    with refusals():  # a key that moved: where it went (Hydra would say only that the schema lacks it)
+        refuse_moved_keys(sys.argv[1:])
     main()

@@ -43,8 +43,9 @@ if __name__ == "__main__" and os.environ.get("PYTHONHASHSEED") != "0":
 import hydra
 from omegaconf import DictConfig
 
-from recsys.config import PlanConfig, register_configs, to_typed
+from recsys.config import PlanConfig, refuse_moved_keys, register_configs, to_typed
 from recsys.distributed.dry_run import GB, PlanReport, plan_dry_run
+from recsys.refusals import refusals
 
 
 def rank_ranges(ranks) -> str:
@@ -116,4 +117,6 @@ def main(dcfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     register_configs()
+    with refusals():  # a model key that moved: where it went (Hydra would say only that the schema lacks it)
+        refuse_moved_keys(sys.argv[1:])
     main()

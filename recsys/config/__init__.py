@@ -11,6 +11,7 @@ Required values are ``???`` (``MISSING``), never ``None``. One module per sectio
 checks beside its dataclass::
 
     model.py         model.*                          check_model
+    moved_keys.py    keys that moved: a command line naming one is refused with the new place (refuse_moved_keys)
     training.py      optim.*, sharding.*, trainer.*   check_optim, check_trainer
     evaluation.py    eval.*                           check_eval
     tune.py          tune.*                           check_tune
@@ -60,6 +61,7 @@ from recsys.config.model import (
     NegativesConfig,
     TableConfig,
 )
+from recsys.config.moved_keys import refuse_moved_keys
 from recsys.config.run import (
     PROTOCOL_QUERY,
     Config,
@@ -137,6 +139,7 @@ __all__ = [
     "query_uses_neighbors",
     "query_not_exportable",
     "query_uses_user_id",
+    "refuse_moved_keys",
     "reject_unknown_keys",
     "register_configs",
     "schema",

@@ -34,7 +34,7 @@ from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import refresh_managed
 from recsys.distributed.sharding import ShardedModel
 from recsys.refusals import MissingPath, RunRefused
-from recsys.safe_load import SafeFileSystemReader, UnsafeFileError, torch_load_weights
+from recsys.safe_load import SafeFileSystemReader, UnsafeFileError, load_dcp, torch_load_weights
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 STATE_FILE = "trainer_state.json"
@@ -213,7 +213,7 @@ def load_checkpoint(sharded: ShardedModel, path: Path, *, env: DistEnv, with_opt
         if any(key.startswith(f"optim.state.{name}.") for name in sharded.dense_optimizer.params for key in saved_keys):
             sharded.dense_optimizer.init_state()  # KeyedOptimizer loads in place: its state must exist
     state = _state_dicts(sharded, with_optimizer)
-    dcp.load(state, checkpoint_id=str(path), storage_reader=SafeFileSystemReader(str(path)))
+    load_dcp(state, path)  # a crafted or damaged shard: one refusal naming it, on every rank
     sharded.module.load_state_dict(state["model"])
     refresh_managed(sharded.module)  # managed tables: their steps and free rows as loaded
     if with_optimizer:

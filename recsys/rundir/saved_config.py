@@ -3,9 +3,15 @@ wrote is brought to today's schema first (keys retired, sections moved), none of
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
+from pathlib import Path
 
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from data_pipelines.errors import one_line
 from recsys.config import Config, schema, to_config
+from recsys.safe_load import UnreadableFile, UnsafeFileError
 
 # eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
 RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}
@@ -74,9 +80,45 @@ def nest_query_encoder(saved_cfg) -> None:
     model.query_encoder = {"name": name, **(OmegaConf.to_container(sasrec) if name == "sasrec" and sasrec else {})}
 
 
+def load_config_yaml(path: Path) -> DictConfig:
+    """A YAML config file recsys wrote (a run's config.yaml), with OmegaConf's safe loader: a Python tag or any other
+    YAML that is not a plain mapping is refused naming the file, and nothing in it is built."""
+    try:
+        cfg = OmegaConf.load(path)
+    except yaml.constructor.ConstructorError as e:  # a tag a plain mapping never holds (!!python/object/apply...)
+        where = f", line {e.problem_mark.line + 1}" if e.problem_mark else ""
+        raise UnsafeFileError(_not_config_yaml(path, f"{e.problem}{where}")) from None
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        raise UnreadableFile(_not_config_yaml(path, " ".join(str(e).split()))) from None
+    if not isinstance(cfg, DictConfig):
+        raise UnreadableFile(_not_config_yaml(path, f"a {type(cfg).__name__}, not a mapping of sections"))
+    return cfg
+
+
+def _not_config_yaml(path: Path, reason: str) -> str:
+    return (
+        f"{path}: not valid config YAML ({reason}); not a config recsys wrote (a crafted or damaged file?), nothing "
+        "in it was built or run. Restore the run's config (its checkpoint's config.yaml or .hydra/config.yaml)"
+    )
+
+
 def read_config_file(path) -> Config:
-    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it."""
-    saved_cfg = OmegaConf.load(path)
+    """A run's saved config (.hydra/config.yaml or a checkpoint's config.yaml), as this code reads it: a file that is
+    not a config (a Python tag, not YAML, other types than the schema's) is one refusal naming it."""
+    saved_cfg = load_config_yaml(Path(path))
+    try:
+        merged = OmegaConf.merge(schema(Config), to_todays_keys(saved_cfg))
+    except (OmegaConfBaseException, TypeError, AttributeError) as e:  # a section of another shape than the schema's
+        reason = f"{e.full_key}: {e.msg}" if isinstance(e, OmegaConfBaseException) else f"{type(e).__name__}: {e}"
+        raise UnreadableFile(
+            f"{path}: not a config this code can read ({one_line(reason)}); restore the run's config (its checkpoint's "
+            "config.yaml or .hydra/config.yaml)"
+        ) from None
+    return to_config(merged)
+
+
+def to_todays_keys(saved_cfg):
+    """An earlier run's saved config with today's keys (none of the moves changes what was trained)."""
     if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
         # written before model.query_neighbors existed: those models' queries did not read the neighbour table
         saved_cfg.model.query_neighbors = False
@@ -87,4 +129,4 @@ def read_config_file(path) -> Config:
     if model is not None and "num_uniform_negatives" in model:  # now model.negatives.num (uniform: exponent 0)
         model.negatives = {"num": model.pop("num_uniform_negatives")}
     nest_query_encoder(saved_cfg)
-    return to_config(OmegaConf.merge(schema(Config), saved_cfg))
+    return saved_cfg

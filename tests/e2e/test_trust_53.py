@@ -8,6 +8,7 @@ line on stderr and exit status 1.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -341,3 +342,159 @@ def test_data_protocol_group_works_on_the_synthetic_default(tmp_path):
     )  # fmt: skip (the generator's rows: no MovieLens filter)
     cfg = tiny_config(["data/protocol=loo", f"data.root={tmp_path}"])
     assert read_meta(prepare_dataset(cfg.data))["protocol"] == "loo"
+
+
+# --- 5: a checkpoint shard (or a byte item its metadata declares) that is a crafted pickle ---------------------------
+
+
+class _Shell:
+    """A pickle whose load runs a shell command (what a crafted checkpoint file would hold)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _craft_shard(checkpoint: Path, marker: Path) -> Path:
+    """The checkpoint's shard replaced by a pickle of the size its DCP metadata expects, whose load touches marker."""
+    shard = checkpoint / "__0_0.distcp"
+    payload = pickle.dumps(_Shell(f"touch {marker}"), protocol=2)  # as the issue's: one GLOBAL posix.system
+    shard.write_bytes(payload + b"\0" * (shard.stat().st_size - len(payload)))
+    return shard
+
+
+@pytest.fixture
+def run_copy(trained_run, tmp_path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run.run_dir, run_dir)
+    return run_dir
+
+
+def _entry_point_loading(run_dir: Path, how: str, data_root: Path) -> tuple[str, list[str], Path]:
+    """The module, its arguments and the checkpoint it loads: evaluate / export (best) or a resumed training."""
+    from recsys.rankers.registry import DEFAULT_FUSION
+    from recsys.rundir.checkpoint import latest_checkpoint
+
+    if how == "evaluate":
+        return "recsys.evaluate", [f"run_dir={run_dir}", "rankers=[]"], run_dir / "checkpoints" / "best"
+    if how == "export":
+        return "recsys.export", [f"run_dir={run_dir}"], run_dir / "checkpoints" / "best"
+    step = latest_checkpoint(run_dir / "checkpoints")
+    args = ["+experiment=tiny", f"data.root={data_root}", f"eval.serve={DEFAULT_FUSION}", f"hydra.run.dir={run_dir}"]
+    return "recsys.train", [*args, f"trainer.resume={step}"], step
+
+
+@pytest.mark.parametrize("how", ["evaluate", "export", "train_resume"])
+def test_a_crafted_checkpoint_shard_is_one_line_and_never_run(run_copy, data_root, tmp_path, monkeypatch, capsys, how):
+    module, args, checkpoint = _entry_point_loading(run_copy, how, data_root)
+    marker = tmp_path / "ran"
+    shard = _craft_shard(checkpoint, marker)
+    assert run_module(monkeypatch, module, [*args, *QUIET]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {shard}: refused to load: not a checkpoint shard recsys wrote"), line
+    assert "posix.system" in line and "nothing from it was run" in line
+    assert not marker.exists()
+
+
+def test_a_byte_item_a_crafted_metadata_declares_is_never_run(run_copy, tmp_path, monkeypatch, capsys):
+    """DCP unpickles a value its metadata calls bytes with weights_only=False: a crafted .metadata that calls a tensor
+    bytes, pointing at a pickle, ran that pickle."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    from recsys.safe_load import load_dcp_metadata
+
+    best = run_copy / "checkpoints" / "best"
+    marker = tmp_path / "ran"
+    metadata = load_dcp_metadata(best / ".metadata")
+    key = next(iter(metadata.state_dict_metadata))
+    shard = best / "__0_0.distcp"
+    payload = pickle.dumps(_Shell(f"touch {marker}"), protocol=2)  # as the issue's: one GLOBAL posix.system
+    offset = shard.stat().st_size
+    with open(shard, "ab") as f:
+        f.write(payload)
+    metadata.state_dict_metadata[key] = BytesStorageMetadata()
+    metadata.storage_data = {i: s for i, s in metadata.storage_data.items() if i.fqn != key}
+    metadata.storage_data[MetadataIndex(key)] = _StorageInfo(shard.name, offset, len(payload))
+    (best / ".metadata").write_bytes(pickle.dumps(metadata))
+    assert run_module(monkeypatch, "recsys.export", [f"run_dir={run_copy}", *QUIET]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {shard}: refused to load") and "posix.system" in line, line
+    assert not marker.exists()
+
+
+def test_a_refusal_of_another_rank_is_raised_on_every_rank(monkeypatch):
+    """DCP gathers every rank's read error on every rank: rank 0 raises rank 1's refusal, not a CheckpointException."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    import recsys.safe_load as safe_load
+
+    def rank_1_refused(*args, **kwargs):
+        raise CheckpointException("read", {1: (safe_load.UnsafeFileError("__1_0.distcp: refused to load"), None)})
+
+    monkeypatch.setattr(safe_load.dcp, "load", rank_1_refused)
+    with pytest.raises(safe_load.UnsafeFileError, match=r"^__1_0.distcp: refused to load$"):
+        safe_load.load_dcp({}, Path("ckpt"))
+
+
+# --- 6: a run's config.yaml with a Python tag ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("crafted", ["checkpoints/best/config.yaml", ".hydra/config.yaml"])
+@pytest.mark.parametrize("module", ["recsys.evaluate", "recsys.export"])
+def test_a_config_yaml_with_a_python_tag_is_one_line(tmp_path, monkeypatch, capsys, module, crafted):
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE_RUN, run_dir)
+    if crafted == ".hydra/config.yaml":  # a run whose checkpoint holds no config of its own (older runs)
+        (run_dir / "checkpoints" / "best" / "config.yaml").unlink()
+    marker = tmp_path / "ran"
+    (run_dir / crafted).write_text(f'model: !!python/object/apply:os.system ["touch {marker}"]\n')
+    args = [f"run_dir={run_dir}", *QUIET, *(["rankers=[]"] if module == "recsys.evaluate" else [])]
+    assert run_module(monkeypatch, module, args) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {run_dir / crafted}: not valid config YAML"), line
+    assert "python/object/apply" in line and not marker.exists()
+
+
+def test_a_saved_config_that_is_no_mapping_or_no_yaml_is_refused_naming_it(tmp_path):
+    from recsys.refusals import RunRefused
+    from recsys.rundir.saved_config import read_config_file
+
+    path = tmp_path / "config.yaml"
+    for text in ("- a list\n", "model: [unclosed\n"):
+        path.write_text(text)
+        with pytest.raises(RunRefused, match=rf"^{path}: not valid config YAML"):
+            read_config_file(path)
+    path.write_text("trainer: {epochs: many}\n")  # YAML, but not the config's types
+    with pytest.raises(RunRefused, match=rf"^{path}: not a config this code can read \(trainer.epochs: "):
+        read_config_file(path)
+
+
+# --- moved keys: an old key on the command line says where it went ---------------------------------------------------
+
+
+def test_a_moved_key_on_the_command_line_says_where_it_went(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = ["+experiment=tiny", "model.temperature=0.05", "model.loss=ccl", *QUIET]
+    assert run_module(monkeypatch, "recsys.train", args) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "model.temperature moved to model.loss.temperature: write model.loss.temperature=0.05" in line, line
+    assert "model.loss=ccl: the loss is a config group now: write model/loss=ccl" in line
+    assert list(tmp_path.iterdir()) == []  # refused before Hydra made a run dir
+
+
+def test_moved_keys_name_their_new_place():
+    from recsys.config.moved_keys import moved_keys_problem
+
+    problem = moved_keys_problem(
+        ["+model.softmax_block_mb=64", "model.sasrec.num_layers=3", "model.num_uniform_negatives=5,10", "-m"]
+    )
+    assert problem == (
+        "config keys moved: model.softmax_block_mb moved to model.loss.block_mb: write +model.loss.block_mb=64; "
+        "model.sasrec.num_layers moved to model.query_encoder.num_layers (with model/query_encoder=sasrec): write "
+        "model.query_encoder.num_layers=3; model.num_uniform_negatives moved to model.negatives.num: write "
+        "model.negatives.num=5,10"
+    )
+    assert moved_keys_problem(["model/loss=ccl", "model.loss.margin=0.8", "hydra.run.dir=x"]) is None
