@@ -1,6 +1,6 @@
 """Staged writes for data_pipelines: build beside the target, then one rename; readers never see half.
 
-recsys/atomic.py is recsys's copy of the same idea: the two packages share no code, data_pipelines
+recsys/utils/atomic.py is recsys's copy of the same idea: the two packages share no code, data_pipelines
 never imports recsys.
 """
 

@@ -15,7 +15,7 @@ other rank reads only its own range of users, whose queries it embeds.
 
 from __future__ import annotations
 
-from recsys.cpu_memory import log_cpu_allocator, tune_cpu_allocator
+from recsys.utils.cpu_memory import log_cpu_allocator, tune_cpu_allocator
 
 # run as a program, not imported: set before anything imports torch, which reads THP_MEM_ALLOC_ENABLE
 # at its first allocation
@@ -29,9 +29,9 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import EvaluateConfig, register_configs, to_typed
-from recsys.logs import setup_logging
-from recsys.refusals import refusals
-from recsys.run import evaluate_run
+from recsys.job.run import evaluate_run
+from recsys.utils.logs import setup_logging
+from recsys.utils.refusals import refusals
 
 __all__ = ["EvaluateConfig", "evaluate_run", "main"]
 
@@ -41,7 +41,7 @@ __all__ = ["EvaluateConfig", "evaluate_run", "main"]
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
-    with refusals():  # a refusal: one line on stderr, exit 1 (recsys/refusals.py)
+    with refusals():  # a refusal: one line on stderr, exit 1 (recsys/utils/refusals.py)
         evaluate_run(to_typed(cfg, EvaluateConfig))
 
 

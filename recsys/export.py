@@ -1,4 +1,4 @@
-"""Export a trained run as a serving bundle (see recsys/serving.py for the layout).
+"""Export a trained run as a serving bundle (see recsys/serving/bundle.py for the layout).
 
     $ python -m recsys.export run_dir=runs/default                      # -> runs/default/export/
     $ torchrun --standalone --nproc_per_node=2 -m recsys.export run_dir=runs/default
@@ -10,7 +10,7 @@ from one process, so the user, item and category tables must fit in that host's 
 
 from __future__ import annotations
 
-from recsys.cpu_memory import log_cpu_allocator, tune_cpu_allocator
+from recsys.utils.cpu_memory import log_cpu_allocator, tune_cpu_allocator
 
 # run as a program, not imported: set before anything imports torch, which reads THP_MEM_ALLOC_ENABLE
 # at its first allocation
@@ -24,9 +24,9 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import ExportConfig, register_configs, to_typed
-from recsys.logs import setup_logging
-from recsys.refusals import refusals
-from recsys.run_export import export_run
+from recsys.serving.export_run import export_run
+from recsys.utils.logs import setup_logging
+from recsys.utils.refusals import refusals
 
 __all__ = ["ExportConfig", "export_run", "main"]
 
@@ -36,7 +36,7 @@ __all__ = ["ExportConfig", "export_run", "main"]
 def main(cfg: DictConfig) -> None:
     setup_logging(int(os.environ.get("RANK", "0")))  # console: recsys's lines; library chatter: the log file, rank 0
     log_cpu_allocator(logging.getLogger(__name__), CPU_ALLOCATOR_SETTINGS)
-    with refusals():  # a refusal: one line on stderr, exit 1 (recsys/refusals.py)
+    with refusals():  # a refusal: one line on stderr, exit 1 (recsys/utils/refusals.py)
         print(export_run(to_typed(cfg, ExportConfig)))
 
 

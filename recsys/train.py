@@ -11,7 +11,7 @@ and exits with status 75, on Ctrl-C with 130 (recsys/rundir/preemption.py); the 
 
 from __future__ import annotations
 
-from recsys.cpu_memory import log_cpu_allocator, tune_cpu_allocator
+from recsys.utils.cpu_memory import log_cpu_allocator, tune_cpu_allocator
 
 # run as a program, not imported: set before anything imports torch, which reads THP_MEM_ALLOC_ENABLE
 # at its first allocation
@@ -28,12 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import refuse_moved_keys, register_configs, to_config
-from recsys.logs import setup_logging
-from recsys.refusals import refusals
-from recsys.run import fit, search_trial
+from recsys.job.run import fit, search_trial
 from recsys.rundir.preemption import INTERRUPTED_EXIT_CODE, Preempted
 from recsys.rundir.record import has_record, write_run_record
 from recsys.tune.tuned_run import tune_and_fit
+from recsys.utils.logs import setup_logging
+from recsys.utils.refusals import refusals
 
 
 def run_record(cfg: DictConfig) -> dict[str, str]:

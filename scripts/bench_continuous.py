@@ -66,7 +66,7 @@ def compose(overrides: list[str]):
 
 def replay(args: argparse.Namespace) -> dict:
     from recsys.distributed.env import destroy_distributed, init_distributed
-    from recsys.run import fit
+    from recsys.job.run import fit
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_continuous_"))
     env = init_distributed("cpu", "gloo")

@@ -1,4 +1,4 @@
-"""What the entry points' CPU allocator settings (recsys/cpu_memory.py) buy: the evaluation's big blocks,
+"""What the entry points' CPU allocator settings (recsys/utils/cpu_memory.py) buy: the evaluation's big blocks,
 timed in two fresh processes, one with glibc's and torch's defaults and one as ``python -m recsys.train`` sets them.
 
 A random interaction graph at Gowalla's scale by default (29,858 users x 40,981 items, 27 per user); per
@@ -44,7 +44,7 @@ def child(args: argparse.Namespace) -> dict:
     """Runs in a fresh process: the allocator must be set before torch is imported."""
     applied = []
     if args.child == "tuned":
-        from recsys.cpu_memory import tune_cpu_allocator
+        from recsys.utils.cpu_memory import tune_cpu_allocator
 
         applied = tune_cpu_allocator()
     import resource

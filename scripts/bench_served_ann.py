@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> dict:
     from recsys.evaluation.interactions import UserItemCSR
     from recsys.evaluation.metrics import compute_metrics
     from recsys.evaluation.sharded import sample_users
-    from recsys.run import open_dataset
+    from recsys.job.run import open_dataset
     from recsys.rundir.config import load_run_config
-    from recsys.serving import load_bundle
+    from recsys.serving.bundle import load_bundle
 
     args = parse_args(argv)
     bundle = load_bundle(args.bundle or args.run_dir / "export")

@@ -93,7 +93,7 @@ from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.distributed.sharding import shard_model
 from recsys.model.build import build_retrieval_task
 from recsys.model.task import RetrievalTask
-from recsys.trainer import make_train_step
+from recsys.training.trainer import make_train_step
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,7 @@ def named_tensors(x) -> list[tuple[str, torch.Tensor]]:
 
 def to_device(host: list, device: torch.device) -> list:
     """Each pre-built batch (Batch or PlainInputs) copied to ``device``, once, before timing. On CUDA the trainer's
-    way: from page-locked memory with non_blocking (recsys.run pins its batches), then one synchronize, so that no
+    way: from page-locked memory with non_blocking (recsys.job.run pins its batches), then one synchronize, so that no
     copy is still in flight when the first step is timed."""
     if device.type != "cuda":
         return [b.to(device) for b in host]

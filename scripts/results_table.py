@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from recsys.markdown import markdown_table
+from recsys.utils.markdown import markdown_table
 
 SPLIT = "test"
 # (the report's ranker, the row's label: its chosen point's values by name)

@@ -51,7 +51,7 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(data_root):
     from data_pipelines.prepare import prepare_dataset
-    from recsys.run import open_dataset
+    from recsys.job.run import open_dataset
 
     cfg = tiny_config([f"data.root={data_root}"])
     return open_dataset(cfg, prepare_dataset(cfg.data))
@@ -83,8 +83,8 @@ def trained_run(tmp_path_factory, data_root, process_group) -> TrainedRun:
     """``+experiment=tiny`` trained to the end in this process, its config saved as ``python -m
     recsys.train`` saves it, and exported (``<run_dir>/export``): what evaluate / export / serving tests read."""
     from recsys.export import ExportConfig, export_run
+    from recsys.job.run import fit
     from recsys.rankers.registry import DEFAULT_FUSION
-    from recsys.run import fit
 
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     # the graph filter's fusion served, whichever fusion valid prefers (tests/serving/test_export.py checks its parts;

@@ -9,10 +9,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from recsys.choices import ANN_KINDS
 from recsys.config.model import ModelConfig, open_components
 from recsys.config.run import Config
 from recsys.config.training import Device, OptimConfig, ShardingConfig
+from recsys.utils.choices import ANN_KINDS
 
 
 @dataclass

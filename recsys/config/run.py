@@ -57,7 +57,7 @@ def query_not_exportable(cfg: Config) -> str:
     if uses_sequence_encoder(cfg):
         return (
             f"model.query_encoder.name={cfg.model.query_encoder.name} runs cannot be exported yet: the serving "
-            "bundle's query encoder (recsys/serving.py) pools a history bag and has no sequence encoder"
+            "bundle's query encoder (recsys/serving/bundle.py) pools a history bag and has no sequence encoder"
         )
     return ""
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from data_pipelines.config import Choice, DataConfig, Protocol
 from recsys.config.model import ModelConfig
 from recsys.config.need import Need
-from recsys.lr_schedule import SCHEDULES
+from recsys.training.lr_schedule import SCHEDULES
 
 
 class SparseOptimizer(Choice):
@@ -68,7 +68,7 @@ class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)  # fused into backward for every sharded table
     # the towers' optimizer (and that of any data_parallel table, which has no fused kernel)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
-    # both optimizers' learning rates over training (recsys/lr_schedule.py): "constant" | "linear" (down to 0
+    # both optimizers' learning rates over training (recsys/training/lr_schedule.py): "constant" | "linear" (down to 0
     # at the horizon); the horizon is optim.schedule_epochs, 0 = trainer.epochs (a refit keeps its selection's)
     schedule: str = "constant"
     schedule_epochs: int = 0  # the schedule's horizon in epochs; 0 = trainer.epochs
@@ -135,7 +135,7 @@ class TrainerConfig:
     fault_rank: int = 0  # the rank that fails when fault_at_step is set
     # true: after early stopping, a fresh model is trained on train + valid for the best epoch + 1 epochs
     # (data.train_on_valid) in <run dir>/refit and tested; its test figures are the run's answer (and its bundle,
-    # recsys.export's). null: where the training split has at most 250k rows (recsys/refit_rule.py, logged at start)
+    # recsys.export's). null: where the training split has at most 250k rows (recsys/job/refit_rule.py, logged at start)
     refit: bool | None = None
     # "fp32" | "bf16" | "auto": the training step's towers and softmax matmuls in bfloat16 under autocast (fp32
     # accumulation, the softmax and every weight and optimizer state in fp32; evaluation in fp32). bf16 pays only

@@ -3,7 +3,7 @@
 Worked out once, by :func:`feature_layout`, from the resolved config's switches (recsys.config's
 ``query_layout``: user id, sequence, query neighbours; ``data.history_length``; ``model.features``) and what
 the dataset holds (categories, item neighbours). The batch builder (recsys/data/feature_builder.py), the model
-builder (recsys/model/build.py), export (recsys/bundle_writer.py) and serving (recsys/serving.py) read it
+builder (recsys/model/build.py), export (recsys/serving/bundle_writer.py) and serving (recsys/serving/bundle.py) read it
 instead of those switches. Adding a feature is one entry in :func:`feature_layout` plus its row source
 (recsys/data/row_sources.py). Plain Python: serving imports it without torch or torchrec.
 
@@ -203,7 +203,7 @@ def data_layout(
 
 
 def run_layout(cfg: Config, data: RetrievalData) -> FeatureLayout:
-    """A run's layout: its config's resolved switches over the data it was opened with (recsys.run.open_dataset)."""
+    """A run's layout: its config's resolved switches over the data it was opened with (recsys.job.run.open_dataset)."""
     from recsys.config import query_layout  # noqa: PLC0415 (hydra and omegaconf: not where serving imports this)
 
     return data_layout(data, cfg.data.history_length, **query_layout(cfg))

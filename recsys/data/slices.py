@@ -14,7 +14,7 @@ A run with ``data.slice = K`` sees::
     test   the rows of window K + 1: "train on day t, test on day t + 1"
 
 Windows are cut from one log, so two of them never overlap; a warm start from a run trained on a later (or the
-same) window is refused by recsys/continuous.py, naming both ranges.
+same) window is refused by recsys/rundir/continuous.py, naming both ranges.
 """
 
 from __future__ import annotations

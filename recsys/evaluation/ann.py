@@ -24,10 +24,10 @@ from functools import partial
 import numpy as np
 import torch
 
-from recsys.choices import ANN_KINDS  # the config names them too
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import hit_matrix
 from recsys.evaluation.retrieval import exact_topk
+from recsys.utils.choices import ANN_KINDS  # the config names them too
 
 
 def require_faiss():

@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from recsys.choices import EASE_LAMBDAS
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.metrics import compute_metrics
 from recsys.evaluation.retrieval import chunked_topk
+from recsys.utils.choices import EASE_LAMBDAS
 
 MAX_EASE_ITEMS = 50_000  # a cap on top of the memory plan: B alone is 50k² float32 = 10 GB and the inverse O(I³)
-DEFAULT_LAMBDAS = EASE_LAMBDAS  # 10..1e4, half-decade steps (recsys/choices.py: the config's default too)
+DEFAULT_LAMBDAS = EASE_LAMBDAS  # 10..1e4, half-decade steps (recsys/utils/choices.py: the config's default too)
 # Below this density a history chunk is multiplied as a sparse CSR matrix (nnz x I work), above
 # it as a dense one (C x I x I): on CPU torch's sparse mm runs ~30x below dense GEMM throughput.
 SPARSE_DENSITY = 0.02

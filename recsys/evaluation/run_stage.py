@@ -63,7 +63,7 @@ def rank_after_training(
 ) -> dict[str, Any]:
     """Collective: ``{"valid", "test", "rankers", "headline", "untrained"}`` of the trained ``two_tower`` and the
     configured rankers (``untrained``: the test users and items it never trained, recsys/evaluation/untrained.py),
-    its users embedded by the run's ``evaluator`` (recsys.run.run_evaluator; with per-rank users, each rank ranks its
+    its users embedded by the run's ``evaluator`` (recsys.job.run.run_evaluator; with per-rank users, each rank ranks its
     own)."""
     ecfg, per_rank_users = cfg.eval, evaluator.per_rank_users
     splits = [s for s in ("valid", "test") if not (s == "valid" and cfg.data.train_on_valid)]

@@ -9,7 +9,7 @@ from pathlib import Path
 from recsys.rankers.graph_filter.part import GraphFilterPart
 from recsys.rankers.served import Served
 from recsys.rankers.two_tower.part import TwoTowerPart
-from recsys.safe_load import torch_load_weights
+from recsys.utils.safe_load import torch_load_weights
 
 
 def read_legacy_served(root: Path, meta: dict) -> Served:

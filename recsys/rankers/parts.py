@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from recsys.safe_load import numpy_load
+from recsys.utils.safe_load import numpy_load
 
 # the built-in part types' modules, imported when a name is first looked up (a plug-in's registers itself on import)
 BUILTIN_PART_MODULES = ("recsys.rankers.two_tower.part", "recsys.rankers.graph_filter.part", "recsys.rankers.ease.part")

@@ -155,7 +155,7 @@ def resolved_rankers(cfg: Config, num_items: int | None = None) -> list[str]:
     random-split protocols: held-out items anywhere in the user's profile, the graph filter's and EASE's own setting)
     with the vocabulary's ids, outside data.slices, the two-tower fused with the graph filter, and with EASE too on a
     catalogue of up to ``DEFAULT_EASE_MAX_ITEMS`` items (``num_items``; None: not known yet, the widest list, for
-    checks); the run logs what this gave (recsys.run)."""
+    checks); the run logs what this gave (recsys.job.run)."""
     if cfg.eval.rankers is not None:
         return list(cfg.eval.rankers)
     # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md

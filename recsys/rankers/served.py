@@ -8,7 +8,7 @@ the run dir, and is written into the bundle::
     <folder>/fusion/covariance_<i>.npy  float64 [D_i, D_i]: each part's item covariance (several parts only)
 
 The evaluation stage keeps it in the run dir (recsys/rankers/served_dir.py); ``recsys.export`` writes it into the
-bundle (recsys/bundle_writer.py), which ``load_bundle`` reads back (recsys/serving.py).
+bundle (recsys/serving/bundle_writer.py), which ``load_bundle`` reads back (recsys/serving/bundle.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from recsys.rankers.parts import BundleRun, Catalogue, Query, ServedPart, either, part_type
 from recsys.rankers.spread import fuse_queries, item_covariance
-from recsys.safe_load import numpy_load
+from recsys.utils.safe_load import numpy_load
 
 PARTS_DIR, FUSION_DIR = "parts", "fusion"
 

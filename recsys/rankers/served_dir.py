@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from recsys.atomic import replace_dir
 from recsys.rankers.legacy_served import read_legacy_served
 from recsys.rankers.points import point_key
 from recsys.rankers.served import Served
-from recsys.safe_load import numpy_load
+from recsys.utils.atomic import replace_dir
+from recsys.utils.safe_load import numpy_load
 
 SERVED_DIR = "served"
 

@@ -11,5 +11,5 @@
     preemption.py   SIGTERM / Ctrl-C: finish the step, checkpoint, exit 75 / 130
     config.py       the config a run's weights were trained with (what evaluate / export rebuild)
 
-Atomic writes (``recsys/atomic.py``) stay outside: the serving bundle and the reports use them too.
+Atomic writes (``recsys/utils/atomic.py``) stay outside: the serving bundle and the reports use them too.
 """

@@ -29,12 +29,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from recsys.atomic import replace_dir
 from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import refresh_managed
 from recsys.distributed.sharding import ShardedModel
-from recsys.refusals import MissingPath, RunRefused
-from recsys.safe_load import SafeFileSystemReader, UnsafeFileError, load_dcp, torch_load_weights
+from recsys.utils.atomic import replace_dir
+from recsys.utils.refusals import MissingPath, RunRefused
+from recsys.utils.safe_load import SafeFileSystemReader, UnsafeFileError, load_dcp, torch_load_weights
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 STATE_FILE = "trainer_state.json"

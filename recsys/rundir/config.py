@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from recsys.config import Config
-from recsys.fingerprint import config_fingerprint
-from recsys.refusals import MissingPath, RunRefused
 from recsys.rundir.checkpoint import CONFIG_FILE, STATE_FILE, read_trainer_state
+from recsys.rundir.fingerprint import config_fingerprint
 from recsys.rundir.saved_config import read_config_file
+from recsys.utils.refusals import MissingPath, RunRefused
 
 
 def checkpoint_dir(run_dir: Path, checkpoint: str) -> Path:

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from recsys.config import Config
-from recsys.fingerprint import config_fingerprint
-from recsys.refusals import ANOTHER_RUN_DIR, RunRefused
 from recsys.rundir.checkpoint import CONFIG_FILE, TrainerState, latest_checkpoint, read_trainer_state
+from recsys.rundir.fingerprint import config_fingerprint
 from recsys.rundir.outputs import drop_records_after
 from recsys.rundir.saved_config import read_config_file
+from recsys.utils.refusals import ANOTHER_RUN_DIR, RunRefused
 
 log = logging.getLogger(__name__)
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from recsys.refusals import RunRefused
+from recsys.utils.refusals import RunRefused
 
 APPENDED = (".lock", "metrics.jsonl")  # the run's own, besides its Hydra job log
 
 
 class LinkedFile(RunRefused):
-    """A file the run writes in place is a symbolic link (a refusal: one line, recsys/refusals.py)."""
+    """A file the run writes in place is a symbolic link (a refusal: one line, recsys/utils/refusals.py)."""
 
 
 def link_problem(path: Path) -> str | None:

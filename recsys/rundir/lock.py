@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from recsys.refusals import ANOTHER_RUN_DIR, RunRefused
 from recsys.rundir.links import refuse_link
+from recsys.utils.refusals import ANOTHER_RUN_DIR, RunRefused
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ LOCK_FILE = ".lock"
 
 
 class RunDirLockedError(RunRefused, RuntimeError):
-    """Another training holds the run dir (a refusal: one line, recsys/refusals.py)."""
+    """Another training holds the run dir (a refusal: one line, recsys/utils/refusals.py)."""
 
 
 class RunLock:

@@ -21,13 +21,10 @@ import torch
 from omegaconf import OmegaConf
 
 from recsys.config import Config
-from recsys.continuous import check_managed, check_slice_order, checkpoint_config, init_checkpoint, saved_world_size
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import restore_counts
 from recsys.distributed.sharding import ShardedModel
-from recsys.fingerprint import config_fingerprint, weights_fingerprint
-from recsys.refusals import ANOTHER_RUN_DIR, MissingPath, RunRefused
 from recsys.rundir.checkpoint import (
     STATE_FILE,
     TrainerState,
@@ -40,6 +37,13 @@ from recsys.rundir.checkpoint import (
     read_trainer_state,
     save_checkpoint,
 )  # fmt: skip
+from recsys.rundir.continuous import (
+    check_managed,
+    check_slice_order,
+    checkpoint_config,
+    init_checkpoint,
+    saved_world_size,
+)
 from recsys.rundir.dir import (
     completed_results,
     is_finished,
@@ -47,6 +51,8 @@ from recsys.rundir.dir import (
     set_aside_outputs,
     tidy_earlier_logs,
 )
+from recsys.rundir.fingerprint import config_fingerprint, weights_fingerprint
+from recsys.utils.refusals import ANOTHER_RUN_DIR, MissingPath, RunRefused
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +248,7 @@ class CheckpointManager:
     def _init_from(self, path: Path) -> None:
         """trainer.init_from: another checkpoint's weights (a run dir: its newest step checkpoint), with
         trainer.init_optimizer its optimizer state too; step, data position and RNG stay new
-        (recsys/continuous.py)."""
+        (recsys/rundir/continuous.py)."""
         path = self.init_path or self._check_init_from(path)  # start() checked it
         with_optimizer = self.tcfg.init_optimizer
         rng = torch.get_rng_state()

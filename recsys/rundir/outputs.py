@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recsys.atomic import write_json_atomic, write_text_atomic
-from recsys.markdown import markdown_table
+from recsys.utils.atomic import write_json_atomic, write_text_atomic
+from recsys.utils.markdown import markdown_table
 
 __all__ = ["MetricsLog", "drop_records_after", "format_results_table", "write_json_atomic"]
 

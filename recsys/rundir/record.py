@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from recsys.atomic import write_text_atomic
+from recsys.utils.atomic import write_text_atomic
 
 RECORD_DIR = ".hydra"
 

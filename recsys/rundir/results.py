@@ -1,5 +1,5 @@
 """results.json's training part: the run's steps, speed and best epoch, the dataset, the weights tested.
-(Apart from outputs.py, which recsys.refusals reaches through the sweep summary: TrainerState here would
+(Apart from outputs.py, which recsys.utils.refusals reaches through the sweep summary: TrainerState here would
 close an import cycle.)"""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from data_pipelines.errors import one_line
 from recsys.config import Config, schema, to_config
-from recsys.safe_load import UnreadableFile, UnsafeFileError
+from recsys.utils.safe_load import UnreadableFile, UnsafeFileError
 
 # eval keys of runs from before the rankers (the dense graph filter's): evaluation settings, not the weights'
 RETIRED_KEYS = {"eval.graph_filter": ("enabled", "betas", "max_pairs", "memory_gb")}

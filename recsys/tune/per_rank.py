@@ -250,7 +250,7 @@ def train_with_history(
 def _child_logging(number: int, run_dir: Path) -> None:
     """The child's records on the console (recsys's own, every rank's trial: each says which) and all of them in
     ``<trial dir>/train.log``: Hydra's handlers belong to the parent."""
-    from recsys.logs import ConsoleFilter, ignore_known_warnings  # noqa: PLC0415
+    from recsys.utils.logs import ConsoleFilter, ignore_known_warnings  # noqa: PLC0415
 
     trial_dir = run_dir / TUNE_DIR / f"trial_{number}"
     trial_dir.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@
 The first trial trains the settings exactly as configured (a knob's value outside its range too), so the chosen
 settings are never below them on valid; Optuna (TPE, seeded by ``tune.seed``) proposes the others' values of
 ``tune.space``. A trial trains them in ``<run dir>/tune/trial_<n>/`` with the per-epoch validation and early stopping
-(recsys.run.search_trial: the test split is never read), and its figure is the valid ``eval.valid_metric`` of what
+(recsys.job.run.search_trial: the test split is never read), and its figure is the valid ``eval.valid_metric`` of what
 its run would serve: the two-tower's best epoch, or where the run serves the best on valid of several rankers (the
 default's fusion with the graph filter) that one's, each at its grid's best point, as the run's evaluation stage
 chooses (recsys.evaluation.run_stage.trial_figure; the graph filter's and EASE's fits are made once for the whole
@@ -15,7 +15,7 @@ when ahead of them on valid by more than ``tune.min_gain_se`` standard errors of
 users, times sqrt(2 ln N) for the best of N trials (recsys/tune/trials_table.py). A trial that would not end within
 the budget is not started (the longest so far is the estimate); a trial running past it stops after its current
 epoch and is never chosen (its settings were not trained out); when no trial completes, the run trains the settings
-as configured and says so. Where the run will refit on train + valid (trainer.refit, recsys/refit_rule.py), the
+as configured and says so. Where the run will refit on train + valid (trainer.refit, recsys/job/refit_rule.py), the
 first trial's seconds are kept out of the budget for that second training. The chosen settings are then trained as a
 normal run in the run dir (results.json, the evaluation stage, the bundle), whose rankers tune their own grids on
 valid as always; the trials' table goes to
@@ -41,7 +41,7 @@ from typing import Any
 
 from recsys.config import Config, with_values
 from recsys.evaluation.scoring import TRAINED_ROW
-from recsys.refit_rule import decide_refit
+from recsys.job.refit_rule import decide_refit
 from recsys.rundir.preemption import Preempted
 from recsys.tune.space import configured, trial_values
 from recsys.tune.trials_table import COMPLETE, TUNE_DIR, Trial, best_trial, chosen_trial
@@ -172,7 +172,7 @@ class _PruningHook:
 
 
 def refit_reserve(cfg: Config, first: Trial, counts: Mapping[str, int] | None) -> float:
-    """Seconds of the budget kept for the run's refit (trainer.refit, recsys/refit_rule.py): the first trial's, so
+    """Seconds of the budget kept for the run's refit (trainer.refit, recsys/job/refit_rule.py): the first trial's, so
     that the search, the run and its refit take about the budget and one training."""
     if counts is None or not decide_refit(cfg, counts.get("train", 0), counts.get("valid", 0))[0]:
         return 0.0

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from recsys.atomic import write_json_atomic, write_text_atomic
-from recsys.markdown import markdown_table
+from recsys.utils.atomic import write_json_atomic, write_text_atomic
+from recsys.utils.markdown import markdown_table
 
 TUNE_DIR = "tune"
 COMPLETE = "complete"  # a trial's state once its settings trained out (its epochs, or early stopping)

@@ -18,9 +18,9 @@ from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.neighbors import item_neighbors, with_item_neighbors
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
-from recsys.fingerprint import config_fingerprint
 from recsys.rundir.config import load_run_config
-from recsys.serving import load_bundle
+from recsys.rundir.fingerprint import config_fingerprint
+from recsys.serving.bundle import load_bundle
 from tests.data.test_no_categories import fit_given_split
 from tests.helpers.config import tiny_config
 

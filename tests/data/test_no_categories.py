@@ -13,8 +13,8 @@ from data_pipelines.prepare import prepare_dataset
 from recsys.data.dataset import load_dataset
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
-from recsys.run import fit
-from recsys.serving import load_bundle
+from recsys.job.run import fit
+from recsys.serving.bundle import load_bundle
 from tests.helpers.config import tiny_config
 
 

@@ -19,7 +19,7 @@ from recsys.data.dataset import load_dataset
 from recsys.data.eval_batches import latest_items
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.side_features import with_side_features
-from recsys.fingerprint import config_fingerprint
+from recsys.rundir.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config
 from tests.helpers.launch import launch
 from tests.helpers.movielens import OCCUPATIONS_100K, random_ratings, release_files, write_folder
@@ -168,7 +168,7 @@ def test_config_typos_fail_at_start(overrides, message):
 
 
 def fit_with_side_features(ml_root, run_dir, overrides=()):
-    from recsys.run import fit
+    from recsys.job.run import fit
 
     cfg = tiny_config([*movielens_overrides(ml_root), *SIDE, *TRAIN, *overrides])
     return cfg, fit(cfg, run_dir)
@@ -177,8 +177,8 @@ def fit_with_side_features(ml_root, run_dir, overrides=()):
 def test_trains_evaluates_and_exports_with_side_features(ml_root, tmp_path, process_group):
     from recsys.evaluation.sharded import Evaluator, embed
     from recsys.export import ExportConfig, export_run
-    from recsys.run import load_trained
-    from recsys.serving import load_bundle
+    from recsys.job.run import load_trained
+    from recsys.serving.bundle import load_bundle
 
     run_dir = tmp_path / "run"
     cfg, results = fit_with_side_features(ml_root, run_dir)
@@ -269,7 +269,7 @@ def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_
     from hydra import compose, initialize_config_dir
 
     from recsys.config import FeatureConfig, register_configs, to_config
-    from recsys.run import fit, load_trained
+    from recsys.job.run import fit, load_trained
     from tests.data_pipelines.test_interactions import _log, write_side_files
     from tests.helpers.config import CONF_DIR
 

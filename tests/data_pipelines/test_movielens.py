@@ -295,7 +295,7 @@ def test_cli_without_network_exits_nonzero_with_one_message(tmp_path):
 
 
 def test_fit_trains_on_an_ml100k_format_fixture(tmp_path, process_group):
-    from recsys.run import fit
+    from recsys.job.run import fit
     from tests.helpers.config import tiny_config
 
     files = release_files("ml-100k", random_ratings(120, 150, seed=0), num_movies=150, num_users=120)
@@ -319,7 +319,7 @@ def test_fit_trains_on_an_ml100k_format_fixture(tmp_path, process_group):
 
 def test_fit_strong_generalization_trains_on_training_users_only(tmp_path, process_group):
     from recsys.data.dataset import load_dataset
-    from recsys.run import fit
+    from recsys.job.run import fit
     from tests.helpers.config import tiny_config
 
     files = release_files("ml-100k", random_ratings(120, 150, seed=0), num_movies=150, num_users=120)

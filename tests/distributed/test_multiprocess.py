@@ -10,7 +10,7 @@ import json
 import pytest
 
 from recsys.evaluate import EvaluateConfig, evaluate_run
-from recsys.run import fit
+from recsys.job.run import fit
 from tests.helpers.config import tiny_config
 from tests.helpers.launch import launch
 from tests.helpers.two_rank import JOBS

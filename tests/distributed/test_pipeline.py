@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from recsys.run import fit
+from recsys.job.run import fit
 from recsys.rundir.checkpoint import latest_checkpoint
 from tests.helpers.checkpoints import assert_same_tensors, full_state
 from tests.helpers.config import tiny_config

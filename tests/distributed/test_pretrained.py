@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys.distributed.pretrained import open_pretrained
-from recsys.run import fit
+from recsys.job.run import fit
 from recsys.rundir.checkpoint import latest_checkpoint
 from tests.helpers.checkpoints import full_state
 from tests.helpers.config import tiny_config

@@ -26,10 +26,10 @@ from recsys.data.slices import with_slice
 from recsys.distributed.managed import admitted_rows, managed_stats
 from recsys.evaluation.sharded import Evaluator, embed
 from recsys.export import ExportConfig, export_run
-from recsys.refusals import RunRefused
-from recsys.run import fit, load_trained
+from recsys.job.run import fit, load_trained
 from recsys.rundir.config import load_run_config
-from recsys.serving import load_bundle
+from recsys.serving.bundle import load_bundle
+from recsys.utils.refusals import RunRefused
 from tests.helpers.config import tiny_config
 from tests.helpers.two_rank import continuous_slice
 

@@ -14,9 +14,9 @@ from recsys.config import check_values
 from recsys.data.neighbors import with_item_neighbors
 from recsys.distributed.rank_data import load_rank_data
 from recsys.evaluate import EvaluateConfig, evaluate_run
+from recsys.job.run import REFIT_DIR, open_dataset
 from recsys.rankers.registry import DEFAULT_FUSION as FUSED_MODEL
 from recsys.rankers.registry import EASE_FUSION
-from recsys.run import REFIT_DIR, open_dataset
 from tests.data.test_no_categories import fit_given_split
 from tests.helpers.config import tiny_config
 
@@ -25,7 +25,7 @@ from tests.helpers.config import tiny_config
 def refit_run(tmp_path_factory, process_group):
     return fit_given_split(
         tmp_path_factory.mktemp("refit"),
-        # null: the rule refits a training split this small (recsys/refit_rule.py)
+        # null: the rule refits a training split this small (recsys/job/refit_rule.py)
         ["trainer.refit=null", "data.item_neighbors=4", "eval.settings.graph_filter.alphas=[0.1,0.2]"],
     )
 
@@ -136,11 +136,11 @@ def test_export_of_a_refit_run_bundles_the_refit_and_says_how_to_export_the_sele
     from recsys.export import ExportConfig, export_run
 
     _, run_dir, _ = refit_run
-    with caplog.at_level(logging.INFO, logger="recsys.run_checks"):
+    with caplog.at_level(logging.INFO, logger="recsys.job.checks"):
         refit = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "refit")))
         selection = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "sel"), stage="selection"))
         also = export_run(ExportConfig(run_dir=str(run_dir / REFIT_DIR), out_dir=str(tmp_path / "also")))
-    said = [r.getMessage() for r in caplog.records if r.name == "recsys.run_checks"]
+    said = [r.getMessage() for r in caplog.records if r.name == "recsys.job.checks"]
     assert said == [
         f'{run_dir}: exporting the refit {run_dir / REFIT_DIR} (trained on train + valid: results.json\'s "refit" '
         "figures); stage=selection exports the selection stage (train only)",
@@ -167,7 +167,7 @@ def test_export_of_a_refit_run_bundles_the_refit_and_says_how_to_export_the_sele
     ],
 )
 def test_refit_null_refits_small_training_splits_only(overrides, rows, refits):
-    from recsys.refit_rule import AUTO_REFIT_MAX_TRAIN_ROWS, decide_refit
+    from recsys.job.refit_rule import AUTO_REFIT_MAX_TRAIN_ROWS, decide_refit
 
     assert AUTO_REFIT_MAX_TRAIN_ROWS == 250_000
     cfg = tiny_config(["trainer.refit=null", *overrides])

@@ -6,7 +6,7 @@ import os
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from recsys.sweep_summary import SweepSummary, collect_jobs, format_summary
+from recsys.job.sweep_summary import SweepSummary, collect_jobs, format_summary
 from tests.helpers.launch import launch
 
 LIBRARY_CHATTER = (
@@ -63,7 +63,9 @@ def test_sweep_jobs_land_in_the_run_dir_with_one_summary(tmp_path, data_root):
         assert chatter not in console, chatter
     log = (sweep / "0" / "train.log").read_text()
     assert "Planner Statistics" in log  # kept in the log file
-    assert "CPU allocator: " in log  # what the entry point set (recsys/cpu_memory.py; tests/scripts/test_cpu_memory.py)
+    assert (
+        "CPU allocator: " in log
+    )  # what the entry point set (recsys/utils/cpu_memory.py; tests/scripts/test_cpu_memory.py)
 
     # a later, shorter sweep under the same run_name lists its own jobs only (job 0 dated a minute back:
     # 3-step jobs now start within the 1 s that collect_jobs allows for coarse file-system clocks)

@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from recsys.config import TableShardingConfig
-from recsys.run import fit
+from recsys.job.run import fit
 from tests.helpers.config import tiny_config
 
 METRIC_KEYS = {"recall@10", "recall@20", "recall@50", "ndcg@10", "ndcg@20"}

@@ -15,7 +15,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from recsys.run import fit
+from recsys.job.run import fit
 from tests.helpers.config import tiny_config
 
 SHORT = ["trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.early_stopping_patience=0"]
@@ -50,9 +50,9 @@ def copy_run(short_run, tmp_path) -> Path:
 
 
 def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, process_group):
-    from recsys.run import load_trained
+    from recsys.job.run import load_trained
     from recsys.rundir.config import load_run_config
-    from recsys.safe_load import UnsafeFileError
+    from recsys.utils.safe_load import UnsafeFileError
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
     torch.save([Payload(marker)], run_dir / "checkpoints" / "best" / "rng.pt")
@@ -63,10 +63,10 @@ def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, proce
 
 def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path, process_group):
     """DCP itself reads .metadata with plain pickle.load: every checkpoint load goes through the allow-list."""
-    from recsys.run import load_trained
+    from recsys.job.run import load_trained
     from recsys.rundir.checkpoint import load_checkpoint
     from recsys.rundir.config import load_run_config
-    from recsys.safe_load import UnsafeFileError
+    from recsys.utils.safe_load import UnsafeFileError
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
     # the real checkpoint loads through the allow-list (with the optimizer state too)
@@ -141,8 +141,8 @@ def bundle(short_run, process_group):
 
 
 def test_bundle_loader_runs_no_code_from_the_bundle(bundle, tmp_path):
-    from recsys.safe_load import UnsafeFileError
-    from recsys.serving import load_bundle
+    from recsys.serving.bundle import load_bundle
+    from recsys.utils.safe_load import UnsafeFileError
 
     marker = tmp_path / "pwned"
     planted = tmp_path / "bundle"
@@ -302,7 +302,7 @@ def sigterm_at_step(monkeypatch, at: int) -> None:
     import os
     import signal
 
-    import recsys.trainer as trainer_module
+    import recsys.training.trainer as trainer_module
 
     real = trainer_module._maybe_inject_fault
 
@@ -509,7 +509,7 @@ def test_a_full_disk_during_a_checkpoint_names_the_path(short_run, tmp_path, pro
 
     import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
-    from recsys.run import load_trained
+    from recsys.job.run import load_trained
     from recsys.rundir.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
     from recsys.rundir.config import load_run_config
 
@@ -530,7 +530,7 @@ def test_a_full_disk_during_a_checkpoint_names_the_path(short_run, tmp_path, pro
 
 
 def test_metrics_log_holds_each_step_once_after_a_crash_and_resume(tmp_path, data_root, process_group, monkeypatch):
-    import recsys.trainer as trainer_module
+    import recsys.training.trainer as trainer_module
 
     def crash(cfg, env, step):
         if step == 3:

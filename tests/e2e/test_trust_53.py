@@ -45,8 +45,8 @@ def test_evaluate_and_export_refuse_a_run_that_is_training(busy_run, module, arg
 
 
 def test_evaluate_run_and_export_run_refuse_it_before_reading(busy_run):
-    from recsys.run import evaluate_run
-    from recsys.run_export import export_run
+    from recsys.job.run import evaluate_run
+    from recsys.serving.export_run import export_run
 
     for work, ecfg in (
         (evaluate_run, EvaluateConfig(run_dir=str(busy_run))),
@@ -136,7 +136,7 @@ def test_ctrl_c_checkpoints_the_step_in_one_line_and_the_rerun_resumes(tmp_path,
     import json
     import signal
 
-    import recsys.trainer as trainer_module
+    import recsys.training.trainer as trainer_module
 
     real = trainer_module._maybe_inject_fault
 
@@ -179,7 +179,7 @@ def test_a_second_ctrl_c_exits_at_once(monkeypatch):
 
 
 def test_ctrl_c_outside_the_training_loop_is_one_line(tmp_path, monkeypatch, capsys):
-    import recsys.run as recsys_run
+    import recsys.job.run as recsys_run
 
     def interrupted(*args, **kwargs):  # Ctrl-C while the dataset is prepared
         raise KeyboardInterrupt
@@ -229,7 +229,7 @@ def test_a_user_id_is_refused_by_a_bundle_that_reads_no_user():
     from recsys.rankers.parts import Catalogue
     from recsys.rankers.served import Served
     from recsys.rankers.two_tower.part import TwoTowerPart
-    from recsys.serving import ServingBundle
+    from recsys.serving.bundle import ServingBundle
 
     part = GraphFilterPart(torch.rand(5, 3), query_table=torch.rand(5, 3))
     catalogue = Catalogue(3, 5, np.zeros(6, dtype=np.int64), np.zeros(0, dtype=np.int64), {}, None)
@@ -260,8 +260,8 @@ def test_a_user_id_is_refused_by_a_bundle_that_reads_no_user():
 
 @pytest.mark.parametrize("part, name", [("two_tower", "query_encoder.pt"), ("graph_filter", "items.npy")])
 def test_a_bundle_missing_a_parts_file_is_refused_naming_it(trained_run, tmp_path, part, name):
-    from recsys.refusals import MissingPath
-    from recsys.serving import load_bundle
+    from recsys.serving.bundle import load_bundle
+    from recsys.utils.refusals import MissingPath
 
     bundle = tmp_path / "bundle"
     shutil.copytree(trained_run.bundle, bundle)
@@ -294,7 +294,7 @@ def test_a_training_refuses_to_append_through_a_link(tmp_path, data_root, monkey
 def test_fit_refuses_a_lock_that_is_a_link(tmp_path, data_root, process_group):
     """What the Hydra callback cannot see (a sweep's jobs, fit() called directly): checked where it is opened. (A
     metrics.jsonl link there is moved aside with the crashed attempt's logs, or refused by the trainer on a resume.)"""
-    from recsys.run import fit
+    from recsys.job.run import fit
     from recsys.rundir.links import LinkedFile
     from tests.helpers.config import tiny_config
 
@@ -404,7 +404,7 @@ def test_a_byte_item_a_crafted_metadata_declares_is_never_run(run_copy, tmp_path
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 
-    from recsys.safe_load import load_dcp_metadata
+    from recsys.utils.safe_load import load_dcp_metadata
 
     best = run_copy / "checkpoints" / "best"
     marker = tmp_path / "ran"
@@ -429,7 +429,7 @@ def test_a_refusal_of_another_rank_is_raised_on_every_rank(monkeypatch):
     """DCP gathers every rank's read error on every rank: rank 0 raises rank 1's refusal, not a CheckpointException."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    import recsys.safe_load as safe_load
+    import recsys.utils.safe_load as safe_load
 
     def rank_1_refused(*args, **kwargs):
         raise CheckpointException("read", {1: (safe_load.UnsafeFileError("__1_0.distcp: refused to load"), None)})
@@ -459,8 +459,8 @@ def test_a_config_yaml_with_a_python_tag_is_one_line(tmp_path, monkeypatch, caps
 
 
 def test_a_saved_config_that_is_no_mapping_or_no_yaml_is_refused_naming_it(tmp_path):
-    from recsys.refusals import RunRefused
     from recsys.rundir.saved_config import read_config_file
+    from recsys.utils.refusals import RunRefused
 
     path = tmp_path / "config.yaml"
     for text in ("- a list\n", "model: [unclosed\n"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from recsys.run import fit
+from recsys.job.run import fit
 from tests.helpers.config import tiny_config
 from tests.helpers.entry_points import QUIET, files, one_error_line, run_module
 
@@ -93,7 +93,7 @@ def test_data_root_a_file_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 def crash_at(monkeypatch, at: int) -> None:
-    import recsys.trainer as trainer_module
+    import recsys.training.trainer as trainer_module
 
     def fault(cfg, env, step):
         if step == at:
@@ -156,12 +156,12 @@ def test_a_given_splits_dropped_rows_are_on_the_console_in_train_log_and_results
             *SHORT,
         ]
     )
-    with caplog.at_level(logging.INFO, logger="recsys.run_checks"):
+    with caplog.at_level(logging.INFO, logger="recsys.job.checks"):
         results = fit(cfg, tmp_path / "run")
     dropped = results["dataset"]["given_split"]["dropped"]["test"]
     in_train = dropped["pair_in_train"]
     assert dropped["user_not_in_train"] == 5 and dropped["item_not_in_train"] == 1 and in_train >= 2
-    said = [r.getMessage() for r in caplog.records if r.name == "recsys.run_checks"]
+    said = [r.getMessage() for r in caplog.records if r.name == "recsys.job.checks"]
     assert any(
         m.startswith(f"given split: {6 + in_train} of {len(test)} test rows dropped (5 a user with no train rows, ")
         for m in said
@@ -175,8 +175,8 @@ def test_a_given_splits_dropped_rows_are_on_the_console_in_train_log_and_results
 
 
 def test_export_to_a_read_only_place_is_refused_before_any_work(trained_run, monkeypatch, capsys):
-    import recsys.run as run_module_
-    from recsys.refusals import RunRefused
+    import recsys.job.run as run_module_
+    from recsys.utils.refusals import RunRefused
 
     def no_work(*args, **kwargs):
         raise AssertionError("loaded the run before checking out_dir")
@@ -220,9 +220,9 @@ def test_evaluating_recall_beyond_the_catalogue_is_warned(trained_run, tmp_path,
 
     run_dir = tmp_path / "run"
     shutil.copytree(trained_run.run_dir, run_dir)
-    with caplog.at_level(logging.WARNING, logger="recsys.run_checks"):
+    with caplog.at_level(logging.WARNING, logger="recsys.job.checks"):
         evaluate_run(EvaluateConfig(run_dir=str(run_dir), ks=[5, 300], ann_kinds=[], rankers=[]))
-    said = [r.getMessage() for r in caplog.records if r.name == "recsys.run_checks"]
+    said = [r.getMessage() for r in caplog.records if r.name == "recsys.job.checks"]
     assert said == [
         "ks=[5, 300]: k=300 is not below the catalogue's 300 items: the top k holds every item, so Recall@k is 1 "
         "(and NDCG@k near it) by construction, whatever the model; choose cut-offs below 300"
@@ -239,7 +239,7 @@ def test_a_full_disk_at_the_first_checkpoint_says_there_is_none_to_resume(
 
     import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
-    from recsys.run import load_trained
+    from recsys.job.run import load_trained
     from recsys.rundir.checkpoint import TrainerState, save_checkpoint
     from recsys.rundir.config import load_run_config
 
@@ -302,7 +302,7 @@ def test_run_side_refusals_are_one_line_with_the_traceback_in_train_log(
 def test_a_graph_filter_too_big_for_the_host_is_refused_before_training(
     tmp_path, data_root, process_group, monkeypatch
 ):
-    import recsys.run as run
+    import recsys.job.run as run
     from data_pipelines.errors import ConfigError
 
     cfg = tiny_config([f"data.root={data_root}", *SHORT, "eval.rankers=[two_tower,two_tower+graph_filter]"])

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-import recsys.run
+import recsys.job.run
 from recsys.export import ExportConfig, export_run
-from recsys.run import fit
-from recsys.serving import load_bundle
+from recsys.job.run import fit
+from recsys.serving.bundle import load_bundle
 from tests.helpers.config import tiny_config
 from tests.helpers.entry_points import QUIET, one_error_line, run_module
 
@@ -52,7 +52,7 @@ def no_loading(monkeypatch) -> None:
     def refused_too_late(*args, **kwargs):
         raise AssertionError("the run was loaded before its settings were checked")
 
-    monkeypatch.setattr(recsys.run, "load_trained", refused_too_late)
+    monkeypatch.setattr(recsys.job.run, "load_trained", refused_too_late)
 
 
 # --- 6: a batch larger than the training examples -------------------------------------------------------------

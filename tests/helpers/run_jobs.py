@@ -13,7 +13,7 @@ import sys
 
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.evaluate import EvaluateConfig, evaluate_run
-from recsys.run import fit
+from recsys.job.run import fit
 from tests.helpers.config import tiny_config
 
 

@@ -70,7 +70,7 @@ def test_it_reads_the_profile_bag_as_well_as_a_recent_history():
 
 
 def test_a_tiny_run_on_profile_bags_trains_and_beats_popularity(tmp_path, data_root, process_group):
-    from recsys.run import fit
+    from recsys.job.run import fit
 
     results = fit(tiny_config([f"data.root={data_root}", *ATTENTION]), tmp_path / "run")
     two_tower, popularity = results["test"]["two_tower"]["recall@20"], results["test"]["popularity"]["recall@20"]

@@ -167,7 +167,7 @@ def test_an_older_runs_query_encoder_name_and_sasrec_section_read_as_the_same_en
 
 def test_a_run_whose_query_encoder_the_bundle_cannot_serve_says_so(data_root, tmp_path, process_group):
     """results.json and its table mark the two-tower and its fusions not servable, with the reason export gives."""
-    from recsys.run import fit
+    from recsys.job.run import fit
     from recsys.rundir.outputs import format_results_table
 
     cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "model/query_encoder=attention"])

@@ -107,7 +107,7 @@ def test_it_needs_the_user_id_and_a_history():
 
 @pytest.mark.parametrize("pool", ["mean", "attention"])
 def test_a_tiny_run_trains_and_beats_popularity(pool, tmp_path, data_root, process_group):
-    from recsys.run import fit
+    from recsys.job.run import fit
 
     cfg = tiny_config([f"data.root={data_root}", *GATED, f"model.query_encoder.pool={pool}", "trainer.epochs=3"])
     results = fit(cfg, tmp_path / "run")

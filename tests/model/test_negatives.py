@@ -95,7 +95,7 @@ def test_the_full_softmax_is_the_in_batch_one_when_the_batch_holds_each_item_onc
     "negatives", [["model.negatives.num=-1"], ["model.negatives.num=64", "model.negatives.exponent=0.75"]]
 )
 def test_a_run_trains_with_each_kind_of_negatives(tmp_path, data_root, process_group, negatives):
-    from recsys.run import fit
+    from recsys.job.run import fit
 
     cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=2", *negatives])
     results = fit(cfg, tmp_path)

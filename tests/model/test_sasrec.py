@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from recsys.config import ExportConfig
-from recsys.fingerprint import config_fingerprint
 from recsys.model.sequence import SequenceEncoder, padded_history
+from recsys.rundir.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config
 
 SASREC = ["data.protocol=loo", "data.query_history=recent", "model/query_encoder=sasrec"]
@@ -103,7 +103,7 @@ def test_padding_does_not_change_the_query():
 def test_tiny_loo_run_beats_popularity_and_evaluate_reproduces_it(tmp_path, data_root, process_group):
     from recsys.evaluate import EvaluateConfig, evaluate_run
     from recsys.export import export_run
-    from recsys.run import fit
+    from recsys.job.run import fit
 
     run_dir = tmp_path / "run"
     cfg = tiny_config([f"data.root={data_root}", *SASREC])
@@ -129,7 +129,7 @@ def test_tiny_loo_run_beats_popularity_and_evaluate_reproduces_it(tmp_path, data
 def test_resume_continues_the_uninterrupted_run(tmp_path, data_root, process_group):
     """The sequence table's rows and fused optimizer state and the encoder's weights go through the DCP checkpoint:
     two epochs in two trainings follow one training of two epochs (no dropout: the RNG is not checkpointed)."""
-    from recsys.run import fit
+    from recsys.job.run import fit
 
     common = [f"data.root={data_root}", *SASREC, "model.query_encoder.dropout=0", "trainer.max_steps_per_epoch=4"]
     common += ["trainer.log_every_steps=1", "trainer.early_stopping_patience=0"]

@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.evaluation.retrieval import popularity_topk
+from recsys.job.run import fit
 from recsys.rankers import registry
 from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
 from recsys.rankers.registry import RANKERS, register_ranker
-from recsys.run import fit
 from tests.helpers.config import tiny_config
 from tests.helpers.entry_points import QUIET, one_error_line, run_module
 

@@ -13,9 +13,9 @@ import pytest
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.export import ExportConfig, export_run
+from recsys.job.run import fit, open_dataset
 from recsys.rankers.registry import RANKERS
-from recsys.run import fit, open_dataset
-from recsys.serving import load_bundle
+from recsys.serving.bundle import load_bundle
 from tests.helpers.config import tiny_config
 from tests.helpers.served_ranking import assert_bundle_ranks_test_as_the_run
 

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import recsys.rundir.checkpoint as checkpoint_module
-from recsys.run import fit
+from recsys.job.run import fit
 from recsys.rundir.checkpoint import (
     TrainerState,
     complete_checkpoints,
@@ -85,8 +85,8 @@ def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_gr
 def test_interrupted_write_leaves_the_previous_checkpoint_loadable(tmp_path, data_root, process_group, monkeypatch):
     from data_pipelines.prepare import prepare_dataset
     from recsys.distributed.sharding import shard_model
+    from recsys.job.run import open_dataset
     from recsys.model.build import build_task
-    from recsys.run import open_dataset
 
     cfg = tiny_config([f"data.root={data_root}"])
     sharded = shard_model(

@@ -9,7 +9,7 @@ from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, Shard
 from torchrec.distributed.types import ParameterSharding, ShardingPlan
 
 from recsys.distributed.plan_summary import plan_summary, rank_ranges
-from recsys.logs import FILE_ONLY, setup_logging
+from recsys.utils.logs import FILE_ONLY, setup_logging
 
 
 @pytest.fixture
@@ -36,9 +36,9 @@ def hydra_like_logging(tmp_path):
 
 
 def _emit_a_run():
-    logging.getLogger("recsys.trainer").info("epoch 0: valid recall@20 = 0.25")
-    logging.getLogger("recsys.trainer").info("sharding plan:\nthe full table", extra=FILE_ONLY)
-    logging.getLogger("recsys.trainer").warning("fault injection: rank 1 exits")
+    logging.getLogger("recsys.training.trainer").info("epoch 0: valid recall@20 = 0.25")
+    logging.getLogger("recsys.training.trainer").info("sharding plan:\nthe full table", extra=FILE_ONLY)
+    logging.getLogger("recsys.training.trainer").warning("fault injection: rank 1 exits")
     logging.getLogger("torchrec.distributed.planner.stats").info("# Planner Statistics")
     logging.getLogger().info("[TBE=abc] [AMD FP16 TEST] cache_precision=fp32")  # fbgemm logs on the root logger
     logging.getLogger("faiss.loader").info("Could not load library with AVX512 support")

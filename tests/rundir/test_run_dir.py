@@ -3,7 +3,7 @@
 import json
 import logging
 
-from recsys.run import fit
+from recsys.job.run import fit
 from recsys.rundir.checkpoint import TrainerState, latest_checkpoint
 from recsys.rundir.dir import is_finished
 from tests.helpers.config import tiny_config

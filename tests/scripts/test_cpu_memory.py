@@ -1,4 +1,4 @@
-"""The entry points' CPU allocator settings (recsys/cpu_memory.py), each in a fresh interpreter: they are
+"""The entry points' CPU allocator settings (recsys/utils/cpu_memory.py), each in a fresh interpreter: they are
 process-wide, and torch reads its variable once, at its first allocation."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 PROBE = """
 import json, os, resource, sys
-from recsys.cpu_memory import tune_cpu_allocator
+from recsys.utils.cpu_memory import tune_cpu_allocator
 applied = tune_cpu_allocator()
 import torch
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -67,7 +67,7 @@ def test_cuda_training_learns(tmp_path, data_root, tiny_data, overrides):
 def test_gpu_trained_run_evaluates_and_exports(tmp_path, data_root, tiny_data):
     """Export gathers the sharded tables over NCCL into a CPU bundle; the run evaluates on the CPU (its
     GPU-only plan gives way) and agrees with training's test recall, which was ranked on the GPU."""
-    from recsys.serving import load_bundle
+    from recsys.serving.bundle import load_bundle
 
     run_dir = tmp_path / "run"
     train(run_dir, data_root, "sharding=gpu_row_wise", "optim/sparse=adam", "trainer.max_steps_per_epoch=10")

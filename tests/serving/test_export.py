@@ -10,14 +10,14 @@ from recsys.config import query_layout
 from recsys.data.eval_batches import latest_items
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.evaluation.sharded import Evaluator, embed
+from recsys.job.run import load_trained
 from recsys.rankers.registry import DEFAULT_FUSION as FUSED_RANKER
 from recsys.rankers.served_dir import served_ranking
-from recsys.run import load_trained
 from tests.helpers.launch import launch
 
 SERVE = """
 import sys, numpy as np
-from recsys.serving import load_bundle
+from recsys.serving.bundle import load_bundle
 bundle = load_bundle(sys.argv[1])
 inputs = np.load(sys.argv[2])
 part = bundle.served.part("two_tower")  # user ids where the query reads them (a bundle refuses them otherwise)
@@ -105,9 +105,9 @@ def test_a_full_disk_is_one_refusal_naming_the_bundle_dir(tmp_path, trained_run,
 
     import pytest
 
-    from recsys import bundle_writer
     from recsys.export import ExportConfig, export_run
-    from recsys.refusals import RunRefused
+    from recsys.serving import bundle_writer
+    from recsys.utils.refusals import RunRefused
 
     real_save = np.save
 

@@ -1,5 +1,5 @@
 """Issue 43 items 2 and 10-13: the serving API takes what it is given, exactly. A query without a user uses no user
-row; inputs the bundle would misread are refused at the edge (recsys/serving_inputs.py), one ValueError naming the
+row; inputs the bundle would misread are refused at the edge (recsys/serving/inputs.py), one ValueError naming the
 argument; k beyond what is left returns only real items; a repeated history item counts once; encode_raw checks its
 lengths and 64-bit ids. On short tiny runs with a user-id table (model.query_user_id=true), one indexed by the
 dataset's ids, one through managed-collision tables (model.id_mapping=managed)."""
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from recsys.export import ExportConfig, export_run
-from recsys.run import fit
-from recsys.serving import load_bundle
+from recsys.job.run import fit
+from recsys.serving.bundle import load_bundle
 from tests.helpers.config import tiny_config
 
 SHORT = ["trainer.epochs=1", "trainer.max_steps_per_epoch=4", "trainer.early_stopping_patience=0"]

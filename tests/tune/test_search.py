@@ -11,9 +11,9 @@ import pytest
 from recsys.config import check_values, value_at, with_values
 from recsys.evaluation.sharded import Evaluator
 from recsys.export import ExportConfig, export_run
+from recsys.job.run import fit, search_trial
 from recsys.rankers.served_dir import served_ranking
-from recsys.run import fit, search_trial
-from recsys.serving import load_bundle
+from recsys.serving.bundle import load_bundle
 from recsys.tune.search import chosen_config, search
 from recsys.tune.tuned_run import tune_and_fit
 from tests.helpers.config import tiny_config
@@ -270,7 +270,7 @@ def test_under_torchrun_every_trial_and_the_run_train_on_both_ranks(tmp_path, da
 
 
 def test_a_run_that_will_refit_keeps_a_training_of_its_budget_for_the_refit(tmp_path):
-    """trainer.refit=null refits a small training split (recsys/refit_rule.py): the 10-minute budget keeps trial 0's
+    """trainer.refit=null refits a small training split (recsys/job/refit_rule.py): the 10-minute budget keeps trial 0's
     3 minutes for the refit, so two trials run where a run without a refit runs three."""
 
     def trial(clock):

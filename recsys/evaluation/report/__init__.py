@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from recsys.atomic import write_atomic, write_text_atomic
 from recsys.evaluation.report.compute import compute_report, describe_protocol, recall_curve
 from recsys.evaluation.report.markdown import format_markdown
 from recsys.evaluation.report.plot import plot_recall_at_k
 from recsys.evaluation.report.types import EVAL_DIR, MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
+from recsys.utils.atomic import write_atomic, write_text_atomic
 
 __all__ = [
     "EVAL_DIR",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from recsys.evaluation.report.types import MODEL_LABELS
-from recsys.markdown import markdown_table
+from recsys.utils.markdown import markdown_table
 
 
 def _fmt(x: Any, digits: int = 4) -> str:

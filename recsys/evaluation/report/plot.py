@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from recsys.atomic import write_atomic
 from recsys.evaluation.report.types import MODEL_LABELS
+from recsys.utils.atomic import write_atomic
 
 
 def plot_recall_at_k(curves: dict[str, dict[str, np.ndarray]], ks: Sequence[int], path: Path, model: str) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recsys.choices import EASE_LAMBDAS
 from recsys.config.need import Need
 from recsys.evaluation.ease_plan import factorisation_seconds, plan_ease
 from recsys.rankers.resources import Resources
+from recsys.utils.choices import EASE_LAMBDAS
 
 
 @dataclass

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from recsys.rankers.parts import Catalogue, Query, ServedPart, register_part
-from recsys.safe_load import numpy_load
+from recsys.utils.safe_load import numpy_load
 
 
 @register_part

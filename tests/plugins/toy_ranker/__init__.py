@@ -19,7 +19,7 @@ from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker
 from recsys.rankers.parts import Catalogue, Query, ServedPart, register_part
 from recsys.rankers.registry import RankerContext, register_ranker
 from recsys.rankers.served import Served
-from recsys.safe_load import numpy_load
+from recsys.utils.safe_load import numpy_load
 
 NAME = "toy"
 

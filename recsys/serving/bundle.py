@@ -50,9 +50,7 @@ import torch
 from data_pipelines.errors import one_line  # plain Python
 from recsys.rankers.parts import Catalogue, Query
 from recsys.rankers.served import Served
-from recsys.refusals import MissingPath  # plain Python
-from recsys.safe_load import UnreadableFile, numpy_load
-from recsys.serving_inputs import (
+from recsys.serving.inputs import (
     as_raw_ids,
     as_top_k,
     check_lengths,
@@ -62,6 +60,8 @@ from recsys.serving_inputs import (
     user_index,
     user_indices,
 )  # fmt: skip (numpy only)
+from recsys.utils.refusals import MissingPath  # plain Python
+from recsys.utils.safe_load import UnreadableFile, numpy_load
 
 BUNDLE_FORMAT = "recsys-bundle/4"  # 4: the served ranker as parts (parts/, fusion/); 3: fixed files of two rankers
 
@@ -95,7 +95,7 @@ class ServingBundle:
 
     def _query(self, user_ids, history_lengths, history_items, reads_users: bool | None = None) -> Query:
         """The queries checked against each other and the bundle's counts, each user's items counted once at their
-        latest position (recsys/serving_inputs.py); user ids only where the ranker (``reads_users``) reads them."""
+        latest position (recsys/serving/inputs.py); user ids only where the ranker (``reads_users``) reads them."""
         self._check_reads_users(user_ids, "user_ids", self.reads_users if reads_users is None else reads_users)
         items = item_indices(history_items, self.manifest["num_items"], "history_items")
         users = user_indices(user_ids, self.manifest["num_users"])

@@ -1,28 +1,28 @@
-"""``recsys.export``'s assembly: a trained run's weights loaded on this job's ranks (``recsys.run.load_trained``), the
+"""``recsys.export``'s assembly: a trained run's weights loaded on this job's ranks (``recsys.job.run.load_trained``), the
 served ranker the evaluation stage kept (``<run dir>/served/``) with the query encoder only the weights give, written
-as the serving bundle (recsys/bundle_writer.py; its layout: recsys/serving.py)."""
+as the serving bundle (recsys/serving/bundle_writer.py; its layout: recsys/serving/bundle.py)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from recsys.bundle_writer import check_replaceable, encoder_entry, write_bundle
 from recsys.config import Config, ExportConfig, IdMapping
 from recsys.data.dataset import RetrievalData
 from recsys.data.layout import run_layout
 from recsys.distributed.collectives import full_tables
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.distributed.managed import full_id_maps, zero_miss_rows
-from recsys.query_encoder import QueryEncoder
+from recsys.job.checks import check_exportable, check_index_kind, export_stage_dir
+from recsys.job.run import REFIT_DIR, load_trained, reading_run
 from recsys.rankers.parts import BundleRun
 from recsys.rankers.plugins import load_plugins
 from recsys.rankers.served import Served
 from recsys.rankers.served_dir import SERVED_DIR, load_served
 from recsys.rankers.two_tower.weights import served_from_weights
-from recsys.run import REFIT_DIR, load_trained, reading_run
-from recsys.run_checks import check_exportable, check_index_kind, export_stage_dir
 from recsys.rundir.config import load_run_config
+from recsys.serving.bundle_writer import check_replaceable, encoder_entry, write_bundle
+from recsys.serving.query_encoder import QueryEncoder
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _served_ranker(run_dir: Path, checkpoint: str) -> tuple[Served, dict] | None
 
 
 def export_run(ecfg: ExportConfig) -> Path:
-    """Collective: the serving bundle of a trained run (recsys/serving.py), written by rank 0; returns its path.
+    """Collective: the serving bundle of a trained run (recsys/serving/bundle.py), written by rank 0; returns its path.
 
     The bundle serves the run's headline ranker as its evaluation stage fit it for test (``<run dir>/served/``), of
     the refit where the run has one (``stage=selection``: the run's own); ``checkpoint=PATH`` (other weights than the

@@ -1,4 +1,4 @@
-"""Writes the serving bundle of a trained run (the layout and its reader: recsys/serving.py).
+"""Writes the serving bundle of a trained run (the layout and its reader: recsys/serving/bundle.py).
 
 Kept apart from serving.py, which a serving process imports with torch, numpy and pyarrow alone.
 The bundle is written into a temporary folder and swapped in whole; an ``out`` that holds anything
@@ -20,14 +20,14 @@ import pyarrow.parquet as pq
 from omegaconf import OmegaConf
 
 from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
-from recsys.atomic import replace_dir
 from recsys.config import Config
 from recsys.data.dataset import RetrievalData
 from recsys.data.layout import QUERY, run_layout, side_entries, side_specs
 from recsys.evaluation.ann import build_index, require_faiss
 from recsys.rankers.served import Served
-from recsys.refusals import PathTaken, RunRefused
-from recsys.serving import BUNDLE_FORMAT
+from recsys.serving.bundle import BUNDLE_FORMAT
+from recsys.utils.atomic import replace_dir
+from recsys.utils.refusals import PathTaken, RunRefused
 
 BUNDLE_FILES = {
     "manifest.json",
@@ -154,7 +154,7 @@ def _manifest(served: Served, point: dict, index: str, data: RetrievalData, cfg:
 
 
 def encoder_entry(cfg: Config, data: RetrievalData) -> dict:
-    """The query encoder's layout, as the bundle's two-tower part keeps it (recsys/query_encoder.py reads it)."""
+    """The query encoder's layout, as the bundle's two-tower part keeps it (recsys/serving/query_encoder.py reads it)."""
     return {
         "history_length": cfg.data.history_length,
         "query_neighbors": run_layout(cfg, data).query_neighbors,  # the history bag through the neighbour table too

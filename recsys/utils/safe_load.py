@@ -13,7 +13,7 @@ downloaded bundle), so nothing read from one may run code when it is loaded:
 
 A refused file raises :class:`UnsafeFileError` naming it, before anything from it is built; a file that cannot
 be read at all (truncated, not of its kind) raises :class:`UnreadableFile` naming it. Both are refusals: an entry
-point prints them as one line (recsys/refusals.py).
+point prints them as one line (recsys/utils/refusals.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.futures import Future
 
-from recsys.refusals import RunRefused
+from recsys.utils.refusals import RunRefused
 
 
 class UnsafeFileError(RunRefused, pickle.UnpicklingError):

@@ -28,7 +28,7 @@ import logging
 import os
 import platform
 
-from recsys.logs import FILE_ONLY
+from recsys.utils.logs import FILE_ONLY
 
 THP_VARIABLE = "THP_MEM_ALLOC_ENABLE"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h

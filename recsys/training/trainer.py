@@ -1,7 +1,7 @@
 """The training loop: epochs over seeded global batches, the two-tower's validation each epoch, early stopping,
 then the best epoch's weights restored.
 
-``recsys.run.fit`` assembles a run (data, model, sharding, batches, evaluator, the run's
+``recsys.job.run.fit`` assembles a run (data, model, sharding, batches, evaluator, the run's
 :class:`~recsys.rundir.manager.CheckpointManager`), hands it to :class:`Trainer`, and then ranks
 valid and test with the configured rankers (``recsys.evaluation.run_stage``); tests and scripts call ``fit``
 with a typed :class:`~recsys.config.Config`. Outputs (rank 0 only) in ``run_dir``::
@@ -38,13 +38,13 @@ from recsys.distributed.managed import managed_stats
 from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.evaluation.sharded import Evaluator, SplitFigures
-from recsys.lr_schedule import LrSchedule
 from recsys.rundir.checkpoint import TrainerState
 from recsys.rundir.links import refuse_link
 from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import MetricsLog
 from recsys.rundir.preemption import Preempted, PreemptionHandler
 from recsys.rundir.results import training_results
+from recsys.training.lr_schedule import LrSchedule
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The serving bundle's query encoder: the two-tower's query side with its own unsharded tables.
 
 Built at export from the run's FeatureLayout (recsys/data/layout.py) and rebuilt by ``load_bundle``
-(recsys/serving.py) from the bundle's manifest and weights: torch only, no torchrec, no config.
+(recsys/serving/bundle.py) from the bundle's manifest and weights: torch only, no torchrec, no config.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from recsys.data.layout import (
     SideEntry,
     feature_layout,
 )
-from recsys.safe_load import torch_load_weights
+from recsys.utils.safe_load import torch_load_weights
 
 SIDE_SOURCES = (USER_COLUMN, HISTORY_COLUMN)  # a side feature's (ids, offsets) pair of the ``side`` argument
 

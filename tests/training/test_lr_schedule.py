@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from recsys.lr_schedule import LrSchedule, lr_factor
-from recsys.run import fit
+from recsys.job.run import fit
+from recsys.training.lr_schedule import LrSchedule, lr_factor
 from tests.helpers.config import tiny_config
 
 
@@ -40,7 +40,7 @@ def table_learning_rates(sharded) -> list[float]:
 
 
 def test_tables_and_towers_follow_the_linear_schedule(tmp_path, data_root, process_group, monkeypatch):
-    import recsys.trainer as trainer_module
+    import recsys.training.trainer as trainer_module
 
     seen = {}
     original = trainer_module.Trainer.train_epoch
@@ -83,7 +83,7 @@ def test_unknown_schedule_is_refused_before_any_work():
 def test_refit_replays_the_selection_stages_horizon():
     """The refit trains best epoch + 1 epochs: its rates must follow the selection's curve over those
     epochs, not fall to zero over its own shorter run."""
-    from recsys.run import refit_config
+    from recsys.job.run import refit_config
 
     cfg = tiny_config(["optim.schedule=linear", "trainer.epochs=6"])
     refit = refit_config(cfg, best_epoch=2)

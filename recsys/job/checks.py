@@ -19,10 +19,10 @@ from pathlib import Path
 
 from data_pipelines.dataset_dir import dropped_rows_report, read_meta
 from data_pipelines.errors import ConfigError
-from recsys.choices import ANN_KINDS
 from recsys.config import Config, query_not_exportable
 from recsys.rankers.registry import check_ranker_names, report_rankers
-from recsys.refusals import RunRefused
+from recsys.utils.choices import ANN_KINDS
+from recsys.utils.refusals import RunRefused
 
 __all__ = [
     "check_batch_fits",

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from data_pipelines.errors import ConfigError, DatasetError, one_line
-from recsys.logs import FILE_ONLY
+from recsys.utils.logs import FILE_ONLY
 
 __all__ = ["ANOTHER_RUN_DIR", "REFUSALS", "MissingPath", "PathTaken", "RunRefused", "refusals"]
 
@@ -69,7 +69,7 @@ def _stop_sweep(sweep_dir: Path) -> None:
     """The summary of the sweep so far (rank 0), and that the jobs after this one will not run."""
     if int(os.environ.get("RANK", "0")) != 0:
         return
-    from recsys.sweep_summary import write_summary
+    from recsys.job.sweep_summary import write_summary
 
     started = sweep_dir / "multirun.yaml"  # written by Hydra's sweeper when the sweep started
     path = write_summary(sweep_dir, started.stat().st_mtime if started.is_file() else None)

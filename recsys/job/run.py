@@ -23,7 +23,6 @@ import numpy as np
 import torch.distributed as dist
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.atomic import write_json_atomic
 from recsys.config import (
     Config,
     DataConfig,
@@ -48,18 +47,17 @@ from recsys.evaluation.ease_plan import available_memory_bytes
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training, trial_figure
 from recsys.evaluation.sharded import Evaluator
-from recsys.logs import FILE_ONLY
-from recsys.model.build import build_task
-from recsys.rankers.plugins import load_plugins
-from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, serve_candidates
-from recsys.rankers.resources import Resources
-from recsys.refit_rule import decide_refit
-from recsys.run_checks import (
+from recsys.job.checks import (
     check_batch_fits,
     check_evaluate_names,
     note_dropped_rows,
     warn_ks_beyond_catalogue,
 )
+from recsys.job.refit_rule import decide_refit
+from recsys.model.build import build_task
+from recsys.rankers.plugins import load_plugins
+from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, serve_candidates
+from recsys.rankers.resources import Resources
 from recsys.rundir.checkpoint import load_checkpoint
 from recsys.rundir.config import checkpoint_dir, load_run_config
 from recsys.rundir.dir import RESULTS_FILE, check_finished_evaluation, result_ks
@@ -68,7 +66,9 @@ from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import format_results_table
 from recsys.rundir.record import write_run_record
 from recsys.rundir.results import split_counts
-from recsys.trainer import Trainer
+from recsys.training.trainer import Trainer
+from recsys.utils.atomic import write_json_atomic
+from recsys.utils.logs import FILE_ONLY
 
 log = logging.getLogger(__name__)
 

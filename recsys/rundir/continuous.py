@@ -20,9 +20,9 @@ from pathlib import Path
 from recsys.config import Config, IdMapping
 from recsys.data.dataset import RetrievalData
 from recsys.data.slices import slice_range
-from recsys.refusals import MissingPath, RunRefused
 from recsys.rundir.checkpoint import CONFIG_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint
 from recsys.rundir.saved_config import read_config_file
+from recsys.utils.refusals import MissingPath, RunRefused
 
 log = logging.getLogger(__name__)
 

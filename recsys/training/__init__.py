@@ -1,0 +1,2 @@
+"""The training loop (the Trainer: steps, per-epoch validation, early stopping, checkpoints) and its
+learning-rate schedule."""
