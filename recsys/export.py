@@ -24,9 +24,9 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import ExportConfig, register_configs, to_typed
+from recsys.job.entry import refusals
 from recsys.serving.export_run import export_run
 from recsys.utils.logs import setup_logging
-from recsys.utils.refusals import refusals
 
 __all__ = ["ExportConfig", "export_run", "main"]
 

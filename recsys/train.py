@@ -28,12 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import refuse_moved_keys, register_configs, to_config
+from recsys.job.entry import refusals
 from recsys.job.run import fit, search_trial
 from recsys.rundir.preemption import INTERRUPTED_EXIT_CODE, Preempted
 from recsys.rundir.record import has_record, write_run_record
 from recsys.tune.tuned_run import tune_and_fit
 from recsys.utils.logs import setup_logging
-from recsys.utils.refusals import refusals
 
 
 def run_record(cfg: DictConfig) -> dict[str, str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from recsys.model.in_batch_softmax import block_rows_for, resolve_block_mb, sampled_softmax_loss
+from recsys.components.losses.in_batch_softmax import block_rows_for, resolve_block_mb, sampled_softmax_loss
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -26,10 +26,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from recsys.components.losses import PACKAGE as LOSSES
+from recsys.components.query_encoders import PACKAGE as QUERY_ENCODERS
+from recsys.components.registry import component_configs
 from recsys.config import Config, EvaluateConfig, ExportConfig, PlanConfig, register_configs
-from recsys.model.components import component_configs
-from recsys.model.losses import PACKAGE as LOSSES
-from recsys.model.query_encoders import PACKAGE as QUERY_ENCODERS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "configuration.md"
@@ -104,7 +104,7 @@ def documented_classes() -> list[type]:
     return seen
 
 
-# sections that hold a component chosen by name (recsys/model/components.py): each component's settings below them
+# sections that hold a component chosen by name (recsys/components/registry.py): each component's settings below them
 COMPONENTS = {f"model.{key}": package for key, package in (("loss", LOSSES), ("query_encoder", QUERY_ENCODERS))}
 RANKER_SETTINGS = "eval.settings"  # a dict whose entries each ranker's package types (recsys/rankers/registry.py)
 

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from recsys.model.in_batch_softmax import sampled_softmax_loss
+from recsys.components.losses.in_batch_softmax import sampled_softmax_loss
 
 
 def step_cost(batch: int, candidates: int, dim: int, tower_in: int, lookups: int, table_dim: int) -> dict:

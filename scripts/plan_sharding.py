@@ -45,7 +45,7 @@ from omegaconf import DictConfig
 
 from recsys.config import PlanConfig, refuse_moved_keys, register_configs, to_typed
 from recsys.distributed.dry_run import GB, PlanReport, plan_dry_run
-from recsys.utils.refusals import refusals
+from recsys.job.entry import refusals
 
 
 def rank_ranges(ranks) -> str:

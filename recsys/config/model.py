@@ -9,10 +9,10 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from data_pipelines.config import Choice, DataConfig
+from recsys.components.losses import PACKAGE as LOSSES
+from recsys.components.query_encoders import PACKAGE as QUERY_ENCODERS
+from recsys.components.registry import to_component
 from recsys.config.need import Need
-from recsys.model.components import to_component
-from recsys.model.losses import PACKAGE as LOSSES
-from recsys.model.query_encoders import PACKAGE as QUERY_ENCODERS
 
 POOLINGS = ("sum", "mean")  # model.tables.<name>.pooling
 FEATURE_SOURCES = ("users", "items")  # model.features.<name>.source
@@ -96,7 +96,7 @@ class ModelConfig:
     # items sampled for the whole global batch beside its positives (model.negatives.num; -1: the whole catalogue)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     # the training loss, a component chosen by name (model/loss=NAME: conf/model/loss/NAME.yaml, whose settings the
-    # sections below list; its code recsys/model/losses/NAME.py)
+    # sections below list; its code recsys/components/losses/NAME.py)
     loss: Any = field(default_factory=lambda: {"name": "softmax"})
     # the query tower sees the user-id embedding (true) or its history bag alone (false: no user table
     # is built); null = by data.query_history: false with "profile", true with "recent" (docs/quality.md); true with
@@ -109,7 +109,7 @@ class ModelConfig:
     query_neighbors: bool | None = None
     # how the query reads its history, a component chosen by name (model/query_encoder=NAME:
     # conf/model/query_encoder/NAME.yaml, whose settings the sections below list; its code
-    # recsys/model/query_encoders/NAME.py): bag (the mean-pooled item bag) | sasrec (the recent items in order) |
+    # recsys/components/query_encoders/NAME.py): bag (the mean-pooled item bag) | sasrec (the recent items in order) |
     # attention (the items weighed by learned attention) | gated (the user id and the pooled history, gated)
     query_encoder: Any = field(default_factory=lambda: {"name": "bag"})
     # vocab: the user / item tables have a row per dataset index; managed: raw 64-bit ids, model.managed
@@ -121,7 +121,7 @@ class ModelConfig:
         self.query_encoder = to_component(self.query_encoder, QUERY_ENCODERS, "model.query_encoder")
 
 
-# ModelConfig's fields that hold a component's section (recsys/model/components.py)
+# ModelConfig's fields that hold a component's section (recsys/components/registry.py)
 COMPONENT_SECTIONS = ("loss", "query_encoder")
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from data_pipelines.config import Choice, DataConfig, Protocol
 from recsys.config.model import ModelConfig
 from recsys.config.need import Need
-from recsys.training.lr_schedule import SCHEDULES
+from recsys.utils.lr_schedule import SCHEDULES
 
 
 class SparseOptimizer(Choice):
@@ -68,7 +68,7 @@ class OptimConfig:
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)  # fused into backward for every sharded table
     # the towers' optimizer (and that of any data_parallel table, which has no fused kernel)
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
-    # both optimizers' learning rates over training (recsys/training/lr_schedule.py): "constant" | "linear" (down to 0
+    # both optimizers' learning rates over training (recsys/utils/lr_schedule.py): "constant" | "linear" (down to 0
     # at the horizon); the horizon is optim.schedule_epochs, 0 = trainer.epochs (a refit keeps its selection's)
     schedule: str = "constant"
     schedule_epochs: int = 0  # the schedule's horizon in epochs; 0 = trainer.epochs

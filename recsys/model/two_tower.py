@@ -38,9 +38,9 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
+from recsys.components.query_encoders.sequence import padded_history
 from recsys.data.features import ALL_TABLES, CANDIDATE_TABLES
 from recsys.model.managed import managed_collection
-from recsys.model.sequence import padded_history
 
 
 def mlp(in_dim: int, dims: Sequence[int]) -> nn.Sequential:

@@ -154,7 +154,7 @@ def _manifest(served: Served, point: dict, index: str, data: RetrievalData, cfg:
 
 
 def encoder_entry(cfg: Config, data: RetrievalData) -> dict:
-    """The query encoder's layout, as the bundle's two-tower part keeps it (recsys/serving/query_encoder.py reads it)."""
+    """The query encoder's layout, as the bundle's two-tower part keeps it (recsys/rankers/two_tower/query_encoder.py reads it)."""
     return {
         "history_length": cfg.data.history_length,
         "query_neighbors": run_layout(cfg, data).query_neighbors,  # the history bag through the neighbour table too

@@ -19,10 +19,10 @@ from recsys.rankers.parts import BundleRun
 from recsys.rankers.plugins import load_plugins
 from recsys.rankers.served import Served
 from recsys.rankers.served_dir import SERVED_DIR, load_served
+from recsys.rankers.two_tower.query_encoder import QueryEncoder
 from recsys.rankers.two_tower.weights import served_from_weights
 from recsys.rundir.config import load_run_config
 from recsys.serving.bundle_writer import check_replaceable, encoder_entry, write_bundle
-from recsys.serving.query_encoder import QueryEncoder
 
 log = logging.getLogger(__name__)
 

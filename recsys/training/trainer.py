@@ -44,7 +44,7 @@ from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import MetricsLog
 from recsys.rundir.preemption import Preempted, PreemptionHandler
 from recsys.rundir.results import training_results
-from recsys.training.lr_schedule import LrSchedule
+from recsys.utils.lr_schedule import LrSchedule
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.layout import CANDIDATE, QUERY, feature_layout, run_layout
 from recsys.job.run import open_dataset
 from recsys.model.build import build_task
-from recsys.serving.query_encoder import QueryEncoder
+from recsys.rankers.two_tower.query_encoder import QueryEncoder
 from tests.helpers.config import tiny_config
 from tests.helpers.movielens import random_ratings, release_files, write_folder
 

@@ -123,7 +123,7 @@ def test_every_experiment_composes(experiment):
 
 
 def test_a_non_finite_loss_stops_training(tmp_path, data_root, process_group, monkeypatch):
-    import recsys.model.losses.softmax as task_module
+    import recsys.components.losses.softmax as task_module
 
     real = task_module.sampled_softmax_loss
     monkeypatch.setattr(task_module, "sampled_softmax_loss", lambda *a, **kw: real(*a, **kw) * float("nan"))

@@ -5,13 +5,13 @@ import pytest
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+from recsys.components.losses.softmax import Config as SoftmaxConfig
 from recsys.config import DenseOptimConfig, ShardingConfig, SparseOptimConfig, TableShardingConfig
 from recsys.data.batch import Batch
 from recsys.data.features import build_kjt
 from recsys.data.layout import feature_layout
 from recsys.distributed.sharding import shard_model
 from recsys.distributed.table_init import BLOCK_ROWS, fill_rows
-from recsys.model.losses.softmax import Config as SoftmaxConfig
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
 

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from recsys.components.losses.ccl import Config as CclConfig
+from recsys.components.losses.softmax import Config as SoftmaxConfig
 from recsys.data.batch import Batch
 from recsys.data.negatives import NegativeSampler, sampling_probs
-from recsys.model.losses.ccl import Config as CclConfig
-from recsys.model.losses.softmax import Config as SoftmaxConfig
 from recsys.model.task import RetrievalTask
 from tests.helpers.config import tiny_config
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from recsys.model.in_batch_softmax import accidental_hits, masked_logits, sampled_softmax_loss
-from recsys.model.losses.softmax import Config as SoftmaxConfig
+from recsys.components.losses.in_batch_softmax import accidental_hits, masked_logits, sampled_softmax_loss
+from recsys.components.losses.softmax import Config as SoftmaxConfig
 from recsys.model.task import RetrievalTask
 
 
@@ -99,7 +99,7 @@ def test_hand_written_backward_equals_autograd(use_log_q, device_variant, block_
     """Random batches with many repeated items (accidental hits) and uniform negatives; labels offset as on rank 1.
     ``cuda-variant`` runs on CPU what runs on a GPU (dense hit mask, out-of-place log_softmax); ``block_rows`` > 0:
     the row-blocked form with a logits budget of that many rows (64, the whole batch, runs the dense form)."""
-    import recsys.model.in_batch_softmax as softmax_module
+    import recsys.components.losses.in_batch_softmax as softmax_module
 
     if device_variant:
         monkeypatch.setattr(softmax_module, "_on_host", lambda t: False)
@@ -167,7 +167,7 @@ def test_backward_twice_is_an_error():
 
 def test_cosine_contrastive_loss_matches_naive_reference():
     """SimpleX's CCL: (1 - cos+) + w * mean over non-hit negatives of max(0, cos - m)."""
-    from recsys.model.losses.ccl import cosine_contrastive_loss
+    from recsys.components.losses.ccl import cosine_contrastive_loss
 
     g = torch.Generator().manual_seed(1)
     q = torch.nn.functional.normalize(torch.randn(4, 3, generator=g), dim=-1)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from recsys.model.in_batch_softmax import AUTO_BLOCK_MB, block_rows_for, resolve_block_mb
+from recsys.components.losses.in_batch_softmax import AUTO_BLOCK_MB, block_rows_for, resolve_block_mb
 from tests.helpers.scripts import load_script
 
 bench = load_script("bench_loss")

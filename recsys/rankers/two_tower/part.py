@@ -1,4 +1,4 @@
-"""The two-tower as the bundle serves it: the query tower over its own unsharded tables (recsys/serving/query_encoder.py)
+"""The two-tower as the bundle serves it: the query tower over its own unsharded tables (recsys/rankers/two_tower/query_encoder.py)
 and the candidate tower's item embeddings. Files::
 
     items.npy            float32 [I, D]: the item embeddings (unit norm)
@@ -27,7 +27,7 @@ from recsys.data.layout import USER_COLUMN, USER_ID
 from recsys.data.ragged import gather_ranges, gather_rows, segment_sum
 from recsys.data.raw_ids import KEY_SPACE, hash_keys_numpy
 from recsys.rankers.parts import BundleRun, Catalogue, Query, ServedPart, register_part
-from recsys.serving.query_encoder import dynamic_shapes, example_inputs, load_encoder
+from recsys.rankers.two_tower.query_encoder import dynamic_shapes, example_inputs, load_encoder
 from recsys.utils.safe_load import numpy_load
 
 RAW_ID_TABLES = ("user", "item")  # the managed tables the encoder looks up by raw id (the rest by index)

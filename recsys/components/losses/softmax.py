@@ -1,4 +1,4 @@
-"""The sampled softmax over the batch's candidates (recsys/model/in_batch_softmax.py).
+"""The sampled softmax over the batch's candidates (recsys/components/losses/in_batch_softmax.py).
 
 Scores s(u, i) = <q(u), c(i)> / temperature - logq_weight * log q(i); the loss is the mean cross-entropy of each
 query's positive against every candidate, accidental hits masked. logQ makes the sampled softmax an unbiased
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from recsys.model.in_batch_softmax import sampled_softmax_loss
+from recsys.components.losses.in_batch_softmax import sampled_softmax_loss
 
 # a leaf when TrainPipelineSparseDist traces forward(): fx patches the name in the globals of the module that calls it
 torch.fx.wrap("sampled_softmax_loss")

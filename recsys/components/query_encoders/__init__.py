@@ -1,4 +1,4 @@
-"""The query encoders, each a component (recsys/model/components.py): a module here with its ``Config`` (chosen by
+"""The query encoders, each a component (recsys/components/registry.py): a module here with its ``Config`` (chosen by
 ``model.query_encoder.name``; conf/model/query_encoder/<name>.yaml) saying how the query tower reads the history.
 
 A query encoder's ``Config`` has, beside its settings:
@@ -13,7 +13,7 @@ A query encoder's ``Config`` has, beside its settings:
                                lookup); ``user_dim``: the user table's width, for an encoder that reads it
 
 A sequence encoder's module maps ``(items B x L x D, lengths B) -> B x D`` (L <= ``max_length``, rows padded with
-zeros after their ``lengths[b]`` items, oldest first; recsys.model.sequence.padded_history), or with ``user``
+zeros after their ``lengths[b]`` items, oldest first; recsys.components.query_encoders.sequence.padded_history), or with ``user``
 ``(items, lengths, user B x D_u) -> B x D_u``, and has ``max_length``; its output joins the query tower's input
 before the pooled query columns (recsys/model/two_tower.py).
 """

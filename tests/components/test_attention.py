@@ -1,4 +1,4 @@
-"""model/query_encoder=attention (recsys/model/query_encoders/attention.py): the pooled vector against a hand-computed
+"""model/query_encoder=attention (recsys/components/query_encoders/attention.py): the pooled vector against a hand-computed
 case, what it is invariant to (padding, the items' order), the config's rules (a profile bag is read as a recent
 history is) and a tiny run on the profile bags that trains and beats popularity."""
 
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from recsys.components.query_encoders.attention import AttentionPooling
 from recsys.config import query_layout
-from recsys.model.query_encoders.attention import AttentionPooling
 from tests.helpers.config import tiny_config
 
 ATTENTION = ["model/query_encoder=attention", "model.query_encoder.dim=8", "model.query_encoder.hidden=4"]

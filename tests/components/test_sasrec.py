@@ -9,8 +9,8 @@ import torch
 from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
+from recsys.components.query_encoders.sequence import SequenceEncoder, padded_history
 from recsys.config import ExportConfig
-from recsys.model.sequence import SequenceEncoder, padded_history
 from recsys.rundir.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config
 

@@ -1,4 +1,4 @@
-"""Losses and query encoders are components (recsys/model/components.py): chosen by name, their settings a section of
+"""Losses and query encoders are components (recsys/components/registry.py): chosen by name, their settings a section of
 their own that refuses what the chosen one lacks, a new one is its module (and YAML) alone, and a run dir written
 while their settings were flat model fields (the losses') or a name and a sasrec section (the query encoders') still
 reads as the same component."""
@@ -14,17 +14,17 @@ import torch
 from omegaconf import OmegaConf
 
 from data_pipelines.errors import ConfigError
+from recsys.components.losses import PACKAGE as LOSSES
+from recsys.components.query_encoders import PACKAGE as QUERY_ENCODERS
+from recsys.components.registry import component_configs, to_component
 from recsys.config import Config, check_values, schema
-from recsys.model.components import component_configs, to_component
-from recsys.model.losses import PACKAGE as LOSSES
-from recsys.model.query_encoders import PACKAGE as QUERY_ENCODERS
 from recsys.rundir.saved_config import nest_flat_loss, nest_query_encoder
 from tests.helpers.config import tiny_config
 
 
 def test_each_loss_is_chosen_by_name_with_its_own_settings():
     cfg = tiny_config(["model/loss=ccl", "model.loss.margin=0.5"])
-    assert type(cfg.model.loss).__module__ == "recsys.model.losses.ccl"
+    assert type(cfg.model.loss).__module__ == "recsys.components.losses.ccl"
     assert (cfg.model.loss.margin, cfg.model.loss.negative_weight) == (0.5, 150.0)
     softmax = tiny_config(["model.loss.temperature=1"]).model.loss
     assert softmax.temperature == 1.0 and isinstance(softmax.temperature, float)
@@ -54,7 +54,7 @@ def test_a_new_loss_is_its_module_alone(tmp_path, monkeypatch):
         textwrap.dedent(
             """
             from dataclasses import dataclass
-            from recsys.model.losses.ccl import CosineContrastive, Config as CclConfig
+            from recsys.components.losses.ccl import CosineContrastive, Config as CclConfig
 
             @dataclass
             class Config:
@@ -70,7 +70,7 @@ def test_a_new_loss_is_its_module_alone(tmp_path, monkeypatch):
             """
         )
     )
-    import recsys.model.losses as losses
+    import recsys.components.losses as losses
 
     monkeypatch.setattr(losses, "__path__", [*losses.__path__, str(package)])
     component_configs.cache_clear()
@@ -86,7 +86,7 @@ def test_a_new_loss_is_its_module_alone(tmp_path, monkeypatch):
         assert cfg.model.loss.build()(q, q, **args, log_q=None) == pytest.approx(3 * plain.item())
     finally:
         component_configs.cache_clear()
-        sys.modules.pop("recsys.model.losses.scaled_ccl", None)
+        sys.modules.pop("recsys.components.losses.scaled_ccl", None)
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_each_query_encoder_is_chosen_by_name_and_says_what_it_reads():
     from recsys.config import query_layout
 
     sasrec = tiny_config(["model/query_encoder=sasrec", "data/protocol=loo", "model.query_encoder.dim=8"])
-    assert type(sasrec.model.query_encoder).__module__ == "recsys.model.query_encoders.sasrec"
+    assert type(sasrec.model.query_encoder).__module__ == "recsys.components.query_encoders.sasrec"
     assert (sasrec.model.query_encoder.dim, sasrec.model.query_encoder.num_layers) == (8, 2)
     assert sasrec.model.query_encoder.sequence and query_layout(sasrec)["sequence"]
     bag = tiny_config([])

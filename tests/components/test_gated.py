@@ -1,4 +1,4 @@
-"""model/query_encoder=gated (recsys/model/query_encoders/gated.py): SimpleX's blend of the user id and the pooled
+"""model/query_encoder=gated (recsys/components/query_encoders/gated.py): SimpleX's blend of the user id and the pooled
 history against a hand-computed case, the two-tower reading the blend in the user id's place, the config's rules,
 and a tiny run that trains and beats popularity."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from recsys.components.query_encoders.gated import GatedBlend, MeanPooling
 from recsys.config import query_layout
-from recsys.model.query_encoders.gated import GatedBlend, MeanPooling
 from tests.helpers.config import tiny_config
 
 GATED = ["model/query_encoder=gated", "model.query_encoder.dim=8"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from recsys.job.run import fit
-from recsys.training.lr_schedule import LrSchedule, lr_factor
+from recsys.utils.lr_schedule import LrSchedule, lr_factor
 from tests.helpers.config import tiny_config
 
 

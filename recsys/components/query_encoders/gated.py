@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from recsys.model.query_encoders.attention import AttentionPooling
+from recsys.components.query_encoders.attention import AttentionPooling
 
 POOLS = ("mean", "attention")  # model.query_encoder.pool
 

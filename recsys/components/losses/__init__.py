@@ -1,4 +1,4 @@
-"""The training losses, each a component (recsys/model/components.py): a module here with its ``Config`` (chosen by
+"""The training losses, each a component (recsys/components/registry.py): a module here with its ``Config`` (chosen by
 ``model.loss.name``; conf/model/loss/<name>.yaml) whose ``build()`` returns the loss module.
 
 A loss module's ``forward(queries, candidates, *, labels, query_item_ids, candidate_item_ids, log_q)``::

@@ -1,7 +1,7 @@
 """SASRec-style query encoder: the user's recent items, in order, through pre-LN transformer blocks.
 
 Kang & McAuley 2018 (SASRec), read as a query tower of a two-tower model (``model/query_encoder=sasrec``:
-recsys/model/query_encoders/sasrec.py): the history's items are looked up per position (unpooled, from the
+recsys/components/query_encoders/sasrec.py): the history's items are looked up per position (unpooled, from the
 ``sequence`` table of an EmbeddingCollection; recsys.model.two_tower), a learned embedding of each item's recency
 is added, and the newest item's output after ``num_layers`` blocks is the sequence's summary.
 

@@ -1,4 +1,4 @@
-"""SASRec: the history's items in time order through pre-LN transformer blocks (recsys/model/sequence.py).
+"""SASRec: the history's items in time order through pre-LN transformer blocks (recsys/components/query_encoders/sequence.py).
 
 The items (oldest -> newest, at most data.history_length) are looked up per position in a table of their own
 (``sequence``: item-sized, fused optimizer like the others), plus a learned embedding of each item's recency; the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recsys.model.sequence import SequenceEncoder
+from recsys.components.query_encoders.sequence import SequenceEncoder
 
 
 @dataclass
