@@ -53,11 +53,11 @@ def child(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    from recsys.evaluation.interactions import UserItemCSR
-    from recsys.evaluation.retrieval import exact_topk
     from recsys.rankers.base import EvalSplit
     from recsys.rankers.graph_filter.ranker import GraphFilterFit, GraphFilterVectors
     from recsys.rankers.graph_filter.spectral import fit_spectrum
+    from recsys.ranking.interactions import UserItemCSR
+    from recsys.ranking.retrieval import exact_topk
 
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)

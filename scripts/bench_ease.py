@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from recsys.evaluation.ease import ease_from_gram, ease_topk, gram_dtype, gram_matrix, tune_ease
-from recsys.evaluation.ease_plan import GB, available_memory_bytes, ease_peak_bytes, plan_ease
-from recsys.evaluation.ials import synthetic_split  # the same synthetic matrix as iALS's benchmark
+from recsys.rankers.ease.plan import GB, available_memory_bytes, ease_peak_bytes, plan_ease
+from recsys.rankers.ease.solve import ease_from_gram, ease_topk, gram_dtype, gram_matrix, tune_ease
+from recsys.rankers.ials.solve import synthetic_split  # the same synthetic matrix as iALS's benchmark
 
 
 def _peak_rss_bytes(reset: bool = False) -> int:

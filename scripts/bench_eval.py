@@ -8,7 +8,7 @@ Random embeddings and a random exclusion CSR at MovieLens-20M scale by default
     $ python scripts/bench_eval.py --num-users 20000 --ann   # + FAISS flat / IVF / HNSW vs exact
     $ python scripts/bench_eval.py --device cuda         # one GPU: masked and ranked on the device
 
-On a GPU, exact_topk takes chunked_topk's device path (recsys/evaluation/device_topk.py: the seen items masked
+On a GPU, exact_topk takes chunked_topk's device path (recsys/ranking/device_topk.py: the seen items masked
 there, the k + 1 candidates by groups, no host sync a chunk); ``ratio_vs_matmul_whole_row_topk`` times the same
 path with torch.topk over whole rows, side by side (its ids are checked equal).
 
@@ -27,9 +27,9 @@ import time
 import numpy as np
 import torch
 
-from recsys.evaluation.device_topk import device_chunked_topk
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.retrieval import exact_topk
+from recsys.ranking.device_topk import device_chunked_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.retrieval import exact_topk
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -40,9 +40,9 @@ def child(args: argparse.Namespace) -> dict:
     import torch
 
     from recsys.evaluation.ann import ann_topk, build_index
-    from recsys.evaluation.interactions import UserItemCSR
     from recsys.rankers.graph_filter.ranker import GraphFilterVectors
     from recsys.rankers.graph_filter.spectral import fit_spectrum
+    from recsys.ranking.interactions import UserItemCSR
 
     torch.set_num_threads(args.threads)
     num_items = args.child

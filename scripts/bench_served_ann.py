@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> dict:
     from data_pipelines.prepare import prepare_dataset
     from recsys.data.dataset import Interactions
     from recsys.evaluation.ann import compare_ann
-    from recsys.evaluation.interactions import UserItemCSR
-    from recsys.evaluation.metrics import compute_metrics
-    from recsys.evaluation.sharded import sample_users
     from recsys.job.run import open_dataset
+    from recsys.ranking.interactions import UserItemCSR
+    from recsys.ranking.metrics import compute_metrics
+    from recsys.ranking.sharded import sample_users
     from recsys.rundir.config import load_run_config
     from recsys.serving.bundle import load_bundle
 

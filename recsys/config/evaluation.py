@@ -29,7 +29,7 @@ class EvalConfig:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-# metric names eval.valid_metric may use, with "@K" for a K in eval.ks (recsys/evaluation/metrics.py)
+# metric names eval.valid_metric may use, with "@K" for a K in eval.ks (recsys/ranking/metrics.py)
 VALID_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr", "coverage")
 
 

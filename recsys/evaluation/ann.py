@@ -24,9 +24,9 @@ from functools import partial
 import numpy as np
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import hit_matrix
-from recsys.evaluation.retrieval import exact_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import hit_matrix
+from recsys.ranking.retrieval import exact_topk
 from recsys.utils.choices import ANN_KINDS  # the config names them too
 
 

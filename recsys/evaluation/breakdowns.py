@@ -32,8 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import hit_matrix, per_user_metrics
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import hit_matrix, per_user_metrics
 
 ACTIVITY_EDGES = (0, 5, 10, 20, 50, 100, 200, 500, 1000)  # ~log-spaced training-item counts
 POPULARITY_BUCKETS = ("head", "torso", "tail")

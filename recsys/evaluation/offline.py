@@ -21,11 +21,11 @@ from recsys.distributed.collectives import all_gather_rows
 from recsys.distributed.env import DistEnv
 from recsys.distributed.rank_data import rank_user_range
 from recsys.distributed.sharding import ShardedModel
-from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
-from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, embed
-from recsys.evaluation.untrained import unranked_items
 from recsys.rankers.registry import report_rankers
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.sharded import PRECEDING_SPLITS, Evaluator, embed
+from recsys.ranking.untrained import unranked_items
 
 log = logging.getLogger("recsys.evaluate")
 

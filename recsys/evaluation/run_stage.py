@@ -27,13 +27,13 @@ from torch import nn
 from recsys.config import Config, IdMapping, query_not_exportable
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
-from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
-from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
 from recsys.evaluation.stage import evaluate_rankers, served_on_valid
-from recsys.evaluation.untrained import count_untrained, find_untrained, say_untrained
 from recsys.rankers.base import EvalSplit, Point
 from recsys.rankers.registry import TRAINED, RankerContext, build_rankers, resolved_rankers, serve_candidates
 from recsys.rankers.served_dir import save_served
+from recsys.ranking.metrics import PER_USER_METRICS, per_user_metrics
+from recsys.ranking.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
+from recsys.ranking.untrained import count_untrained, find_untrained, say_untrained
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def rank_after_training(
     chosen: dict[str, Point] | None = None,
 ) -> dict[str, Any]:
     """Collective: ``{"valid", "test", "rankers", "headline", "untrained"}`` of the trained ``two_tower`` and the
-    configured rankers (``untrained``: the test users and items it never trained, recsys/evaluation/untrained.py),
+    configured rankers (``untrained``: the test users and items it never trained, recsys/ranking/untrained.py),
     its users embedded by the run's ``evaluator`` (recsys.job.run.run_evaluator; with per-rank users, each rank ranks its
     own)."""
     ecfg, per_rank_users = cfg.eval, evaluator.per_rank_users

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from recsys.evaluation.metrics import compute_metrics
-from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
+from recsys.ranking.metrics import compute_metrics
+from recsys.ranking.scoring import TRAINED_ROW
 
 log = logging.getLogger(__name__)
 

@@ -43,10 +43,8 @@ from recsys.distributed.env import DistEnv, destroy_distributed, init_distribute
 from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
-from recsys.evaluation.ease_plan import available_memory_bytes
 from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.evaluation.run_stage import rank_after_training, trial_figure
-from recsys.evaluation.sharded import Evaluator
 from recsys.job.checks import (
     check_batch_fits,
     check_evaluate_names,
@@ -55,9 +53,11 @@ from recsys.job.checks import (
 )
 from recsys.job.refit_rule import decide_refit
 from recsys.model.build import build_task
+from recsys.rankers.ease.plan import available_memory_bytes
 from recsys.rankers.plugins import load_plugins
 from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, serve_candidates
 from recsys.rankers.resources import Resources
+from recsys.ranking.sharded import Evaluator
 from recsys.rundir.checkpoint import load_checkpoint
 from recsys.rundir.config import checkpoint_dir, load_run_config
 from recsys.rundir.dir import RESULTS_FILE, check_finished_evaluation, result_ks

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.retrieval import exact_topk, topk_from_scores
 from recsys.rankers.points import Point, point_key
 from recsys.rankers.served import Served
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.retrieval import exact_topk, topk_from_scores
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class DotProductFit(Fit):
     """A fit that scores <query(u), item(i)>: the bundle serves it as a query encoder and an item matrix.
 
     ``unranked``: bool [I], items it has no vector of its own for (never-trained ids of managed tables, which share
-    one row: recsys/evaluation/untrained.py), left out of its ranking and of its bundle's; None: it ranks every item.
+    one row: recsys/ranking/untrained.py), left out of its ranking and of its bundle's; None: it ranks every item.
     """
 
     unranked: torch.Tensor | None = None

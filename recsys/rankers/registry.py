@@ -24,7 +24,6 @@ from omegaconf.errors import OmegaConfBaseException
 from data_pipelines.errors import ConfigError
 from recsys.config import Config, EvalConfig, IdMapping, QueryHistory
 from recsys.config.need import Need
-from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.rankers import fusion
 from recsys.rankers.base import Ranker
 from recsys.rankers.ease import settings as ease_settings
@@ -41,6 +40,7 @@ from recsys.rankers.plain_two_tower.ranker import PlainTwoTowerRanker
 from recsys.rankers.popularity.ranker import PopularityRanker
 from recsys.rankers.resources import Resources
 from recsys.rankers.two_tower.ranker import TwoTowerRanker
+from recsys.ranking.scoring import TRAINED_ROW
 
 SETTINGS = "eval.settings"  # where each ranker's settings live: eval.settings.<name>
 FUSION = "fusion"  # the settings of every fusion a+b
@@ -67,7 +67,7 @@ class RankerContext:
     embeddings: Mapping[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     seed: int = 0
     reduce: Reduce | None = None  # sums over the ranks that hold the users' rows between them (data.shard_by_user)
-    # bool [I]: items the two-tower's weights hold no row of their own for (recsys/evaluation/untrained.py), left out
+    # bool [I]: items the two-tower's weights hold no row of their own for (recsys/ranking/untrained.py), left out
     unranked_items: torch.Tensor | None = None
     available_bytes: int | None = None  # memory a fit may plan with (EASE's dtype); None: measured when it fits
 

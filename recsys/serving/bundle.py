@@ -14,7 +14,7 @@ CPU process (torch, numpy, pyarrow, faiss only)::
       index.faiss          FAISS inner-product index of item_embeddings (flat: exact; ivf_flat / hnsw by option): of the
                            items it recommends, under their item ids
       unranked_items.npy   int64: the items never recommended (manifest "unranked_items" counts them): never-trained
-                           ids of managed tables, which share one row (recsys/evaluation/untrained.py); when any
+                           ids of managed tables, which share one row (recsys/ranking/untrained.py); when any
       items.parquet        item_id, categories (+ raw_id / title when the dataset has them,
                            + feature_<name> list<int64>: the ids of each query-side feature of items)
       users.parquet        user_id + feature_<name> list<int64> of each query-side feature of users
@@ -179,7 +179,7 @@ class ServingBundle:
         to any of them); a row with fewer items left ends in -1 / -inf padding (-1 is no item: never index with
         it). ``user_ids``: one index per history, or None (queries without users). No histories: [0, k'] arrays."""
         from recsys.evaluation.ann import ann_topk  # noqa: PLC0415 (faiss only where recommendations are asked for)
-        from recsys.evaluation.interactions import UserItemCSR  # noqa: PLC0415
+        from recsys.ranking.interactions import UserItemCSR  # noqa: PLC0415
 
         k, num_items = as_top_k(k), self.manifest["num_items"]
         if isinstance(histories, (str, bytes)) or not hasattr(histories, "__len__"):

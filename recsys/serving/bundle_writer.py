@@ -125,7 +125,7 @@ def _manifest(served: Served, point: dict, index: str, data: RetrievalData, cfg:
         "point": point,  # its settings, as valid chose them
         "dim": int(served.items().shape[1]),
         "index": index,
-        # items never recommended (unranked_items.npy): no vector of their own (recsys/evaluation/untrained.py)
+        # items never recommended (unranked_items.npy): no vector of their own (recsys/ranking/untrained.py)
         "unranked_items": 0 if unranked is None else int(unranked.sum()),
         "num_users": data.num_users,
         "num_items": data.num_items,

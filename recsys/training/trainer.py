@@ -36,8 +36,8 @@ from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import managed_stats
 from recsys.distributed.sharding import ShardedModel
-from recsys.evaluation.scoring import TRAINED_ROW
-from recsys.evaluation.sharded import Evaluator, SplitFigures
+from recsys.ranking.scoring import TRAINED_ROW
+from recsys.ranking.sharded import Evaluator, SplitFigures
 from recsys.rundir.checkpoint import TrainerState
 from recsys.rundir.links import refuse_link
 from recsys.rundir.manager import CheckpointManager

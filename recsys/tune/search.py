@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from recsys.config import Config, with_values
-from recsys.evaluation.scoring import TRAINED_ROW
 from recsys.job.refit_rule import decide_refit
+from recsys.ranking.scoring import TRAINED_ROW
 from recsys.rundir.preemption import Preempted
 from recsys.tune.space import configured, trial_values
 from recsys.tune.trials_table import COMPLETE, TUNE_DIR, Trial, best_trial, chosen_trial

@@ -175,9 +175,9 @@ def fit_with_side_features(ml_root, run_dir, overrides=()):
 
 
 def test_trains_evaluates_and_exports_with_side_features(ml_root, tmp_path, process_group):
-    from recsys.evaluation.sharded import Evaluator, embed
     from recsys.export import ExportConfig, export_run
     from recsys.job.run import load_trained
+    from recsys.ranking.sharded import Evaluator, embed
     from recsys.serving.bundle import load_bundle
 
     run_dir = tmp_path / "run"

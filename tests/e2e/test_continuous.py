@@ -24,9 +24,9 @@ from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.raw_ids import hash_keys, hash_keys_numpy, parse_raw_ids, read_raw_ids
 from recsys.data.slices import with_slice
 from recsys.distributed.managed import admitted_rows, managed_stats
-from recsys.evaluation.sharded import Evaluator, embed
 from recsys.export import ExportConfig, export_run
 from recsys.job.run import fit, load_trained
+from recsys.ranking.sharded import Evaluator, embed
 from recsys.rundir.config import load_run_config
 from recsys.serving.bundle import load_bundle
 from recsys.utils.refusals import RunRefused

@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("faiss")
 
 from recsys.evaluation.ann import AnnParams, ann_topk, build_index, compare_ann, recall_vs_exact, require_faiss  # noqa: E402
-from recsys.evaluation.interactions import UserItemCSR  # noqa: E402
-from recsys.evaluation.retrieval import exact_topk  # noqa: E402
+from recsys.ranking.interactions import UserItemCSR  # noqa: E402
+from recsys.ranking.retrieval import exact_topk  # noqa: E402
 
 
 def _clustered(seed: int, num_items: int = 3000, num_users: int = 400, dim: int = 16, num_clusters: int = 30):

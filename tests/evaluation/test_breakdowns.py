@@ -12,8 +12,8 @@ from recsys.evaluation.breakdowns import (
     popularity_breakdown,
     popularity_buckets,
 )
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics, per_user_metrics
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import compute_metrics, per_user_metrics
 
 
 def _random_case(seed: int, num_users: int = 50, num_items: int = 40, kmax: int = 10):

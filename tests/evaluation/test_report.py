@@ -10,10 +10,6 @@ import pytest
 import torch
 
 from recsys.config import EvalConfig
-from recsys.evaluation.ease_plan import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
-from recsys.evaluation.ials import fit_ials, ials_topk
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
 from recsys.evaluation.report import (
     EvalInputs,
     ReportOptions,
@@ -22,8 +18,12 @@ from recsys.evaluation.report import (
     evaluate_and_report,
     format_markdown,
 )
-from recsys.evaluation.retrieval import exact_topk, popularity_topk
+from recsys.rankers.ease.plan import PROBE_ITEMS, ease_peak_bytes, factorisation_seconds
+from recsys.rankers.ials.solve import fit_ials, ials_topk
 from recsys.rankers.registry import DEFAULT_FUSION as FUSED_MODEL
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import compute_metrics
+from recsys.ranking.retrieval import exact_topk, popularity_topk
 
 NUM_USERS, NUM_ITEMS, DIM, KS = 120, 80, 8, [5, 10, 20]
 
@@ -289,7 +289,7 @@ def test_ease_skips_a_sweep_longer_than_its_time_budget(written, monkeypatch):
 
 
 def test_factorisation_estimate_scales_with_the_cube_of_the_catalogue(monkeypatch):
-    import recsys.evaluation.ease_plan as ease_plan
+    import recsys.rankers.ease.plan as ease_plan
 
     clock = iter([10.0, 12.0, 20.0, 20.5])  # the probe takes 2 s, then 0.5 s
     monkeypatch.setattr(ease_plan.time, "perf_counter", lambda: next(clock))

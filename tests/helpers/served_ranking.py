@@ -8,8 +8,8 @@ import numpy as np
 
 from recsys.data.eval_batches import latest_items
 from recsys.data.feature_builder import run_feature_builder
-from recsys.evaluation.sharded import Evaluator
 from recsys.rankers.served_dir import served_ranking
+from recsys.ranking.sharded import Evaluator
 
 
 def assert_bundle_ranks_test_as_the_run(bundle, run_dir: Path, cfg, data) -> None:

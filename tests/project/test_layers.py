@@ -1,5 +1,6 @@
 """The import graph keeps its layers: the config schema imports no evaluation code, data_pipelines never imports
-recsys, the serving bundle's reader needs neither torchrec nor the config (Hydra), and recsys/ has no cycle."""
+recsys, the serving bundle's reader needs neither torchrec nor the config (Hydra), recsys/ has no cycle between its
+modules nor between its folders, and the rankers stand on the ranking layer, not on the evaluation stage above them."""
 
 from __future__ import annotations
 
@@ -50,6 +51,36 @@ def test_recsys_has_no_import_cycle():
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
+
+
+def _folder(module: str) -> str:
+    """recsys.<folder>.… -> <folder>; a loose module of recsys/ is its own folder (recsys.train -> train)."""
+    return module.split(".")[1]
+
+
+def test_no_folder_of_recsys_imports_one_that_imports_it():
+    """Between folders the imports go one way: a folder whose modules import another's, and are imported by it, would
+    be one layer in two places (docs/architecture.md draws the layers)."""
+    edges: dict[str, set[str]] = {}
+    for path in (ROOT / "recsys").rglob("*.py"):
+        source = _module(path)
+        if source == "recsys":
+            continue
+        for target in _imports(path):
+            if target.startswith("recsys.") and _folder(target) != _folder(source):
+                edges.setdefault(_folder(source), set()).add(_folder(target))
+    both_ways = sorted(
+        {tuple(sorted((a, b))) for a, targets in edges.items() for b in targets if a in edges.get(b, ())}
+    )
+    assert not both_ways, f"folders importing each other: {both_ways}"
+    assert len(edges) >= 10  # the walk saw the folders (a test that cannot fail would pass on an empty graph)
+
+
+def test_the_rankers_stand_on_the_ranking_layer_not_on_the_evaluation_stage():
+    for path in (ROOT / "recsys" / "rankers").rglob("*.py"):
+        assert not {m for m in _imports(path) if m.startswith("recsys.evaluation")}, path
+    for path in (ROOT / "recsys" / "ranking").rglob("*.py"):
+        assert not {m for m in _imports(path) if m.startswith(("recsys.rankers", "recsys.evaluation"))}, path
 
 
 def test_the_bundle_reader_loads_without_torchrec_or_hydra():

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.evaluation.ease import ease_topk, fit_ease, gram_matrix, tune_ease
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
-from recsys.evaluation.retrieval import exact_topk
+from recsys.rankers.ease.solve import ease_topk, fit_ease, gram_matrix, tune_ease
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import compute_metrics
+from recsys.ranking.retrieval import exact_topk
 
 
 def _binary_case(seed: int, num_users: int = 60, num_items: int = 25, density: float = 0.2):
@@ -58,7 +58,7 @@ def test_ease_topk_matches_dense_scores(chunk_size):
 
 
 def test_ease_topk_sparse_and_dense_paths_agree(monkeypatch):
-    import recsys.evaluation.ease as ease
+    import recsys.rankers.ease.solve as ease
 
     _, train = _binary_case(2, density=0.3)
     b = fit_ease(train, 20.0)
@@ -126,7 +126,7 @@ GOWALLA_USERS, GOWALLA_ITEMS = 29_858, 40_981  # the LightGCN split of Gowalla
 
 
 def test_plan_prefers_float64_then_float32_then_skips():
-    from recsys.evaluation.ease_plan import ease_peak_bytes, plan_ease
+    from recsys.rankers.ease.plan import ease_peak_bytes, plan_ease
 
     need64 = ease_peak_bytes(1000, torch.float64, num_users=500, chunk_size=64)
     need32 = ease_peak_bytes(1000, torch.float32, num_users=500, chunk_size=64)
@@ -141,7 +141,7 @@ def test_plan_prefers_float64_then_float32_then_skips():
 
 
 def test_plan_at_gowalla_size_runs_float32_on_a_24_gb_machine():
-    from recsys.evaluation.ease_plan import ease_peak_bytes, plan_ease
+    from recsys.rankers.ease.plan import ease_peak_bytes, plan_ease
 
     matrix32 = GOWALLA_ITEMS**2 * 4  # 6.7 GB
     peak32 = ease_peak_bytes(GOWALLA_ITEMS, torch.float32, num_users=GOWALLA_USERS)
@@ -176,7 +176,7 @@ def _peak_growth(fn) -> int:
 def test_inverse_runs_in_place(dtype, overwrite, max_matrices):
     """ease_from_gram allocates A (+ B's float32 copy for float64), never the 2-3 temporaries of
     an out-of-place Cholesky + inverse; counted in float32 [I, I] matrices beyond G."""
-    from recsys.evaluation.ease import ease_from_gram
+    from recsys.rankers.ease.solve import ease_from_gram
 
     n = 1500  # 9 MB per float32 matrix: well above the allocator's noise (~1 MB)
     torch.manual_seed(0)
@@ -203,7 +203,7 @@ def test_float32_and_float64_give_the_same_topk():
 
 
 def test_ease_from_gram_leaves_g_alone_unless_told():
-    from recsys.evaluation.ease import ease_from_gram
+    from recsys.rankers.ease.solve import ease_from_gram
 
     x, train = _binary_case(0)
     gram = gram_matrix(train, dtype=torch.float32)

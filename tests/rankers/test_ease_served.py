@@ -12,16 +12,16 @@ import torch
 
 from data_pipelines.errors import ConfigError
 from data_pipelines.prepare import prepare_dataset
-from recsys.evaluation.ease import ease_from_gram, ease_topk, gram_matrix
-from recsys.evaluation.interactions import UserItemCSR
 from recsys.export import ExportConfig, export_run
 from recsys.job.run import fit, open_dataset
 from recsys.rankers.base import EvalSplit
 from recsys.rankers.ease.ranker import EaseRanker
 from recsys.rankers.ease.settings import EaseSettings
+from recsys.rankers.ease.solve import ease_from_gram, ease_topk, gram_matrix
 from recsys.rankers.parts import Catalogue, Query
 from recsys.rankers.points import point_key
 from recsys.rankers.served import Served
+from recsys.ranking.interactions import UserItemCSR
 from recsys.serving.bundle import load_bundle
 from tests.helpers.config import tiny_config
 from tests.helpers.served_ranking import assert_bundle_ranks_test_as_the_run

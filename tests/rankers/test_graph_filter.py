@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.rankers.base import EvalSplit, point_key
 from recsys.rankers.fusion import FusionFit, FusionRanker
@@ -18,6 +17,7 @@ from recsys.rankers.graph_filter.settings import fit_peak_bytes
 from recsys.rankers.graph_filter.spectral import fit_spectrum
 from recsys.rankers.registry import check_rankers
 from recsys.rankers.two_tower.ranker import TwoTowerFit, TwoTowerRanker
+from recsys.ranking.interactions import UserItemCSR
 from tests.helpers.config import tiny_config
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.evaluation.ials import fit_ials, ials_topk, ials_user_factors, tune_ials
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
-from recsys.evaluation.retrieval import popularity_topk
+from recsys.rankers.ials.solve import fit_ials, ials_topk, ials_user_factors, tune_ials
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import compute_metrics
+from recsys.ranking.retrieval import popularity_topk
 
 NUM_USERS, NUM_ITEMS, NUM_GROUPS = 240, 60, 4  # 4 taste groups of 15 items
 

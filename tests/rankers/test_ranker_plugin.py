@@ -14,11 +14,11 @@ import torch
 from omegaconf import OmegaConf
 
 from recsys.evaluate import EvaluateConfig, evaluate_run
-from recsys.evaluation.retrieval import popularity_topk
 from recsys.job.run import fit
 from recsys.rankers import registry
 from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
 from recsys.rankers.registry import RANKERS, register_ranker
+from recsys.ranking.retrieval import popularity_topk
 from tests.helpers.config import tiny_config
 from tests.helpers.entry_points import QUIET, one_error_line, run_module
 

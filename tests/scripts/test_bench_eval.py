@@ -3,8 +3,8 @@
 import numpy as np
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.retrieval import exact_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.retrieval import exact_topk
 from tests.helpers.scripts import load_script
 
 bench = load_script("bench_eval")

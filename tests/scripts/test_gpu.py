@@ -108,8 +108,8 @@ def test_exact_topk_on_the_device_gives_the_host_paths_ids():
     without ties, no stream sync at all (the host waits on each chunk's event only)."""
     import numpy as np
 
-    from recsys.evaluation.interactions import UserItemCSR
-    from recsys.evaluation.retrieval import exact_topk
+    from recsys.ranking.interactions import UserItemCSR
+    from recsys.ranking.retrieval import exact_topk
 
     rng = np.random.default_rng(0)
     queries = torch.from_numpy(rng.integers(-2, 3, size=(500, 4)).astype(np.float32))  # many equal scores

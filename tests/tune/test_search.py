@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from recsys.config import check_values, value_at, with_values
-from recsys.evaluation.sharded import Evaluator
 from recsys.export import ExportConfig, export_run
 from recsys.job.run import fit, search_trial
 from recsys.rankers.served_dir import served_ranking
+from recsys.ranking.sharded import Evaluator
 from recsys.serving.bundle import load_bundle
 from recsys.tune.search import chosen_config, search
 from recsys.tune.tuned_run import tune_and_fit

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from recsys.evaluation.ease_plan import available_memory_bytes
 from recsys.evaluation.report.types import EvalInputs, ReportOptions
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.rankers.base import EvalSplit
+from recsys.rankers.ease.plan import available_memory_bytes
 from recsys.rankers.registry import RANKERS, SETTINGS, RankerContext, build_rankers, settings_of
 from recsys.rankers.resources import Resources
 

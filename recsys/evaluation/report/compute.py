@@ -18,12 +18,12 @@ import torch
 from recsys.data.dataset import read_dataset_meta, read_vocabularies
 from recsys.evaluation.ann import compare_ann
 from recsys.evaluation.breakdowns import breakdowns
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics, hit_matrix
 from recsys.evaluation.report.baselines import BASELINES, rank_stage_rankers
 from recsys.evaluation.report.types import MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
-from recsys.evaluation.retrieval import exact_topk
-from recsys.evaluation.scoring import rank_and_score
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import compute_metrics, hit_matrix
+from recsys.ranking.retrieval import exact_topk
+from recsys.ranking.scoring import rank_and_score
 
 log = logging.getLogger("recsys.evaluation.report")  # one line per stage: the report's steps take seconds to minutes
 

@@ -13,8 +13,8 @@ import torch
 from recsys.config import EvalConfig
 from recsys.evaluation.ann import ANN_KINDS, AnnParams
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES
-from recsys.evaluation.interactions import UserItemCSR
 from recsys.rankers.registry import REPORT_BASELINES
+from recsys.ranking.interactions import UserItemCSR
 
 MODEL_LABELS = {
     "popularity": "popularity",
@@ -80,7 +80,7 @@ class EvalInputs:
     model_name: str = "two_tower"
     extra: dict = field(default_factory=dict)
     graphs: dict[str, UserItemCSR] | None = None
-    unranked_items: np.ndarray | None = None  # bool [I]: items the model leaves out (recsys/evaluation/untrained.py)
+    unranked_items: np.ndarray | None = None  # bool [I]: items the model leaves out (recsys/ranking/untrained.py)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """EASE as a ranker of the evaluation stage: fit on the interactions a split follows (X'X once per split), each λ of
-its grid one factorisation, scored on the split's users' histories (recsys/evaluation/ease.py).
+its grid one factorisation, scored on the split's users' histories (recsys/rankers/ease/solve.py).
 
 Its scores x_u B are an inner product of the binary history x_u and B's columns, so a catalogue of up to
 ``max_served_items`` is served like any dot-product ranker (recsys/rankers/ease/part.py), alone or as a fusion's part;
@@ -14,13 +14,13 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from recsys.evaluation.ease import ease_from_gram, ease_topk, gram_dtype, gram_matrix
-from recsys.evaluation.ease_plan import available_memory_bytes, plan_ease
-from recsys.evaluation.retrieval import chunked_topk
 from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker, point_key
 from recsys.rankers.ease.part import EasePart
+from recsys.rankers.ease.plan import available_memory_bytes, plan_ease
 from recsys.rankers.ease.settings import EaseSettings
+from recsys.rankers.ease.solve import ease_from_gram, ease_topk, gram_dtype, gram_matrix
 from recsys.rankers.served import Served
+from recsys.ranking.retrieval import chunked_topk
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recsys.config.need import Need
-from recsys.evaluation.ease_plan import factorisation_seconds, plan_ease
+from recsys.rankers.ease.plan import factorisation_seconds, plan_ease
 from recsys.rankers.resources import Resources
 from recsys.utils.choices import EASE_LAMBDAS
 
 
 @dataclass
 class EaseSettings:
-    """Steck's EASE (recsys/evaluation/ease.py): B = I - P diagMat(1 / diag P), P = (X'X + λI)^-1, scores x_u B."""
+    """Steck's EASE (recsys/rankers/ease/solve.py): B = I - P diagMat(1 / diag P), P = (X'X + λI)^-1, scores x_u B."""
 
     # the λ grid chosen on valid: each value one O(I³) factorisation per split, so large catalogues may want fewer
     lambdas: list[float] = field(default_factory=lambda: list(EASE_LAMBDAS))

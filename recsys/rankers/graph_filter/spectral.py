@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
+from recsys.ranking.interactions import UserItemCSR
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the ranks that share the graph's users
 

@@ -1,5 +1,5 @@
 """iALS as a ranker of the evaluation stage: one ALS fit per (λ, α) of its grid on the interactions a split follows,
-each user's factors re-solved from their history; scores <x_u, y_i> (recsys/evaluation/ials.py)."""
+each user's factors re-solved from their history; scores <x_u, y_i> (recsys/rankers/ials/solve.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from recsys.evaluation.ials import fit_ials, ials_user_factors
 from recsys.rankers.base import DotProductFit, EvalSplit, Fit, Point, Ranker
 from recsys.rankers.ials.settings import IalsSettings
+from recsys.rankers.ials.solve import fit_ials, ials_user_factors
 
 
 class IalsFit(DotProductFit):

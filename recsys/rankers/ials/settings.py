@@ -10,7 +10,7 @@ from recsys.rankers.resources import Resources
 
 @dataclass
 class IalsSettings:
-    """implicit's alternating least squares (recsys/evaluation/ials.py), λ and α chosen on valid."""
+    """implicit's alternating least squares (recsys/rankers/ials/solve.py), λ and α chosen on valid."""
 
     regularizations: list[float] = field(default_factory=lambda: [0.1, 1.0, 10.0])  # λ grid, chosen on valid
     alphas: list[float] = field(default_factory=lambda: [3.0, 10.0, 30.0])  # α grid: a seen item's weight against 1

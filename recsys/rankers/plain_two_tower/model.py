@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from recsys.evaluation.interactions import UserItemCSR
+from recsys.ranking.interactions import UserItemCSR
 
 Tables = tuple[torch.Tensor, torch.Tensor]  # (users float32 [U, D], items float32 [I, D]), rows of unit norm
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from recsys.evaluation.retrieval import popularity_topk
 from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
+from recsys.ranking.retrieval import popularity_topk
 
 
 class PopularityFit(Fit):

@@ -9,10 +9,10 @@ from recsys.config import Config
 from recsys.data.dataset import RetrievalData
 from recsys.data.feature_builder import run_feature_builder
 from recsys.distributed.env import DistEnv
-from recsys.evaluation.sharded import embed
-from recsys.evaluation.untrained import unranked_items
 from recsys.rankers.served import Served
 from recsys.rankers.two_tower.part import TwoTowerPart
+from recsys.ranking.sharded import embed
+from recsys.ranking.untrained import unranked_items
 
 
 def served_from_weights(cfg: Config, data: RetrievalData, model, env: DistEnv, batch_size: int) -> Served:

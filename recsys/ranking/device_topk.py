@@ -12,7 +12,7 @@ query rows:
 
 Two score buffers alternate, so the host reads chunk j's counts (waiting on chunk j's event, not on the stream)
 while chunk j + 1 is queued behind it; only a chunk with a tie at its k-th score or inside its top k runs the host
-path's fix-ups. The result equals the host path's to the last id (tests/evaluation/test_retrieval.py runs this path on CPU).
+path's fix-ups. The result equals the host path's to the last id (tests/ranking/test_retrieval.py runs this path on CPU).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.topk_ties import apply_tie_rule, pad_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.topk_ties import apply_tie_rule, pad_topk
 
 # Candidates by groups (top_candidates): a row of I scores is cut into groups of GROUP; the n best groups by their
 # maximum hold the row's n best scores, so torch.topk reads n * GROUP scores instead of I after one max pass.

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from recsys.evaluation.interactions import UserItemCSR, sorted_unique
-from recsys.evaluation.metrics import (
+from recsys.ranking.interactions import UserItemCSR, sorted_unique
+from recsys.ranking.metrics import (
     compute_metrics,
     hit_matrix,
     hit_rate_at_k,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from recsys.evaluation.interactions import UserItemCSR
+from recsys.ranking.interactions import UserItemCSR
 
 
 def hit_matrix(topk_ids: np.ndarray, relevant: UserItemCSR) -> np.ndarray:

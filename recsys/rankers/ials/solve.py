@@ -23,7 +23,7 @@ matmul per split. On a synthetic 30,000-user x 41,000-item matrix (712,323 train
 the default 3 x 3 grid (D = 64, 15 iterations, 10,000 validation users) 161 s of wall time, 84 s
 of CPU for the whole command (2026-11-30); the factors are (U + I) x D float32 = 18 MB:
 
-    $ python -m recsys.evaluation.ials --num-users 30000 --num-items 41000 --nnz 800000
+    $ python -m recsys.rankers.ials.solve --num-users 30000 --num-items 41000 --nnz 800000
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
-from recsys.evaluation.retrieval import exact_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import compute_metrics
+from recsys.ranking.retrieval import exact_topk
 
 DEFAULT_FACTORS = 64  # D: Rendle et al. 2021 gain little past 64-128 at these catalogue sizes
 DEFAULT_ITERATIONS = 15  # ALS sweeps; implicit's default, where validation recall has levelled off

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
-from recsys.evaluation.retrieval import exact_topk, popularity_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import compute_metrics
+from recsys.ranking.retrieval import exact_topk, popularity_topk
 
 TRAINED_ROW = "two_tower"  # the trained model's row: the name its ranker has in eval.rankers and results.json
 Ranked = tuple[torch.Tensor, torch.Tensor]  # (scores [U, k], item ids [U, k])
@@ -44,7 +44,7 @@ def rank_and_score(
 
     ``item_counts``: [I] training interactions per item; None leaves popularity out. ``score``:
     ``compute_metrics`` (all users here) or a stand-in that combines ranks' users (the Evaluator's).
-    ``unranked``: bool [I], items ``model`` leaves out (never-trained ids: recsys/evaluation/untrained.py).
+    ``unranked``: bool [I], items ``model`` leaves out (never-trained ids: recsys/ranking/untrained.py).
     """
     num_items = items.shape[0]
     ranked: dict[str, Ranked] = {

@@ -22,7 +22,7 @@ scoring when A is float64, and never one B per λ (the report keeps the best B s
 float32 matrix, only when that fits too: it saves refitting it). ``plan_ease`` estimates that peak
 (``ease_peak_bytes``) before anything is allocated and picks float64 when it fits in the memory
 available, else float32, else skips; the estimate against measured peaks, and what a 24 GB host runs at
-tens of thousands of items: docs/evaluation.md. Time is O(I³) per λ. The memory and time plan: recsys/evaluation/ease_plan.py; the
+tens of thousands of items: docs/evaluation.md. Time is O(I³) per λ. The memory and time plan: recsys/rankers/ease/plan.py; the
 benchmark of both against a synthetic matrix: scripts/bench_ease.py.
 """
 
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import compute_metrics
-from recsys.evaluation.retrieval import chunked_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import compute_metrics
+from recsys.ranking.retrieval import chunked_topk
 from recsys.utils.choices import EASE_LAMBDAS
 
 MAX_EASE_ITEMS = 50_000  # a cap on top of the memory plan: B alone is 50k² float32 = 10 GB and the inverse O(I³)

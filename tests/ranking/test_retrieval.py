@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.retrieval import exact_topk, popularity_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.retrieval import exact_topk, popularity_topk
 
 
 def _reference_topk(scores: np.ndarray, k: int, exclude: UserItemCSR | None):
@@ -173,7 +173,7 @@ def test_faiss_selection_and_torch_topk_give_the_same_result(monkeypatch):
 
 def _device_path(queries, items, k, exclude, chunk_size, by_groups=True):
     """chunked_topk's device path (what runs on CUDA), run on the CPU."""
-    from recsys.evaluation.device_topk import device_chunked_topk
+    from recsys.ranking.device_topk import device_chunked_topk
 
     def score_chunk(start, stop, out):
         return torch.mm(queries[start:stop], items.t(), out=out)
@@ -209,7 +209,7 @@ def test_device_path_gives_the_host_paths_ids(seed, num_items, by_groups):
 def test_candidates_by_groups_hold_the_rows_best_values():
     """top_candidates by groups: the n best values of every row exactly (the ids may differ among equal values),
     whether the best scores crowd into a few groups or spread, with -inf (masked) entries and a short last group."""
-    from recsys.evaluation.device_topk import top_candidates
+    from recsys.ranking.device_topk import top_candidates
 
     rng = np.random.default_rng(0)
     scores = torch.from_numpy(rng.integers(0, 50, size=(6, 4000)).astype(np.float32))

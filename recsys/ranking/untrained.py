@@ -28,7 +28,7 @@ from torch import nn
 from recsys.data.dataset import RetrievalData
 from recsys.data.raw_ids import KEY_SPACE, hash_keys_numpy
 from recsys.distributed.managed import sharded_managed
-from recsys.evaluation.interactions import UserItemCSR
+from recsys.ranking.interactions import UserItemCSR
 
 log = logging.getLogger(__name__)
 

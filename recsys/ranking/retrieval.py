@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from recsys.evaluation.device_topk import device_chunked_topk
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.topk_ties import apply_tie_rule, pad_topk
+from recsys.ranking.device_topk import device_chunked_topk
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.topk_ties import apply_tie_rule, pad_topk
 
 
 def exact_topk(
@@ -39,7 +39,7 @@ def exact_topk(
         chunk_size: query rows scored per matmul; peak extra memory is about
             ``chunk_size * I * 4`` bytes (4096 x 27k items = 442 MB).
         unranked: optional bool [I]: items never returned for any query (items the model has no
-            vector of its own for: recsys/evaluation/untrained.py).
+            vector of its own for: recsys/ranking/untrained.py).
 
     Returns:
         scores: float32 [U, k], descending per row.

@@ -1,5 +1,5 @@
 """EASE's memory and time plan: how much one fit holds at its peak, which dtype fits the memory available, and
-how long one λ's O(I³) factorisation takes on this machine (recsys/evaluation/ease.py's fit and scoring)."""
+how long one λ's O(I³) factorisation takes on this machine (recsys/rankers/ease/solve.py's fit and scoring)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from recsys.evaluation.ease import GRAM_BLOCK, gram_dtype
+from recsys.rankers.ease.solve import GRAM_BLOCK, gram_dtype
 
 # Share of the available memory a plan may use: MemAvailable is an estimate, and Python, the
 # allocator and the rest of the report need some room.

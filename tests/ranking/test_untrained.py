@@ -19,14 +19,14 @@ import torch
 
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.evaluation.ann import ann_topk, build_index
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.retrieval import exact_topk
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.export import ExportConfig, export_run
 from recsys.job.run import fit
 from recsys.rankers.base import EvalSplit
 from recsys.rankers.served_dir import served_ranking
 from recsys.rankers.two_tower.ranker import TwoTowerRanker
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.retrieval import exact_topk
 from recsys.serving.bundle import load_bundle
 from tests.helpers.config import tiny_config
 from tests.helpers.entry_points import run_module

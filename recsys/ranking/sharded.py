@@ -27,10 +27,10 @@ from recsys.data.dataset import Interactions, RetrievalData
 from recsys.data.eval_batches import item_batches, query_batches
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.distributed.collectives import all_gather_rows
-from recsys.evaluation.interactions import UserItemCSR
-from recsys.evaluation.metrics import PER_USER_METRICS, per_user_metrics
-from recsys.evaluation.scoring import TRAINED_ROW, rank_and_score
-from recsys.evaluation.untrained import unranked_items
+from recsys.ranking.interactions import UserItemCSR
+from recsys.ranking.metrics import PER_USER_METRICS, per_user_metrics
+from recsys.ranking.scoring import TRAINED_ROW, rank_and_score
+from recsys.ranking.untrained import unranked_items
 
 PRECEDING_SPLITS = {"valid": ("train",), "test": ("train", "valid")}
 
@@ -226,7 +226,7 @@ class Evaluator:
     ) -> dict[str, dict[str, float]]:
         """``{"two_tower": metrics}`` of ``split`` (the per-epoch validation), the same on every rank; the
         rankers after training are ``recsys.evaluation.run_stage``'s. With managed tables the items they do not
-        hold are left out, as the evaluation stage leaves them out (recsys/evaluation/untrained.py), so the epoch
+        hold are left out, as the evaluation stage leaves them out (recsys/ranking/untrained.py), so the epoch
         chosen on valid is chosen on the ranking the run reports."""
         return self.evaluate_users(two_tower, split, device=device, rank=rank, world_size=world_size).metrics
 
