@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from recsys import progress
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.topk_ties import apply_tie_rule, pad_topk
 
@@ -130,8 +131,10 @@ def device_chunked_topk(
         chunk = _launch_candidates(scores, k, start, stop, by_groups)
         if pending is not None:  # chunk j - 1, while chunk j is queued behind it
             _finish(pending, k, out_scores, out_ids)
+            progress.advance(pending.stop - pending.start)
         pending = chunk
     _finish(pending, k, out_scores, out_ids)
+    progress.advance(pending.stop - pending.start)
     return out_scores, out_ids
 
 

@@ -25,7 +25,7 @@ from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
 from recsys.evaluation.sharded import PRECEDING_SPLITS, Evaluator, embed
 from recsys.evaluation.untrained import unranked_items
-from recsys.rankers.registry import report_rankers
+from recsys.rankers.registry import report_defaults, report_rankers
 
 log = logging.getLogger("recsys.evaluate")
 
@@ -142,6 +142,7 @@ def _report_options(ecfg: EvaluateConfig, cfg: Config, env: DistEnv, num_items: 
     }
     return ReportOptions(
         stage_rankers=report_rankers(cfg, ecfg.rankers, num_items),
+        default_rankers=report_defaults(cfg, ecfg.rankers, num_items),
         ranker_config=replace(cfg.eval, settings=settings),
         ann_kinds=ecfg.ann_kinds,
         chunk_size=ecfg.chunk_size,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from recsys import progress
 from recsys.evaluation.device_topk import device_chunked_topk
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.topk_ties import apply_tie_rule, pad_topk
@@ -118,6 +119,7 @@ def chunked_topk(
         vals, ids = topk_from_scores(scores, k, exclude=exclude, row_offset=start)
         out_scores[start:stop] = vals
         out_ids[start:stop] = ids
+        progress.advance(stop - start)  # the rows ranked, to the task open around (recsys.progress)
     return out_scores, out_ids
 
 

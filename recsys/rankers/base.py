@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from recsys import progress
 from recsys.evaluation.interactions import UserItemCSR
 from recsys.evaluation.retrieval import exact_topk, topk_from_scores
 from recsys.rankers.points import Point, point_key
@@ -139,6 +140,7 @@ def blockwise_topk(
             if unranked is not None:
                 scores.masked_fill_(unranked.to(scores.device), float("-inf"))
             ids[point_key(point)][start:stop] = topk_from_scores(scores, k, exclude=split.history, row_offset=start)[1]
+        progress.advance((stop - start) * len(points))  # the rows ranked at every point (recsys.progress)
     return ids
 
 
