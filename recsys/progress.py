@@ -28,9 +28,7 @@ _ACTIVE: list[Progress] = []  # the open tasks, innermost last (the evaluation s
 
 
 def format_seconds(seconds: float) -> str:
-    """``<1 s``, ``42 s``, ``3.5 min``, ``1.2 h``."""
-    if seconds < 1:
-        return "<1 s"
+    """``42 s``, ``3.5 min``, ``1.2 h``."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:

@@ -8,7 +8,8 @@ For each ranker of the stage: the plan's estimate (its fits on every split, its 
 test; recsys/rankers/stage_cost.py) beside the seconds the stage recorded (results.json's
 ``rankers.<name>.fit.<split>``: ``fits_seconds``, its own fit and its parts', and ``ranking_seconds``), and their
 ratio. ``--calibrate`` times the kernels the formulas count (a float32 GEMM, a sparse product, EASE's factorisation,
-the top-k selection, a fusion's elementwise passes, one ALS fit) and prints one thread's rates, what
+the top-k selection, a fusion's elementwise passes, one ALS fit, the graph filter's [2112, 2112] eigh) and prints one
+thread's rates, what
 ``recsys.rankers.cost.Throughput`` holds; the load beside them (the box is shared) goes with any figure quoted.
 """
 
@@ -90,6 +91,10 @@ def calibrate(threads: int) -> Throughput:
     other = scores.clone()
     add = _best(lambda: torch.add(scores, other, alpha=0.1)) * per_score
     ials = _ials_ns()
+    n = 2112  # the default rank's Rayleigh-Ritz matrix (2048 + 64)
+    symmetric = torch.randn(n, n, dtype=torch.float64)
+    symmetric = symmetric @ symmetric.t()
+    eigh = _best(lambda: torch.linalg.eigh(symmetric), 1) / n**3 * 1e9
     return Throughput(
         dense_gflops=round(dense / threads, 1),
         sparse_gflops=round(sparse / threads, 2),
@@ -99,6 +104,7 @@ def calibrate(threads: int) -> Throughput:
         add_ns=round(add * threads, 1),
         spread_ns=round(spread * threads, 1),
         ials_ns=round(ials * threads, 2),
+        eigh_ns=round(eigh, 2),
     )
 
 

@@ -33,7 +33,8 @@ class Throughput:
     select_ns: float = 3.0  # one score masked and passed through the top-k heaps
     add_ns: float = 18.0  # one score of a new block from an elementwise op (a fusion's weighted add)
     spread_ns: float = 29.0  # one score of a block divided by its row's spread (a fusion's parts)
-    ials_ns: float = 1.0  # implicit's ALS: per iteration x (interactions x D + (users + items) x D^2)
+    ials_ns: float = 4.0  # implicit's ALS: per iteration x (interactions x D + (users + items) x D^2)
+    eigh_ns: float = 1.5  # a symmetric float64 eigendecomposition, per n^3, one thread (MKL, n ~ 2k: 0.5-3 by spectrum)
     threads: int = 1
 
     def on(self, threads: int) -> Throughput:
@@ -44,6 +45,10 @@ class Throughput:
 
     def sparse(self, flops: float) -> float:
         return flops / (self.sparse_gflops * GB * self.threads)
+
+    def eigh(self, n: int) -> float:
+        """Seconds of ``torch.linalg.eigh`` of an [n, n] float64 matrix (one thread whatever the host's)."""
+        return self.eigh_ns * 1e-9 * n**3
 
     def ns(self, per_thread_ns: float) -> float:
         """Seconds of ``per_thread_ns`` on this host (ns of one thread, shared by its threads)."""
@@ -72,16 +77,20 @@ class RankerCost:
     pass_seconds: float = 0.0  # per pass, whatever the users (EASE's factorisation of a λ, iALS's fit of a point)
     point_s: float = 0.0  # per (user, item) pair and point, beyond the selection (the graph filter's add per alpha)
     one_point_per_pass: bool = False  # DotProductFit.one_point_per_pass: a fusion ranks its points one at a time
+    pairwise: bool = True  # it scores and selects among every (user, item) pair; False: per user (popularity's head)
+    user_s: float = 0.0  # per user ranked, whatever the items
     what: str = ""  # a few words on the fit's size, for the log ("rank 2048", "7 λ in float64")
 
 
 def ranking_seconds(cost: RankerCost, t: Throughput, *, users: int, items: int, points: int) -> float:
     """One ranker alone ranking ``users`` x ``items`` at ``points`` points of its grid (1: test's)."""
     pairs = users * items
+    select = t.ns(t.select_ns) if cost.pairwise else 0.0
+    per_user = points * users * cost.user_s
     if points == 1:
-        return cost.pass_seconds + pairs * (one_point_score(cost) + t.ns(t.select_ns))
+        return cost.pass_seconds + pairs * (one_point_score(cost) + select) + per_user
     scoring = cost.passes * (cost.pass_seconds + pairs * cost.score_s)
-    return scoring + points * pairs * (cost.point_s + t.ns(t.select_ns))
+    return scoring + points * pairs * (cost.point_s + select) + per_user
 
 
 def one_point_score(cost: RankerCost) -> float:

@@ -99,7 +99,7 @@ def _two_tower_cost(settings: None, r: Resources) -> RankerCost:
 
 
 def _popularity_cost(settings: None, r: Resources) -> RankerCost:
-    return RankerCost(score_s=r.throughput.ns(r.throughput.add_ns))  # a [chunk, 1] x [1, I] product, written out
+    return RankerCost(pairwise=False, user_s=1e-4)  # the head of one global order a user (popularity_topk)
 
 
 RANKERS: dict[str, RankerSpec] = {

@@ -255,7 +255,7 @@ def _lower_rank(
 
     floor = fits(graph, ranks[-1])
     for name in [n for n in graph if floor[n]]:
-        _leave_out(plan, name, f"{over[name]} at rank {rank}, and {floor[name]} at rank {ranks[-1]}")
+        _leave_out(plan, name, f"at rank {rank} {over[name]}; at rank {ranks[-1]} {floor[name]}")
     keep = [n for n in graph if not floor[n]]
     chosen = next((at for at in ranks if keep and not any(fits(keep, at).values())), None)
     if chosen is None or chosen == rank:

@@ -42,9 +42,9 @@ def test_graph_filter_and_ials_scale_with_what_they_count():
     s = GraphFilterSettings()
     base = graph_filter_estimate(s, resources())
     assert graph_filter_estimate(s, resources(interactions=2_000_000)).fit_seconds > base.fit_seconds
-    # the fit is dense in I x width^2 and sparse in nnz x width: twice the items less than, about, twice the time
+    # dense in I x width^2, sparse in nnz x width, its eigh in width^3 alone: twice the items, under twice the time
     items = graph_filter_estimate(s, resources(items=80_000)).fit_seconds / base.fit_seconds
-    assert 1.7 < items <= 2.0
+    assert 1.5 < items <= 2.0
     half = graph_filter_estimate(replace(s, rank=1024), resources())
     assert half.fit_seconds < 0.4 * base.fit_seconds and half.peak_bytes < 0.6 * base.peak_bytes
     assert half.score_s == pytest.approx(base.score_s * (1024 + 256) / (2048 + 256))

@@ -105,12 +105,12 @@ def fit_seconds(
 ) -> float:
     """Estimated seconds of ``fit_spectrum``: with w = rank + oversample columns, ``iterations`` + 1 passes through
     R~ and R~' (4 nnz w FLOPs each, sparse), ``iterations`` + 1 CholeskyQR2 (6 I w^2), the Rayleigh-Ritz product
-    (2 U w^2) and the rotation of the basis (2 I w rank), dense."""
+    (2 U w^2) and the rotation of the basis (2 I w rank), dense, and the [w, w] eigendecomposition."""
     rank = max(1, min(rank, num_items))
     width = min(num_items, rank + oversample)
     sparse = (4 * iterations + 2) * interactions * width
     dense = (iterations + 1) * 6 * num_items * width**2 + 2 * num_users * width**2 + 2 * num_items * width * rank
-    return t.sparse(sparse) + t.dense(dense)
+    return t.sparse(sparse) + t.dense(dense) + t.eigh(width)
 
 
 def fit_spectrum(
