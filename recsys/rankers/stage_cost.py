@@ -267,7 +267,8 @@ def _lower_rank(
         f"{', '.join(keep)}: {SETTINGS}.{GRAPH_FILTER}.rank={chosen} instead of {rank} "
         f"({'; '.join(f'{n}: {over[n]}' for n in keep if over[n])} at rank {rank}; "
         f"{', '.join(f'{n} about {format_seconds(at_rank.parts[n].seconds)}' for n in keep)} at {chosen}): "
-        f"the default list fitted to this host; set {SETTINGS}.{GRAPH_FILTER}.rank or eval.rankers to decide it yourself"
+        f"the default list fitted to this host; name the rankers in eval.rankers to run them at "
+        f"{SETTINGS}.{GRAPH_FILTER}.rank as set, or raise {BOUND_KEYS[0]}"
     )
 
 
