@@ -27,6 +27,13 @@ class EvalConfig:
     # each ranker's settings by its name (conf/eval/rankers/<name>.yaml; every fusion a+b reads "fusion"), typed and checked
     # by the ranker's package (recsys/rankers/registry.py): eval.settings.<name>.<key>=value
     settings: dict[str, Any] = field(default_factory=dict)
+    # a part of the default list (rankers: null) estimated to take longer than this on this host, its fits and rankings
+    # together (recsys/rankers/cost.py), runs with the graph filter at a lower rank or is left out, logged with why; a
+    # part eval.rankers lists is kept, with a warning (docs/evaluation.md, "What the stage costs"); 0: no bound
+    default_max_minutes: float = 15.0
+    # the same for memory: a part of the default list estimated to hold more than this share of the memory available
+    # at the start of the run; 0: no bound
+    default_max_memory_share: float = 0.5
 
 
 # metric names eval.valid_metric may use, with "@K" for a K in eval.ks (recsys/ranking/metrics.py)
@@ -44,6 +51,13 @@ def check_eval(e: EvalConfig, need: Need) -> None:
         "eval.valid_metric",
         e.valid_metric,
         f"choose one of {', '.join(valid_names)}",
+    )
+    need(e.default_max_minutes >= 0, "eval.default_max_minutes", e.default_max_minutes, "must be >= 0 (0: no bound)")
+    need(
+        0 <= e.default_max_memory_share <= 1,
+        "eval.default_max_memory_share",
+        e.default_max_memory_share,
+        "must be in [0, 1] (0: no bound)",
     )
     need(
         e.batch_size >= 1 and e.chunk_size >= 1,

@@ -22,7 +22,7 @@ from recsys.distributed.env import DistEnv
 from recsys.distributed.rank_data import rank_user_range
 from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
-from recsys.rankers.registry import report_rankers
+from recsys.rankers.registry import report_defaults, report_rankers
 from recsys.ranking.interactions import UserItemCSR
 from recsys.ranking.sharded import PRECEDING_SPLITS, Evaluator, embed
 from recsys.ranking.untrained import unranked_items
@@ -142,6 +142,7 @@ def _report_options(ecfg: EvaluateConfig, cfg: Config, env: DistEnv, num_items: 
     }
     return ReportOptions(
         stage_rankers=report_rankers(cfg, ecfg.rankers, num_items),
+        default_rankers=report_defaults(cfg, ecfg.rankers, num_items),
         ranker_config=replace(cfg.eval, settings=settings),
         ann_kinds=ecfg.ann_kinds,
         chunk_size=ecfg.chunk_size,

@@ -7,14 +7,19 @@ With ``data.shard_by_user`` every rank ranks its own users and the metrics are c
 filter is fit from every rank's rows without any rank holding them all (its sums over users are all-reduced:
 ``recsys.rankers.graph_filter.spectral``).
 The served ranker's test-stage state goes to ``<run dir>/served/`` (rank 0), for ``recsys.export``.
+
+Before training the run plans the stage once (``plan_run_stage``): each ranker's cost on this dataset and host, and the
+default list fitted to it (recsys/rankers/stage_cost.py); the planned config is what the stage ranks with.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,8 +34,11 @@ from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.evaluation.stage import evaluate_rankers, served_on_valid
 from recsys.rankers.base import EvalSplit, Point
+from recsys.rankers.ease.plan import available_memory_bytes
 from recsys.rankers.registry import TRAINED, RankerContext, build_rankers, resolved_rankers, serve_candidates
+from recsys.rankers.resources import Resources
 from recsys.rankers.served_dir import save_served
+from recsys.rankers.stage_cost import StageEstimate, StagePlan, plan_stage
 from recsys.ranking.metrics import PER_USER_METRICS, per_user_metrics
 from recsys.ranking.sharded import PRECEDING_SPLITS, Evaluator, metrics_over_ranks
 from recsys.ranking.untrained import count_untrained, find_untrained, say_untrained
@@ -51,6 +59,47 @@ def sum_over_ranks(device, world_size: int):
     return reduce
 
 
+def stage_resources(cfg: Config, data: RetrievalData) -> Resources:
+    """What the stage's resource checks and cost estimates see, from the opened dataset, before training: the sizes
+    its fits and rankings will have (this rank's users with data.shard_by_user) and the host's memory."""
+
+    def users(split: str) -> int:
+        return int(len(np.unique(data.splits[split].user_ids))) if split in data.splits else 0
+
+    return Resources(
+        num_items=data.num_items,
+        num_users=data.num_users,
+        interactions=sum(len(data.splits[s]) for s in ("train", "valid") if s in data.splits),
+        fits_per_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.data.shard_by_user else 1,
+        available_bytes=available_memory_bytes("cpu"),  # the fits run on the host, whatever the device
+        valid_users=0 if cfg.data.train_on_valid else users("valid"),
+        test_users=users("test"),
+        query_dim=cfg.model.tower_dims[-1],
+        chunk_size=cfg.eval.chunk_size,
+    )
+
+
+def plan_run_stage(cfg: Config, resources: Resources) -> tuple[Config, StagePlan]:
+    """(``cfg`` ranking what the plan chose, the plan): the resolved rankers' costs, and where eval.rankers is null the
+    default list fitted to eval.default_max_minutes and eval.default_max_memory_share (recsys/rankers/stage_cost.py)."""
+    e = cfg.eval
+    names = resolved_rankers(cfg, resources.num_items)
+    plan = plan_stage(
+        names, e.settings, resources, adaptable=names if e.rankers is None else (),
+        max_seconds=60 * e.default_max_minutes, memory_share=e.default_max_memory_share,
+    )  # fmt: skip
+    return with_plan(cfg, plan.describe()), plan
+
+
+def with_plan(cfg: Config, plan: Mapping[str, Any]) -> Config:
+    """``cfg`` ranking what a plan chose (``StagePlan.describe()``, results.json's "evaluation_plan"): its rankers, and
+    the settings it changed (the graph filter's rank); a refit ranks what its selection stage planned."""
+    settings = dict(cfg.eval.settings)
+    for name, changed in plan.get("settings", {}).items():
+        settings[name] = {**dict(settings.get(name) or {}), **changed}
+    return replace(cfg, eval=replace(cfg.eval, rankers=list(plan["rankers"]), settings=settings))
+
+
 def rank_after_training(
     cfg: Config,
     env: DistEnv,
@@ -60,11 +109,12 @@ def rank_after_training(
     evaluator: Evaluator,
     *,
     chosen: dict[str, Point] | None = None,
+    estimate: StageEstimate | None = None,
 ) -> dict[str, Any]:
     """Collective: ``{"valid", "test", "rankers", "headline", "untrained"}`` of the trained ``two_tower`` and the
     configured rankers (``untrained``: the test users and items it never trained, recsys/ranking/untrained.py),
-    its users embedded by the run's ``evaluator`` (recsys.job.run.run_evaluator; with per-rank users, each rank ranks its
-    own)."""
+    its users embedded by the run's ``evaluator`` (recsys.job.run.run_evaluator; with per-rank users, each rank ranks
+    its own); ``estimate``: the plan's, for the progress lines' ETAs."""
     ecfg, per_rank_users = cfg.eval, evaluator.per_rank_users
     splits = [s for s in ("valid", "test") if not (s == "valid" and cfg.data.train_on_valid)]
     embedded = {
@@ -95,7 +145,7 @@ def rank_after_training(
         score = partial(metrics_over_ranks, device=env.device, world_size=env.world_size) if per_rank_users else None
         out = evaluate_rankers(
             rankers, valid=eval_splits.get("valid"), test=eval_splits["test"], ks=ecfg.ks, metric=ecfg.valid_metric,
-            chunk_size=ecfg.chunk_size, chosen=chosen or {}, parts=parts, serve=candidates,
+            chunk_size=ecfg.chunk_size, chosen=chosen or {}, parts=parts, serve=candidates, estimate=estimate,
             **({"score": score} if score else {}),
         )  # fmt: skip
         kept, serve = out.pop("kept"), out.pop("served", TRAINED)

@@ -9,6 +9,8 @@ ranker's row means one thing everywhere.
 Each split's rankers are fit on the interactions it follows (valid: train; test: train + valid), parts
 before the fusions built on them; a split's fits are released before the next split's are made.
 Without valid (a run trained on it) a ranker with a grid needs its point in ``chosen``.
+Every fit and every ranking of a split is a task of ``recsys.utils.progress``: a line every 30 s with its ETA (the ranking
+primitives count the users ranked; ``estimate``, the plan's cost estimate, gives the ETA before they have).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any
 import numpy as np
 
 from recsys.rankers.base import EvalSplit, Fit, Point, Ranker, point_key
+from recsys.rankers.stage_cost import StageEstimate
 from recsys.ranking.metrics import compute_metrics
 from recsys.ranking.scoring import TRAINED_ROW
+from recsys.utils.progress import format_seconds, track
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +51,12 @@ def fit_order(rankers: Sequence[Ranker], known: Mapping[str, Ranker]) -> list[Ra
 
 
 def _fit_all(
-    rankers: Sequence[Ranker], split: EvalSplit, kept: dict | None = None
+    rankers: Sequence[Ranker], split: EvalSplit, estimate: StageEstimate | None = None, kept: dict | None = None
 ) -> tuple[dict[str, Fit], dict[str, float]]:
-    """Each ranker's fit on ``split`` (parts first, as ``fit_order`` lists them) and its seconds; ``kept``: fits
-    reused from and added to it, for the rankers that are fit on the interactions alone (no trained weights, no
-    parts), whose fit is the same for every training of one dataset (a search's trials)."""
+    """Each ranker's fit on ``split`` (parts first, as ``fit_order`` lists them) and its seconds, with progress lines
+    (``estimate``: the plan's, for their ETAs); ``kept``: fits reused from and added to it, for the rankers that are
+    fit on the interactions alone (no trained weights, no parts), whose fit is the same for every training of one
+    dataset (a search's trials)."""
     fits: dict[str, Fit] = {}
     seconds: dict[str, float] = {}
     for ranker in rankers:
@@ -60,7 +65,10 @@ def _fit_all(
         if kept is not None and key in kept:
             fits[ranker.name] = kept[key]
         else:
-            fits[ranker.name] = ranker.fit(split, fits)
+            with track(
+                f"{ranker.name}: fit on {split.fit_on}", estimate=estimate.fit(ranker.name) if estimate else None
+            ):
+                fits[ranker.name] = ranker.fit(split, fits)
             if kept is not None and not ranker.parts() and ranker.name != TRAINED_ROW:  # not the trained weights
                 kept[key] = fits[ranker.name]
         seconds[ranker.name] = time.perf_counter() - start
@@ -75,10 +83,18 @@ class _Ranking:
     metric: str
     chunk_size: int
     score: Score
+    estimate: StageEstimate | None = None
 
-    def rank(self, fit: Fit, split: EvalSplit, grid: Sequence[Point]) -> dict[str, tuple[np.ndarray, dict]]:
-        """{point key: (top-k ids int64 [U, max(ks)], metrics)} of ``fit`` at each point of ``grid``."""
-        ids = fit.topk(split, max(self.ks), grid, self.chunk_size)
+    def rank(self, name: str, fit: Fit, split: EvalSplit, grid: Sequence[Point]) -> dict[str, tuple[np.ndarray, dict]]:
+        """{point key: (top-k ids int64 [U, max(ks)], metrics)} of ``fit`` (ranker ``name``) at each point of ``grid``."""
+        users, points = split.history.num_users, len(grid)
+        with track(
+            f"{name}: ranking {split.name}" + (f" at {points} points" if points > 1 else ""),
+            points * users,
+            unit="users x points" if points > 1 else "users",
+            estimate=self.estimate.ranking(name, split.name) if self.estimate else None,
+        ):
+            ids = fit.topk(split, max(self.ks), grid, self.chunk_size)
         num_items = split.history.num_items
         return {
             key: (i.numpy(), self.score(i.numpy(), split.relevant, self.ks, num_items=num_items))
@@ -86,10 +102,22 @@ class _Ranking:
         }
 
 
-def _record(row: dict, split: EvalSplit, fit: Fit, seconds: float) -> None:
-    """A ranker's results.json row: what it was fit on for ``split`` and what that fit saw."""
+def _record(row: dict, split: EvalSplit, fit: Fit, fits_seconds: float, ranking_seconds: float) -> None:
+    """A ranker's results.json row: what it was fit on for ``split``, what that fit saw, and the time: ``seconds`` its
+    own fit and its ranking, ``fits_seconds`` its fit and its parts', ``ranking_seconds`` the ranking (what the plan's
+    estimate is compared with: scripts/stage_costs.py)."""
     row["fit_on"][split.name] = fit.info().get("fit_on", split.fit_on)
-    row["fit"][split.name] = {**fit.info(), "seconds": round(seconds, 1)}
+    row["fit"][split.name] = {
+        **fit.info(),
+        "seconds": round(fits_seconds[0] + ranking_seconds, 1),
+        "fits_seconds": round(sum(fits_seconds), 1),
+        "ranking_seconds": round(ranking_seconds, 1),
+    }
+
+
+def _fits_seconds(ranker: Ranker, seconds: Mapping[str, float]) -> tuple[float, ...]:
+    """(its own fit's seconds, each part's)."""
+    return (seconds[ranker.name], *(seconds[p] for p in ranker.parts()))
 
 
 def _test_point(ranker: Ranker, tuned: Mapping[str, Point]) -> Point:
@@ -119,6 +147,7 @@ def evaluate_rankers(
     serve: Sequence[str] = (),
     keep_ids: bool = False,
     score: Score = compute_metrics,
+    estimate: StageEstimate | None = None,
 ) -> dict[str, Any]:
     """``{"valid": {name: metrics}, "test": {name: metrics}, "rankers": {name: what it is}}`` of ``rankers``.
 
@@ -128,10 +157,18 @@ def evaluate_rankers(
     ``keep``: rankers whose test fit and test top-k ids come back in ``out["kept"][name]`` (what the bundle
     serves); ``serve``: candidates for the served ranker, ``out["served"]`` the servable one best on valid by
     ``metric`` (ties: the later listed; without valid: the last), kept too; ``keep_ids``: every ranker's top-k ids
-    per split in ``out["ids"][split][name]`` (int64 numpy).
+    per split in ``out["ids"][split][name]`` (int64 numpy); ``estimate``: the plan's cost estimate (the progress lines'
+    ETAs before a task has advanced).
     """
     # the tuning metric's cut-off is computed too, whether or not the caller reports it
-    ranking = _Ranking(sorted({int(k) for k in ks} | {int(metric.partition("@")[2])}), metric, chunk_size, score)
+    cut_offs = sorted({int(k) for k in ks} | {int(metric.partition("@")[2])})
+    ranking = _Ranking(cut_offs, metric, chunk_size, score, estimate)
+    if estimate is not None:
+        log.info(
+            "evaluation stage: about %s estimated (%s)",
+            format_seconds(estimate.seconds),
+            ", ".join(f"{n} {format_seconds(p.seconds)}" for n, p in estimate.parts.items() if p.known),
+        )
     order = fit_order(rankers, {r.name: r for r in [*parts, *rankers]})
     rows = {r.name: {"servable": r.servable, "settings": r.settings(), "fit_on": {}, "fit": {}} for r in rankers}
     out: dict[str, Any] = {"valid": {}, "test": {}, "rankers": rows, "kept": {}}
@@ -144,17 +181,18 @@ def evaluate_rankers(
     if serve:
         out["served"] = choose_served(rankers, serve, out["valid"], metric)
         keep = [*keep, out["served"]]
-    fits, seconds = _fit_all(order, test)
+    fits, seconds = _fit_all(order, test, estimate)
     for ranker in rankers:
         start = time.perf_counter()
         point = _test_point(ranker, tuned)
         rows[ranker.name]["point"] = dict(point)
-        ids["test"][ranker.name], out["test"][ranker.name] = ranking.rank(fits[ranker.name], test, [point])[
-            point_key(point)
-        ]
+        ids["test"][ranker.name], out["test"][ranker.name] = ranking.rank(
+            ranker.name, fits[ranker.name], test, [point]
+        )[point_key(point)]
         if ranker.name in keep:
             out["kept"][ranker.name] = (fits[ranker.name], ids["test"][ranker.name])
-        _record(rows[ranker.name], test, fits[ranker.name], seconds[ranker.name] + time.perf_counter() - start)
+        ranked = time.perf_counter() - start
+        _record(rows[ranker.name], test, fits[ranker.name], _fits_seconds(ranker, seconds), ranked)
     if keep_ids:
         out["ids"] = ids
     return out
@@ -220,15 +258,16 @@ def _tune_on_valid(
     valid ``metrics``, top-k ``ids`` and ``rows`` (fit, grid, what tuned it); returns the points."""
     metric = ranking.metric
     tuned = {}
-    fits, seconds = _fit_all(order, valid, kept_fits)
+    fits, seconds = _fit_all(order, valid, ranking.estimate, kept_fits)
     for ranker in rankers:
         start = time.perf_counter()
         grid = [chosen[ranker.name]] if ranker.name in chosen else ranker.grid()
-        by_point = ranking.rank(fits[ranker.name], valid, grid)
+        by_point = ranking.rank(ranker.name, fits[ranker.name], valid, grid)
         best = max(grid, key=lambda p: by_point[point_key(p)][1][metric])  # max keeps the first of equal values
         tuned[ranker.name] = best
         ids[ranker.name], metrics[ranker.name] = by_point[point_key(best)]
-        _record(rows[ranker.name], valid, fits[ranker.name], seconds[ranker.name] + time.perf_counter() - start)
+        ranked = time.perf_counter() - start
+        _record(rows[ranker.name], valid, fits[ranker.name], _fits_seconds(ranker, seconds), ranked)
         if len(grid) > 1:
             value = by_point[point_key(best)][1]
             rows[ranker.name]["grid"] = {key: m[metric] for key, (_, m) in by_point.items()}

@@ -13,7 +13,6 @@ is released first: torchrec's threads otherwise abort the exit).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +43,7 @@ from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.rank_data import load_rank_data, rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
 from recsys.evaluation.offline import check_splits, evaluate_trained
-from recsys.evaluation.run_stage import rank_after_training, trial_figure
+from recsys.evaluation.run_stage import plan_run_stage, rank_after_training, stage_resources, trial_figure, with_plan
 from recsys.job.checks import (
     check_batch_fits,
     check_evaluate_names,
@@ -53,10 +52,8 @@ from recsys.job.checks import (
 )
 from recsys.job.refit_rule import decide_refit
 from recsys.model.build import build_task
-from recsys.rankers.ease.plan import available_memory_bytes
 from recsys.rankers.plugins import load_plugins
-from recsys.rankers.registry import check_rankers, check_resources, resolved_rankers, serve_candidates
-from recsys.rankers.resources import Resources
+from recsys.rankers.registry import check_rankers, check_resources, serve_candidates
 from recsys.ranking.sharded import Evaluator
 from recsys.rundir.checkpoint import load_checkpoint
 from recsys.rundir.config import checkpoint_dir, load_run_config
@@ -161,6 +158,8 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
         counts = results.get("dataset", {}).get("counts", {})
         if decide_refit(cfg, counts.get("train", 0), counts.get("valid", 0))[0]:
             refit_cfg = refit_config(cfg, results["train"]["best_epoch"], results["headline"]["ranker"])
+            if "evaluation_plan" in results:  # the rankers and settings the selection stage planned
+                refit_cfg = with_plan(refit_cfg, results["evaluation_plan"])
             chosen = {name: row["point"] for name, row in results.get("rankers", {}).items()}
             if env.is_main:
                 log.info(
@@ -279,23 +278,19 @@ def _train_and_test(
         if env.is_main and stage and cfg.trainer.refit is None and not cfg.data.train_on_valid:
             counts = split_counts(data)
             log.info("%s", decide_refit(cfg, counts["train"], counts.get("valid", 0))[1])
+        resources = stage_resources(cfg, data)
+        stage_cfg, plan = plan_run_stage(cfg, resources)  # the default list fitted to this host, once
         if env.is_main and stage:
-            candidates = serve_candidates(cfg, data.num_items)
+            plan.log(log, resources.throughput.threads)
+            candidates = serve_candidates(stage_cfg, data.num_items)
             log.info(
                 "evaluation stage: rankers %s; the headline and the bundle: %s",
-                ", ".join(resolved_rankers(cfg, data.num_items)),
+                ", ".join(plan.names),
                 candidates[0] if len(candidates) == 1 else f"the best on valid of {', '.join(candidates)}",
             )
-        check_resources(  # a ranker whose fit the host cannot hold is refused now, not after training
-            cfg,
-            Resources(
-                num_items=data.num_items,
-                num_users=data.num_users,
-                interactions=sum(len(data.splits[s]) for s in ("train", "valid") if s in data.splits),
-                fits_per_host=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if cfg.data.shard_by_user else 1,
-                available_bytes=available_memory_bytes("cpu"),  # the fits run on the host, whatever the device
-            ),
-        )
+        check_resources(
+            stage_cfg, resources
+        )  # a ranker whose fit the host cannot hold is refused now, not after training
         sharded = shard_for_training(cfg, data, env)
         if env.is_main:
             warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")
@@ -318,7 +313,9 @@ def _train_and_test(
             candidate = trainer.finished and not trainer.pruned
             served = trial_figure(cfg, env, data, trainer.two_tower, evaluator) if candidate else None
             return {**trained, "valid_users": trainer.best_valid_users, "finished": trainer.finished, "served": served}
-        ranked = rank_after_training(cfg, env, data, trainer.two_tower, run_dir, evaluator, chosen=chosen)
+        ranked = rank_after_training(
+            stage_cfg, env, data, trainer.two_tower, run_dir, evaluator, chosen=chosen, estimate=plan.estimate
+        )
         headline = ranked.pop("headline")
         results = {
             "test": ranked["test"],
@@ -326,6 +323,7 @@ def _train_and_test(
             "headline": {**headline, "test": ranked["test"][headline["ranker"]]},
             "rankers": ranked["rankers"],
             "untrained": ranked["untrained"],
+            "evaluation_plan": plan.describe(),
             **trained,
         }
         if env.is_main:

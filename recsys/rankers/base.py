@@ -26,6 +26,7 @@ from recsys.rankers.points import Point, point_key
 from recsys.rankers.served import Served
 from recsys.ranking.interactions import UserItemCSR
 from recsys.ranking.retrieval import exact_topk, topk_from_scores
+from recsys.utils import progress
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ def blockwise_topk(
             if unranked is not None:
                 scores.masked_fill_(unranked.to(scores.device), float("-inf"))
             ids[point_key(point)][start:stop] = topk_from_scores(scores, k, exclude=split.history, row_offset=start)[1]
+        progress.advance((stop - start) * len(points))  # the rows ranked at every point (recsys.utils.progress)
     return ids
 
 

@@ -26,6 +26,7 @@ from recsys.config import Config, EvalConfig, IdMapping, QueryHistory
 from recsys.config.need import Need
 from recsys.rankers import fusion
 from recsys.rankers.base import Ranker
+from recsys.rankers.cost import RankerCost, dot_product_cost
 from recsys.rankers.ease import settings as ease_settings
 from recsys.rankers.ease.ranker import EaseRanker
 from recsys.rankers.fusion import FusionRanker
@@ -76,12 +77,14 @@ class RankerContext:
 class RankerSpec:
     """One ranker's package: ``build(context, settings)``; ``settings``: the dataclass of ``eval.settings.<name>``
     (None: it has none); ``check(settings, need, key)``: their rules; ``resources(settings, resources, key)``: the
-    refusal of a fit the host cannot hold ("" when it can), asked before any work."""
+    refusal of a fit the host cannot hold ("" when it can), asked before any work; ``estimate(settings, resources)``:
+    what its fit and ranking cost (recsys/rankers/cost.py; None: not estimated, logged as unknown)."""
 
     build: Callable[[RankerContext, Any], Ranker]
     settings: type | None = None
     check: Callable[[Any, Need, str], None] | None = None
     resources: Callable[[Any, Resources, str], str] | None = None
+    estimate: Callable[[Any, Resources], RankerCost] | None = None
 
 
 def _graph_filter(c: RankerContext, s: graph_filter_settings.GraphFilterSettings) -> Ranker:
@@ -91,26 +94,39 @@ def _graph_filter(c: RankerContext, s: graph_filter_settings.GraphFilterSettings
     )  # fmt: skip
 
 
+def _two_tower_cost(settings: None, r: Resources) -> RankerCost:
+    return dot_product_cost(r.query_dim, r.throughput, chunk_size=r.chunk_size, items=r.num_items)
+
+
+def _popularity_cost(settings: None, r: Resources) -> RankerCost:
+    return RankerCost(pairwise=False, user_s=1e-4)  # the head of one global order a user (popularity_topk)
+
+
 RANKERS: dict[str, RankerSpec] = {
-    TRAINED: RankerSpec(lambda c, s: TwoTowerRanker(c.embeddings, c.trained_on, c.unranked_items)),
-    "popularity": RankerSpec(lambda c, s: PopularityRanker(c.train_counts)),
+    TRAINED: RankerSpec(
+        lambda c, s: TwoTowerRanker(c.embeddings, c.trained_on, c.unranked_items), estimate=_two_tower_cost
+    ),
+    "popularity": RankerSpec(lambda c, s: PopularityRanker(c.train_counts), estimate=_popularity_cost),
     "graph_filter": RankerSpec(
         _graph_filter,
         graph_filter_settings.GraphFilterSettings,
         graph_filter_settings.check_settings,
         graph_filter_settings.check_resources,
+        graph_filter_settings.estimate,
     ),
     "ease": RankerSpec(
         lambda c, s: EaseRanker(s, len(c.train_counts), c.available_bytes),
         ease_settings.EaseSettings,
         ease_settings.check_settings,
         ease_settings.check_resources,
+        ease_settings.estimate,
     ),
     "ials": RankerSpec(
         lambda c, s: IalsRanker(s, c.seed),
         ials_settings.IalsSettings,
         ials_settings.check_settings,
         ials_settings.check_resources,
+        ials_settings.estimate,
     ),
     "plain_two_tower": RankerSpec(
         lambda c, s: PlainTwoTowerRanker(s, c.seed),
@@ -130,11 +146,12 @@ def register_ranker(
     settings: type | None = None,
     check: Callable[[Any, Need, str], None] | None = None,
     resources: Callable[[Any, Resources, str], str] | None = None,
+    estimate: Callable[[Any, Resources], RankerCost] | None = None,
 ) -> None:
     """Make ``name`` usable in eval.rankers (and as a part of fusions); ``build(context, settings)``."""
     if "+" in name:
         raise ValueError(f"ranker name {name!r}: '+' joins the parts of a fusion")
-    RANKERS[name] = RankerSpec(build, settings, check, resources)
+    RANKERS[name] = RankerSpec(build, settings, check, resources, estimate)
 
 
 def settings_of(name: str, given: Mapping[str, Any], specs: Mapping[str, RankerSpec] | None = None) -> Any:
@@ -174,6 +191,16 @@ def report_rankers(cfg: Config, asked: Sequence[str] | None, num_items: int | No
     itself."""
     names = list(asked) if asked is not None else [*resolved_rankers(cfg, num_items), *REPORT_BASELINES]
     return [name for name in dict.fromkeys(names) if name not in REPORT_OWN]
+
+
+def report_defaults(cfg: Config, asked: Sequence[str] | None, num_items: int | None = None) -> list[str]:
+    """The report's rankers from a default list, which its cost plan may lower or leave out (recsys/rankers/stage_cost.py):
+    with its rankers=null the baselines, and the run's own where its eval.rankers was null too; none when asked."""
+    if asked is not None:
+        return []
+    own = resolved_rankers(cfg, num_items) if cfg.eval.rankers is None else []
+    listed = set(cfg.eval.rankers or ())
+    return [n for n in report_rankers(cfg, None, num_items) if n in own or (n in REPORT_BASELINES and n not in listed)]
 
 
 def is_servable(name: str) -> bool:

@@ -24,6 +24,7 @@ import torch
 
 from recsys.ranking.interactions import UserItemCSR
 from recsys.ranking.topk_ties import apply_tie_rule, pad_topk
+from recsys.utils import progress
 
 # Candidates by groups (top_candidates): a row of I scores is cut into groups of GROUP; the n best groups by their
 # maximum hold the row's n best scores, so torch.topk reads n * GROUP scores instead of I after one max pass.
@@ -130,8 +131,10 @@ def device_chunked_topk(
         chunk = _launch_candidates(scores, k, start, stop, by_groups)
         if pending is not None:  # chunk j - 1, while chunk j is queued behind it
             _finish(pending, k, out_scores, out_ids)
+            progress.advance(pending.stop - pending.start)
         pending = chunk
     _finish(pending, k, out_scores, out_ids)
+    progress.advance(pending.stop - pending.start)
     return out_scores, out_ids
 
 

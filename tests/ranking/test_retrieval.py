@@ -224,3 +224,23 @@ def test_candidates_by_groups_hold_the_rows_best_values():
     assert torch.equal(vals, expected)
     assert torch.equal(torch.gather(scores, 1, ids)[~torch.isneginf(vals)], vals[~torch.isneginf(vals)])
     assert (ids < scores.shape[1]).all() and (ids >= 0).all()
+
+
+@pytest.mark.parametrize("block", [7, 1 << 24])
+def test_popularity_topk_is_exact_topk_over_the_counts(monkeypatch, block):
+    """Ranked over the head of one global order (blocks of any size): the ids and scores of ranking every item."""
+    import recsys.ranking.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "POPULARITY_BLOCK", block)
+    rng = np.random.default_rng(11)
+    num_users, num_items = 30, 60
+    counts = torch.from_numpy(rng.integers(0, 4, size=num_items))
+    exclude = _random_exclude(rng, num_users, num_items, max_per_user=58)
+    for k in (1, 5, 70):
+        got = popularity_topk(counts, num_users, k, exclude=exclude, chunk_size=8)
+        want = exact_topk(
+            torch.ones(num_users, 1), counts.float()[:, None], k, exclude=exclude, chunk_size=8, unranked=counts == 0
+        )
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    top = sorted(range(num_items), key=lambda i: (-int(counts[i]), i))[:3]  # no exclusions: the same top 3 for all
+    assert popularity_topk(counts, num_users, 3)[1].tolist() == [top] * num_users

@@ -1,13 +1,16 @@
 """The report's rankers beside the model and popularity: EASE, iALS, the graph filter alone and fused with the
 two-tower, and whatever else the run lists, all through the evaluation stage (recsys.evaluation.stage: the same
 rankers, settings, grids and fits as the run's, each tuned on valid and refit on the interactions test follows), so
-that a row means one thing in results.json and in the report. A ranker whose resource check refuses it (EASE's
-memory or time, iALS without its library) is left out, its block saying why."""
+that a row means one thing in results.json and in the report. The stage's cost is planned first (each part's estimated
+time and memory logged; a part of the default list out of proportion lowered or left out: recsys/rankers/stage_cost.py);
+a ranker whose resource check refuses it (EASE's memory or time, iALS without its library) is left out, its block
+saying why."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,7 @@ from recsys.rankers.base import EvalSplit
 from recsys.rankers.ease.plan import available_memory_bytes
 from recsys.rankers.registry import RANKERS, SETTINGS, RankerContext, build_rankers, settings_of
 from recsys.rankers.resources import Resources
+from recsys.rankers.stage_cost import StagePlan, plan_stage
 
 log = logging.getLogger("recsys.evaluation.report")
 
@@ -28,6 +32,24 @@ BASELINES = ("ease", "ials")  # the report's blocks of their own (report.json "e
 def stage_names(options: ReportOptions) -> list[str]:
     """The rankers the report ranks through the stage, each once."""
     return list(dict.fromkeys(options.stage_rankers))
+
+
+def _plan(names: list[str], inputs: EvalInputs, options: ReportOptions) -> StagePlan:
+    """The stage's cost on this report's data and host, the default rankers fitted to the run's bounds, logged."""
+    train, e = inputs.train, options.ranker_config
+    available = options.available_bytes if options.available_bytes is not None else available_memory_bytes()
+    users = {name: len(split.users) for name, split in inputs.splits.items()}
+    resources = Resources(
+        train.num_items, train.num_users, max(int(g.nnz) for g in (inputs.graphs or {"valid": train}).values()),
+        available_bytes=available, valid_users=users.get("valid", 0), test_users=users.get("test", 0),
+        query_dim=int(np.shape(inputs.item_emb)[1]), chunk_size=options.chunk_size,
+    )  # fmt: skip
+    plan = plan_stage(
+        names, e.settings, resources, adaptable=options.default_rankers,
+        max_seconds=60 * e.default_max_minutes, memory_share=e.default_max_memory_share,
+    )  # fmt: skip
+    plan.log(log, resources.throughput.threads)
+    return plan
 
 
 def _refused(names: list[str], inputs: EvalInputs, options: ReportOptions) -> dict[str, str]:
@@ -60,13 +82,17 @@ def rank_stage_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict
     why = _missing_inputs(inputs)
     if why:
         return {}, {"rankers": {n: {"skipped": why} for n in names}}
-    skipped = _refused(names, inputs, options)
+    plan = _plan(names, inputs, options)
+    options = replace(options, ranker_config=replace(options.ranker_config, settings=plan.settings))
+    skipped = {**plan.left_out, **_refused(plan.names, inputs, options)}
     ranked = [n for n in names if n not in skipped]
     for name, reason in skipped.items():
-        log.info("%s skipped: %s", name, reason)
+        if name not in plan.left_out:  # the plan logged its own
+            log.info("%s skipped: %s", name, reason)
     start = time.perf_counter()
-    ids, rows = _evaluate(ranked, inputs, options) if ranked else ({}, {})
+    ids, rows = _evaluate(ranked, inputs, options, plan) if ranked else ({}, {})
     return ids, {
+        "plan": plan.describe(),
         "rankers": {n: rows[n] if n in rows else {"skipped": skipped[n]} for n in names},
         "tuned_on": f"valid {options.ranker_config.valid_metric}",
         "seconds": round(time.perf_counter() - start, 1),
@@ -81,7 +107,9 @@ def _missing_inputs(inputs: EvalInputs) -> str:
     return f"no interaction graph given for {', '.join(missing)}" if missing else ""
 
 
-def _evaluate(names: list[str], inputs: EvalInputs, options: ReportOptions) -> tuple[dict, dict[str, Any]]:
+def _evaluate(
+    names: list[str], inputs: EvalInputs, options: ReportOptions, plan: StagePlan | None = None
+) -> tuple[dict, dict[str, Any]]:
     graphs = inputs.graphs or {"valid": inputs.train}
     items = torch.as_tensor(inputs.item_emb).float()
     context = RankerContext(
@@ -100,7 +128,7 @@ def _evaluate(names: list[str], inputs: EvalInputs, options: ReportOptions) -> t
     metric = options.ranker_config.valid_metric
     out = evaluate_rankers(
         rankers, valid=splits["valid"], test=splits.get("test", splits["valid"]), ks=inputs.ks, metric=metric,
-        chunk_size=options.chunk_size, parts=parts, keep_ids=True,
+        chunk_size=options.chunk_size, parts=parts, keep_ids=True, estimate=plan.estimate if plan else None,
     )  # fmt: skip
     kmax = max(inputs.ks)  # the stage ranks at least the tuning metric's cut-off: the report's own depth here
     ids = {n: {r: out["ids"]["valid" if n == "valid" else "test"][r][:, :kmax] for r in names} for n in splits}

@@ -135,6 +135,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         "ease": ease_info,
         "ials": ials_info,
         "graph_filter": graph_info,
+        "evaluation_plan": stage_info.get("plan"),  # each stage ranker's estimated cost, what the plan decided
         "ann": _ann_section(inputs, options, kmax, ks, num_items),
         "gaps": _gap_statements(splits_out, inputs.model_name, headline_k, ease_info, ials_info),
         "more_like_this": _more_like_this(items, item_counts, names, options),
@@ -166,7 +167,7 @@ def _stage_blocks(stage_info: dict, options: ReportOptions) -> tuple[dict, dict,
     if not others:
         graph = {"skipped": "no other ranker among the report's (recsys.evaluate rankers=...)"}
     else:
-        graph = {**{k: v for k, v in stage_info.items() if k != "rankers"}, "rankers": others}
+        graph = {**{k: v for k, v in stage_info.items() if k not in ("rankers", "plan")}, "rankers": others}
     return blocks[0], blocks[1], graph
 
 

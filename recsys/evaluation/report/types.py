@@ -92,6 +92,9 @@ class ReportOptions:
         stage_rankers: the rows the report adds beyond the model and popularity, each ranked through the run's
             evaluation stage (recsys.evaluation.stage: tuned on valid, fit on the interactions its split follows;
             ``EvalInputs.graphs``) or left out with why its resource check refused it; needs a "valid" split.
+        default_rankers: those of ``stage_rankers`` that came from a default list (recsys.evaluate's rankers=null):
+            the cost plan may run them at a lower graph-filter rank or leave them out (recsys/rankers/stage_cost.py);
+            the others are ranked whatever they cost, with a warning.
         ranker_config: their settings and the tuning metric: the run's ``eval`` section.
         ann_kinds: FAISS indexes to compare with exact search; empty disables ANN.
         ann_params: their settings.
@@ -109,6 +112,7 @@ class ReportOptions:
 
     available_bytes: int | None = None
     stage_rankers: Sequence[str] = REPORT_BASELINES
+    default_rankers: Sequence[str] = ()
     ranker_config: EvalConfig = field(default_factory=EvalConfig)
     ann_kinds: Sequence[str] = ANN_KINDS
     ann_params: AnnParams = field(default_factory=AnnParams)

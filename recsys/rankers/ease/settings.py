@@ -1,13 +1,17 @@
 """EASE's settings (``eval.settings.ease``: conf/eval/rankers/ease.yaml), their rules, and its resource check: the
 [I, I] matrices must fit in the memory available and the λ grid's O(I³) factorisations in the time allowed, both
-refused before any training."""
+refused before any training; and its cost estimate (``estimate``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from recsys.config.need import Need
+from recsys.rankers.cost import RankerCost
 from recsys.rankers.ease.plan import factorisation_seconds, plan_ease
+from recsys.rankers.ease.solve import SPARSE_DENSITY
 from recsys.rankers.resources import Resources
 from recsys.utils.choices import EASE_LAMBDAS
 
@@ -55,3 +59,29 @@ def check_resources(s: EaseSettings, r: Resources, key: str) -> str:
                 "max_minutes, or drop ease"
             )
     return ""
+
+
+def estimate(s: EaseSettings, r: Resources) -> RankerCost:
+    """Its fit, X'X (2 nnz I FLOPs through a sparse product), and per λ one factorisation (I³ FLOPs in the dtype
+    ``plan_ease`` picks) and a pass over the users: a sparse history block times B (2 x the mean history x I FLOPs a
+    user) on valid's grid, or where the history is dense or at one point of a servable catalogue, a dense one (2 I)."""
+    t = r.throughput
+    items, users = r.num_items, max(r.num_users, 1)
+    plan = plan_ease(items, users, r.available_bytes)
+    dtype = plan.dtype or torch.float32
+    rate = t.factor64_gflops if dtype == torch.float64 else t.factor32_gflops
+    mean_history = r.interactions / users
+    dense = t.dense(2 * items)
+    sparse = dense if mean_history > SPARSE_DENSITY * items else t.sparse(2 * mean_history)
+    return RankerCost(
+        fit_seconds=t.sparse(2 * r.interactions * items),
+        peak_bytes=plan.peak_bytes,
+        score_s=sparse,
+        test_score_s=dense if items <= s.max_served_items else sparse,
+        width=items,
+        points=len(s.lambdas),
+        passes=len(s.lambdas),
+        pass_seconds=items**3 / (rate * 1e9 * t.threads),
+        one_point_per_pass=True,
+        what=f"{len(s.lambdas)} λ in {str(dtype).removeprefix('torch.')}",
+    )

@@ -1,11 +1,13 @@
 """The graph filter's settings (``eval.settings.graph_filter``: conf/eval/rankers/graph_filter.yaml), their rules,
-and its resource check: the fit's memory, refused before any training."""
+its resource check (the fit's memory, refused before any training) and its cost estimate (``estimate``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from recsys.config.need import Need
+from recsys.rankers.cost import RankerCost
+from recsys.rankers.graph_filter.spectral import fit_seconds
 from recsys.rankers.resources import Resources
 
 
@@ -62,4 +64,28 @@ def check_resources(s: GraphFilterSettings, r: Resources, key: str) -> str:
         f"more than the {r.available_bytes / 2**30:.1f} GiB available: lower {key}.rank (the memory is "
         "about proportional to it; docs/performance.md, 'The servable graph filter as the catalogue grows') or "
         "leave the graph filter out (eval.rankers=[two_tower,popularity])"
+    )
+
+
+def estimate(s: GraphFilterSettings, r: Resources) -> RankerCost:
+    """Its fit (``spectral.fit_seconds``, ``fit_peak_bytes``) and its scoring: per sharpening time a pass that pools the
+    users' query vectors and sharpens the low-pass items (4 passes through R~ of [I, low_rank]), then a
+    [chunk, rank + low_rank] x [rank + low_rank, I] GEMM a block; one add per alpha."""
+    t = r.throughput
+    rank = max(1, min(s.rank, r.num_items))
+    low = min(s.low_rank, rank)
+    fit = fit_seconds(
+        r.num_items, r.num_users, r.interactions, rank, oversample=s.oversample, iterations=s.iterations, t=t
+    )
+    points = len(s.alphas) * len(s.sharpen)
+    return RankerCost(
+        fit_seconds=fit,
+        peak_bytes=fit_peak_bytes(r.num_items, r.interactions, rank=rank, low_rank=low, oversample=s.oversample),
+        score_s=t.dense(2 * (rank + low)),
+        width=rank + low,
+        points=points,
+        passes=len(s.sharpen),
+        pass_seconds=t.sparse(2 * r.interactions * (rank + low) + 16 * r.interactions * low),
+        point_s=t.ns(t.add_ns) if len(s.alphas) > 1 else 0.0,
+        what=f"rank {rank}",
     )

@@ -12,7 +12,7 @@ users' rows only (``reduce``: an all-reduce over ranks) fits the same spectrum a
 
 Cost: each iteration applies P~ to an [I, rank + oversample] block (2 x nnz(R) x (rank + oversample)
 multiply-adds) and orthonormalises it (Cholesky QR, twice: O(I (rank + oversample)^2)); memory is a few
-[I, rank + oversample] float32 blocks (4 I (rank + oversample) bytes each).
+[I, rank + oversample] float32 blocks (4 I (rank + oversample) bytes each); ``fit_seconds`` counts it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from recsys.rankers.cost import Throughput, host_throughput
 from recsys.ranking.interactions import UserItemCSR
+from recsys.utils.progress import track
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over the ranks that share the graph's users
 
@@ -98,6 +100,19 @@ def orthonormalise(block: torch.Tensor) -> torch.Tensor:
     return q.contiguous()
 
 
+def fit_seconds(
+    num_items: int, num_users: int, interactions: int, rank: int, *, oversample: int, iterations: int, t: Throughput
+) -> float:
+    """Estimated seconds of ``fit_spectrum``: with w = rank + oversample columns, ``iterations`` + 1 passes through
+    R~ and R~' (4 nnz w FLOPs each, sparse), ``iterations`` + 1 CholeskyQR2 (6 I w^2), the Rayleigh-Ritz product
+    (2 U w^2) and the rotation of the basis (2 I w rank), dense, and the [w, w] eigendecomposition."""
+    rank = max(1, min(rank, num_items))
+    width = min(num_items, rank + oversample)
+    sparse = (4 * iterations + 2) * interactions * width
+    dense = (iterations + 1) * 6 * num_items * width**2 + 2 * num_users * width**2 + 2 * num_items * width * rank
+    return t.sparse(sparse) + t.dense(dense) + t.eigh(width)
+
+
 def fit_spectrum(
     graph: UserItemCSR,
     rank: int,
@@ -123,14 +138,22 @@ def fit_spectrum(
         reduce=reduce,
     )
     generator = torch.Generator().manual_seed(seed)
-    basis = orthonormalise(torch.randn(num_items, width, generator=generator))
-    for _ in range(iterations):
-        basis = orthonormalise(spectrum.propagate_columns(basis))
-    # Rayleigh-Ritz: P~ restricted to span(basis) is basis' P~ basis = (R~ basis)'(R~ basis), summed over users
-    projected = spectrum.norm @ basis
-    small = reduce(projected.t() @ projected).double()
-    values, rotation = torch.linalg.eigh((small + small.t()) / 2)  # ascending
-    order = torch.argsort(values, descending=True)[:rank]
-    spectrum.values = values[order].clamp_min(0.0)
-    spectrum.vectors = (basis @ rotation[:, order].to(basis.dtype)).contiguous()
+    estimate = fit_seconds(
+        num_items, graph.num_users, graph.nnz, rank, oversample=oversample, iterations=iterations, t=host_throughput()
+    )
+    label = f"graph filter: eigensolver over {num_items:,} items, rank {rank}"
+    with track(label, iterations + 2, unit="steps", estimate=estimate, done_line=False) as progress:
+        basis = orthonormalise(torch.randn(num_items, width, generator=generator))
+        progress.advance()
+        for _ in range(iterations):
+            basis = orthonormalise(spectrum.propagate_columns(basis))
+            progress.advance()
+        # Rayleigh-Ritz: P~ restricted to span(basis) is basis' P~ basis = (R~ basis)'(R~ basis), summed over users
+        projected = spectrum.norm @ basis
+        small = reduce(projected.t() @ projected).double()
+        values, rotation = torch.linalg.eigh((small + small.t()) / 2)  # ascending
+        order = torch.argsort(values, descending=True)[:rank]
+        spectrum.values = values[order].clamp_min(0.0)
+        spectrum.vectors = (basis @ rotation[:, order].to(basis.dtype)).contiguous()
+        progress.advance()
     return spectrum

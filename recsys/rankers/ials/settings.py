@@ -1,10 +1,11 @@
-"""iALS's settings (``eval.settings.ials``: conf/eval/rankers/ials.yaml) and their rules."""
+"""iALS's settings (``eval.settings.ials``: conf/eval/rankers/ials.yaml), their rules and its cost estimate."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from recsys.config.need import Need
+from recsys.rankers.cost import RankerCost
 from recsys.rankers.resources import Resources
 
 
@@ -32,3 +33,21 @@ def check_resources(s: IalsSettings, r: Resources, key: str) -> str:
     except ImportError as e:
         return f"iALS needs the implicit package ({e}): pip install implicit"
     return ""
+
+
+def estimate(s: IalsSettings, r: Resources) -> RankerCost:
+    """One ALS fit per point of its grid (``iterations`` sweeps of interactions x D + (users + items) x D² work, at
+    implicit's measured rate), then a [chunk, D] x [D, I] GEMM a block."""
+    t = r.throughput
+    d = s.factors
+    fit = t.ns(t.ials_ns) * s.iterations * (r.interactions * d + (r.num_users + r.num_items) * d * d)
+    points = len(s.regularizations) * len(s.alphas)
+    return RankerCost(
+        peak_bytes=4 * 3 * (r.num_users + r.num_items) * d + 12 * r.interactions,
+        score_s=t.dense(2 * d),
+        width=d,
+        points=points,
+        passes=points,
+        pass_seconds=fit,
+        what=f"{points} ALS fits of {d} factors",
+    )
