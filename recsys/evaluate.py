@@ -30,7 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from recsys.config import EvaluateConfig, register_configs, to_typed
 from recsys.job.entry import refusals
-from recsys.job.run import evaluate_run
+from recsys.job.trained import evaluate_run
 from recsys.utils.logs import setup_logging
 
 __all__ = ["EvaluateConfig", "evaluate_run", "main"]

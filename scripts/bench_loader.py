@@ -58,7 +58,7 @@ def configured_loaders(overrides: list[str], device: torch.device) -> dict[str, 
 
     from recsys.config import register_configs, to_config
     from recsys.distributed.env import DistEnv
-    from recsys.job.run import load_data, train_batches
+    from recsys.job.assemble import load_data, train_batches
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

@@ -160,7 +160,7 @@ def main(argv=None) -> dict:
 
     from recsys.config import register_configs, to_config
     from recsys.distributed.env import destroy_distributed, init_distributed
-    from recsys.job.run import load_data, shard_for_training, train_batches
+    from recsys.job.assemble import load_data, shard_for_training, train_batches
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

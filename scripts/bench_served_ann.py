@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> dict:
     from data_pipelines.prepare import prepare_dataset
     from recsys.data.dataset import Interactions
     from recsys.evaluation.ann import compare_ann
-    from recsys.job.run import open_dataset
+    from recsys.job.assemble import open_dataset
     from recsys.ranking.interactions import UserItemCSR
     from recsys.ranking.metrics import compute_metrics
     from recsys.ranking.sharded import sample_users

@@ -51,7 +51,7 @@ def data_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_data(data_root):
     from data_pipelines.prepare import prepare_dataset
-    from recsys.job.run import open_dataset
+    from recsys.job.assemble import open_dataset
 
     cfg = tiny_config([f"data.root={data_root}"])
     return open_dataset(cfg, prepare_dataset(cfg.data))

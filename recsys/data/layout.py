@@ -203,7 +203,7 @@ def data_layout(
 
 
 def run_layout(cfg: Config, data: RetrievalData) -> FeatureLayout:
-    """A run's layout: its config's resolved switches over the data it was opened with (recsys.job.run.open_dataset)."""
+    """A run's layout: its config's resolved switches over the data it was opened with (recsys.job.assemble.open_dataset)."""
     from recsys.config import query_layout  # noqa: PLC0415 (hydra and omegaconf: not where serving imports this)
 
     return data_layout(data, cfg.data.history_length, **query_layout(cfg))

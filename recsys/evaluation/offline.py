@@ -1,6 +1,6 @@
 """The offline evaluation of a trained run: embed users and items on every rank, report on rank 0.
 
-``recsys.job.run.evaluate_run`` loads the run (``load_trained``) and calls :func:`evaluate_trained`;
+``recsys.job.trained.evaluate_run`` loads the run (``load_trained``) and calls :func:`evaluate_trained`;
 the report itself (baselines, ANN, files) is ``recsys.evaluation.report``, on plain arrays.
 """
 

@@ -113,7 +113,7 @@ def rank_after_training(
 ) -> dict[str, Any]:
     """Collective: ``{"valid", "test", "rankers", "headline", "untrained"}`` of the trained ``two_tower`` and the
     configured rankers (``untrained``: the test users and items it never trained, recsys/ranking/untrained.py),
-    its users embedded by the run's ``evaluator`` (recsys.job.run.run_evaluator; with per-rank users, each rank ranks
+    its users embedded by the run's ``evaluator`` (recsys.job.assemble.run_evaluator; with per-rank users, each rank ranks
     its own); ``estimate``: the plan's, for the progress lines' ETAs."""
     ecfg, per_rank_users = cfg.eval, evaluator.per_rank_users
     splits = [s for s in ("valid", "test") if not (s == "valid" and cfg.data.train_on_valid)]

@@ -1,6 +1,6 @@
 """The one place a ``RetrievalTask(TwoTower)`` is built from a model config.
 
-Called by the run assembly (recsys/job/run.py, through :func:`build_task`), the planner dry run
+Called by the run assembly (recsys/job/assemble.py, through :func:`build_task`), the planner dry run
 (recsys/distributed/dry_run.py, on the meta device) and scripts/bench_train.py. Embedding tables
 are on the meta device either way (``recsys.distributed.shard_model`` materialises them); the
 towers are initialised from ``seed``.
@@ -130,7 +130,7 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
         raise ValueError(
             f"data.item_neighbors={cfg.data.item_neighbors} but the dataset was loaded "
             f"{'with' if data.has_neighbors else 'without'} item neighbours: open it with "
-            "recsys.job.run.open_dataset(cfg, root)"
+            "recsys.job.assemble.open_dataset(cfg, root)"
         )
     layout = run_layout(cfg, data)
     log.info("feature layout (key, tower, table, row source):\n%s", layout.describe())

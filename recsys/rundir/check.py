@@ -61,7 +61,7 @@ class RunDirMustExist(Callback):
                 "`python -m recsys.train` wrote, e.g. runs/<run_name>"
             )
         if isinstance(run_dir, str) and run_dir and run_dir != "???":
-            try:  # a probe: the entry point takes the lock again for its work (recsys.job.run.reading_run)
+            try:  # a probe: the entry point takes the lock again for its work (recsys.job.trained.reading_run)
                 with reading_run_dir(Path(run_dir)):
                     pass
             except RunDirLockedError as e:

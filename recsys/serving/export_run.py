@@ -1,4 +1,4 @@
-"""``recsys.export``'s assembly: a trained run's weights loaded on this job's ranks (``recsys.job.run.load_trained``), the
+"""``recsys.export``'s assembly: a trained run's weights loaded on this job's ranks (``recsys.job.trained.load_trained``), the
 served ranker the evaluation stage kept (``<run dir>/served/``) with the query encoder only the weights give, written
 as the serving bundle (recsys/serving/bundle_writer.py; its layout: recsys/serving/bundle.py)."""
 
@@ -14,7 +14,7 @@ from recsys.distributed.collectives import full_tables
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.distributed.managed import full_id_maps, zero_miss_rows
 from recsys.job.checks import check_exportable, check_index_kind, export_stage_dir
-from recsys.job.run import REFIT_DIR, load_trained, reading_run
+from recsys.job.trained import REFIT_DIR, load_trained, reading_run
 from recsys.rankers.parts import BundleRun
 from recsys.rankers.plugins import load_plugins
 from recsys.rankers.served import Served

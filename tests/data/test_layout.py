@@ -12,7 +12,7 @@ import torch
 from data_pipelines.prepare import prepare_dataset
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.layout import CANDIDATE, QUERY, feature_layout, run_layout
-from recsys.job.run import open_dataset
+from recsys.job.assemble import open_dataset
 from recsys.model.build import build_task
 from recsys.rankers.two_tower.query_encoder import QueryEncoder
 from tests.helpers.config import tiny_config

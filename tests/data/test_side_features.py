@@ -176,7 +176,7 @@ def fit_with_side_features(ml_root, run_dir, overrides=()):
 
 def test_trains_evaluates_and_exports_with_side_features(ml_root, tmp_path, process_group):
     from recsys.export import ExportConfig, export_run
-    from recsys.job.run import load_trained
+    from recsys.job.trained import load_trained
     from recsys.ranking.sharded import Evaluator, embed
     from recsys.serving.bundle import load_bundle
 
@@ -269,7 +269,8 @@ def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_
     from hydra import compose, initialize_config_dir
 
     from recsys.config import FeatureConfig, register_configs, to_config
-    from recsys.job.run import fit, load_trained
+    from recsys.job.run import fit
+    from recsys.job.trained import load_trained
     from tests.data_pipelines.test_interactions import _log, write_side_files
     from tests.helpers.config import CONF_DIR
 

@@ -25,7 +25,8 @@ from recsys.data.raw_ids import hash_keys, hash_keys_numpy, parse_raw_ids, read_
 from recsys.data.slices import with_slice
 from recsys.distributed.managed import admitted_rows, managed_stats
 from recsys.export import ExportConfig, export_run
-from recsys.job.run import fit, load_trained
+from recsys.job.run import fit
+from recsys.job.trained import load_trained
 from recsys.ranking.sharded import Evaluator, embed
 from recsys.rundir.config import load_run_config
 from recsys.serving.bundle import load_bundle

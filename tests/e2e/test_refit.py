@@ -14,7 +14,8 @@ from recsys.config import check_values
 from recsys.data.neighbors import with_item_neighbors
 from recsys.distributed.rank_data import load_rank_data
 from recsys.evaluate import EvaluateConfig, evaluate_run
-from recsys.job.run import REFIT_DIR, open_dataset
+from recsys.job.assemble import open_dataset
+from recsys.job.trained import REFIT_DIR
 from recsys.rankers.registry import DEFAULT_FUSION as FUSED_MODEL
 from recsys.rankers.registry import EASE_FUSION
 from tests.data.test_no_categories import fit_given_split

@@ -50,7 +50,7 @@ def copy_run(short_run, tmp_path) -> Path:
 
 
 def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, process_group):
-    from recsys.job.run import load_trained
+    from recsys.job.trained import load_trained
     from recsys.rundir.config import load_run_config
     from recsys.utils.safe_load import UnsafeFileError
 
@@ -63,7 +63,7 @@ def test_planted_rng_pt_is_refused_without_running_it(short_run, tmp_path, proce
 
 def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path, process_group):
     """DCP itself reads .metadata with plain pickle.load: every checkpoint load goes through the allow-list."""
-    from recsys.job.run import load_trained
+    from recsys.job.trained import load_trained
     from recsys.rundir.checkpoint import load_checkpoint
     from recsys.rundir.config import load_run_config
     from recsys.utils.safe_load import UnsafeFileError
@@ -509,7 +509,7 @@ def test_a_full_disk_during_a_checkpoint_names_the_path(short_run, tmp_path, pro
 
     import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
-    from recsys.job.run import load_trained
+    from recsys.job.trained import load_trained
     from recsys.rundir.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
     from recsys.rundir.config import load_run_config
 

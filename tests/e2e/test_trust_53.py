@@ -45,7 +45,7 @@ def test_evaluate_and_export_refuse_a_run_that_is_training(busy_run, module, arg
 
 
 def test_evaluate_run_and_export_run_refuse_it_before_reading(busy_run):
-    from recsys.job.run import evaluate_run
+    from recsys.job.trained import evaluate_run
     from recsys.serving.export_run import export_run
 
     for work, ecfg in (

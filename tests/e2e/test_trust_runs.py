@@ -175,7 +175,7 @@ def test_a_given_splits_dropped_rows_are_on_the_console_in_train_log_and_results
 
 
 def test_export_to_a_read_only_place_is_refused_before_any_work(trained_run, monkeypatch, capsys):
-    import recsys.job.run as run_module_
+    import recsys.job.trained as run_module_
     from recsys.utils.refusals import RunRefused
 
     def no_work(*args, **kwargs):
@@ -239,7 +239,7 @@ def test_a_full_disk_at_the_first_checkpoint_says_there_is_none_to_resume(
 
     import torch.distributed.checkpoint.filesystem as dcp_filesystem
 
-    from recsys.job.run import load_trained
+    from recsys.job.trained import load_trained
     from recsys.rundir.checkpoint import TrainerState, save_checkpoint
     from recsys.rundir.config import load_run_config
 
@@ -302,7 +302,7 @@ def test_run_side_refusals_are_one_line_with_the_traceback_in_train_log(
 def test_a_graph_filter_too_big_for_the_host_is_refused_before_training(
     tmp_path, data_root, process_group, monkeypatch
 ):
-    import recsys.job.run as run
+    import recsys.evaluation.run_stage as run
     from data_pipelines.errors import ConfigError
 
     cfg = tiny_config([f"data.root={data_root}", *SHORT, "eval.rankers=[two_tower,two_tower+graph_filter]"])

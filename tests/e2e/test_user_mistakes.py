@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-import recsys.job.run
+import recsys.job.trained
 from recsys.export import ExportConfig, export_run
 from recsys.job.run import fit
 from recsys.serving.bundle import load_bundle
@@ -52,7 +52,7 @@ def no_loading(monkeypatch) -> None:
     def refused_too_late(*args, **kwargs):
         raise AssertionError("the run was loaded before its settings were checked")
 
-    monkeypatch.setattr(recsys.job.run, "load_trained", refused_too_late)
+    monkeypatch.setattr(recsys.job.trained, "load_trained", refused_too_late)
 
 
 # --- 6: a batch larger than the training examples -------------------------------------------------------------

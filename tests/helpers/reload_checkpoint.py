@@ -12,7 +12,7 @@ from pathlib import Path
 from data_pipelines.prepare import prepare_dataset
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import shard_model
-from recsys.job.run import open_dataset
+from recsys.job.assemble import open_dataset
 from recsys.model.build import build_task
 from recsys.rundir.checkpoint import load_checkpoint, save_checkpoint
 from tests.helpers.config import tiny_config

@@ -13,7 +13,8 @@ import torch
 from data_pipelines.errors import ConfigError
 from data_pipelines.prepare import prepare_dataset
 from recsys.export import ExportConfig, export_run
-from recsys.job.run import fit, open_dataset
+from recsys.job.assemble import open_dataset
+from recsys.job.run import fit
 from recsys.rankers.base import EvalSplit
 from recsys.rankers.ease.ranker import EaseRanker
 from recsys.rankers.ease.settings import EaseSettings

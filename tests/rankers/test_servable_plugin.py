@@ -13,7 +13,8 @@ import pytest
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.export import ExportConfig, export_run
-from recsys.job.run import fit, open_dataset
+from recsys.job.assemble import open_dataset
+from recsys.job.run import fit
 from recsys.rankers.registry import RANKERS
 from recsys.serving.bundle import load_bundle
 from tests.helpers.config import tiny_config

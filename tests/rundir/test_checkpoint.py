@@ -85,7 +85,7 @@ def test_resume_refuses_weights_of_another_model(tmp_path, data_root, process_gr
 def test_interrupted_write_leaves_the_previous_checkpoint_loadable(tmp_path, data_root, process_group, monkeypatch):
     from data_pipelines.prepare import prepare_dataset
     from recsys.distributed.sharding import shard_model
-    from recsys.job.run import open_dataset
+    from recsys.job.assemble import open_dataset
     from recsys.model.build import build_task
 
     cfg = tiny_config([f"data.root={data_root}"])

@@ -9,7 +9,7 @@ import torch
 from recsys.config import query_layout
 from recsys.data.eval_batches import latest_items
 from recsys.data.feature_builder import FeatureBuilder
-from recsys.job.run import load_trained
+from recsys.job.trained import load_trained
 from recsys.rankers.registry import DEFAULT_FUSION as FUSED_RANKER
 from recsys.rankers.served_dir import served_ranking
 from recsys.ranking.sharded import Evaluator, embed
