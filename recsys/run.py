@@ -288,9 +288,8 @@ def _train_and_test(
                 ", ".join(plan.names),
                 candidates[0] if len(candidates) == 1 else f"the best on valid of {', '.join(candidates)}",
             )
-        check_resources(
-            stage_cfg, resources
-        )  # a ranker whose fit the host cannot hold is refused now, not after training
+        # a ranker whose fit the host cannot hold is refused now, not after training
+        check_resources(stage_cfg, resources)
         sharded = shard_for_training(cfg, data, env)
         if env.is_main:
             warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")
