@@ -3,7 +3,7 @@ its resource check), fixed formulas of FLOPs and bytes over this host's measured
 turn them into the evaluation stage's seconds (a ranker ranking a split at its grid, a fusion of two).
 
     cost = graph_filter.settings.estimate(settings, resources)       # RankerCost: its fit, its scoring
-    seconds = ranking_seconds(cost, users=29_858, items=40_981, points=1)
+    seconds = ranking_seconds(cost, host_throughput(), users=29_858, items=40_981, points=1)   # test: one point
 
 The rates are those of one thread of the 2-core box the project measures on (AMD EPYC, torch 2.13 CPU), measured by
 ``scripts/stage_costs.py --calibrate`` and checked against whole stages there (docs/performance.md, "What the
@@ -23,18 +23,19 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class Throughput:
-    """One thread's rates (docs/performance.md, "What the evaluation stage costs"; measured 2026-12-06 with other
-    jobs on the box, so a little slow), and the threads a host runs them on."""
+    """One thread's rates (docs/performance.md, "What the evaluation stage costs"; measured 2026-12-06 with the box
+    quiet: other jobs on its two cores slow GEMMs 2-3x and MKL's factorisations up to 20x), and the threads a host runs
+    them on."""
 
-    dense_gflops: float = 40.0  # float32 GEMM: score blocks, CholeskyQR's products
-    sparse_gflops: float = 1.2  # sparse CSR x dense float32 (torch): the graph filter's passes through R~, EASE's X'X
-    factor64_gflops: float = 1.2  # EASE's Cholesky factor and inverse in float64, counted as I^3 FLOPs
-    factor32_gflops: float = 4.7  # the same in float32
-    select_ns: float = 3.0  # one score masked and passed through the top-k heaps
-    add_ns: float = 18.0  # one score of a new block from an elementwise op (a fusion's weighted add)
-    spread_ns: float = 29.0  # one score of a block divided by its row's spread (a fusion's parts)
-    ials_ns: float = 4.0  # implicit's ALS: per iteration x (interactions x D + (users + items) x D^2)
-    eigh_ns: float = 1.5  # a symmetric float64 eigendecomposition, per n^3, one thread (MKL, n ~ 2k: 0.5-3 by spectrum)
+    dense_gflops: float = 90.0  # float32 GEMM: score blocks, CholeskyQR's products
+    sparse_gflops: float = 2.3  # sparse CSR x dense float32 (torch): the graph filter's passes through R~, EASE's X'X
+    factor64_gflops: float = 25.0  # EASE's Cholesky factor and inverse in float64, counted as I^3 FLOPs
+    factor32_gflops: float = 60.0  # the same in float32
+    select_ns: float = 1.0  # one score masked and passed through the top-k heaps
+    add_ns: float = 3.0  # one score of a new block from an elementwise op (a fusion's weighted add)
+    spread_ns: float = 6.0  # one score of a block divided by its row's spread (a fusion's parts)
+    ials_ns: float = 1.5  # implicit's ALS: per iteration x (interactions x D + (users + items) x D^2)
+    eigh_ns: float = 0.15  # a symmetric float64 eigendecomposition, per n^3, one thread (MKL's, at n ~ 2k)
     threads: int = 1
 
     def on(self, threads: int) -> Throughput:

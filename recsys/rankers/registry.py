@@ -99,7 +99,7 @@ def _two_tower_cost(settings: None, r: Resources) -> RankerCost:
 
 
 def _popularity_cost(settings: None, r: Resources) -> RankerCost:
-    return RankerCost(pairwise=False, user_s=1e-4)  # the head of one global order a user (popularity_topk)
+    return RankerCost(pairwise=False, user_s=2e-5)  # the head of one global order a user (popularity_topk)
 
 
 RANKERS: dict[str, RankerSpec] = {
