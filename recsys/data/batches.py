@@ -157,14 +157,9 @@ class TrainBatches:
         self.data_on_host, self.device = data, device
         if device is not None:
             validate_sources(data)  # once whole: the batches' ids are then checked by construction
+        source = data if device is None else data_on_device(data, device)
         self.builder = FeatureBuilder(
-            data if device is None else data_on_device(data, device),
-            history_length,
-            user_id,
-            sequence,
-            query_neighbors,
-            layout=layout,
-            validate=device is None,
+            source, history_length, user_id, sequence, query_neighbors, layout=layout, validate=device is None
         )
         history_length = self.builder.history_length
         self.num_items, self.global_batch_size, self.world_size = data.num_items, global_batch_size, world_size

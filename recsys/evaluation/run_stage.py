@@ -148,11 +148,7 @@ def rank_after_training(
             chunk_size=ecfg.chunk_size, chosen=chosen or {}, parts=parts, serve=candidates, estimate=estimate,
             **({"score": score} if score else {}),
         )  # fmt: skip
-        kept, serve = out.pop("kept"), out.pop("served", TRAINED)
-        if serve in kept and env.is_main:
-            fit, ids = kept[serve]
-            point, test = out["rankers"][serve]["point"], eval_splits["test"]
-            save_served(run_dir, serve, point, fit.served(point), fit_on=test.fit_on, users=test.users, topk=ids)
+        serve = _save_served(out, eval_splits["test"], run_dir, env.is_main)
         out["headline"] = {"ranker": serve, "servable": True}
         mark_not_exportable(out, query_not_exportable(cfg))
         test = eval_splits["test"]
@@ -163,6 +159,17 @@ def rank_after_training(
     if env.world_size > 1 and not per_rank_users:
         dist.broadcast_object_list(results, src=0)
     return results[0]
+
+
+def _save_served(out: dict, test: EvalSplit, run_dir: Path, is_main: bool) -> str:
+    """The served ranker (the stage's choice, else the two-tower); its test-stage state into ``<run dir>/served/``
+    (rank 0), for ``recsys.export``."""
+    kept, serve = out.pop("kept"), out.pop("served", TRAINED)
+    if serve in kept and is_main:
+        fit, ids = kept[serve]
+        point = out["rankers"][serve]["point"]
+        save_served(run_dir, serve, point, fit.served(point), fit_on=test.fit_on, users=test.users, topk=ids)
+    return serve
 
 
 def mark_not_exportable(out: dict, why: str) -> None:

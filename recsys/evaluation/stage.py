@@ -164,11 +164,7 @@ def evaluate_rankers(
     cut_offs = sorted({int(k) for k in ks} | {int(metric.partition("@")[2])})
     ranking = _Ranking(cut_offs, metric, chunk_size, score, estimate)
     if estimate is not None:
-        log.info(
-            "evaluation stage: about %s estimated (%s)",
-            format_seconds(estimate.seconds),
-            ", ".join(f"{n} {format_seconds(p.seconds)}" for n, p in estimate.parts.items() if p.known),
-        )
+        _say_estimate(estimate)
     order = fit_order(rankers, {r.name: r for r in [*parts, *rankers]})
     rows = {r.name: {"servable": r.servable, "settings": r.settings(), "fit_on": {}, "fit": {}} for r in rankers}
     out: dict[str, Any] = {"valid": {}, "test": {}, "rankers": rows, "kept": {}}
@@ -196,6 +192,14 @@ def evaluate_rankers(
     if keep_ids:
         out["ids"] = ids
     return out
+
+
+def _say_estimate(estimate: StageEstimate) -> None:
+    log.info(
+        "evaluation stage: about %s estimated (%s)",
+        format_seconds(estimate.seconds),
+        ", ".join(f"{n} {format_seconds(p.seconds)}" for n, p in estimate.parts.items() if p.known),
+    )
 
 
 def served_on_valid(

@@ -182,17 +182,9 @@ def popularity_topk(
     Returns:
         scores float32 [U, k], ids int64 [U, k], as in ``exact_topk``.
     """
-    if item_counts.dim() != 1:
-        raise ValueError(f"item_counts must be 1-D [I], got {tuple(item_counts.shape)}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    _check_popularity_inputs(item_counts, num_queries, k, exclude)
     counts = item_counts.to(dtype=torch.float32)
     device, num_items = counts.device, counts.shape[0]
-    if exclude is not None and (exclude.num_users != num_queries or exclude.num_items != num_items):
-        raise ValueError(
-            f"exclude is ({exclude.num_users} users, {exclude.num_items} items), "
-            f"queries/items are ({num_queries}, {num_items})"
-        )
     order = torch.sort(-counts, stable=True).indices  # count descending, then id ascending
     order = order[counts[order] > 0]
     out_scores = torch.full((num_queries, k), float("-inf"), dtype=torch.float32, device=device)
@@ -222,6 +214,19 @@ def popularity_topk(
         progress.advance(stop - start)
         start = stop
     return out_scores, out_ids
+
+
+def _check_popularity_inputs(item_counts: torch.Tensor, num_queries: int, k: int, exclude: UserItemCSR | None) -> None:
+    if item_counts.dim() != 1:
+        raise ValueError(f"item_counts must be 1-D [I], got {tuple(item_counts.shape)}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    num_items = item_counts.shape[0]
+    if exclude is not None and (exclude.num_users != num_queries or exclude.num_items != num_items):
+        raise ValueError(
+            f"exclude is ({exclude.num_users} users, {exclude.num_items} items), "
+            f"queries/items are ({num_queries}, {num_items})"
+        )
 
 
 POPULARITY_BLOCK = 1 << 24  # candidates (rows x head width) ranked at once by ``popularity_topk``: 16M, ~0.2 GB
