@@ -128,19 +128,7 @@ def rank_after_training(
     candidates = [n for n in serve_candidates(cfg, data.num_items) if n in names]
     results: list[Any] = [None]
     if per_rank_users or env.is_main:
-        eval_splits = {
-            s: EvalSplit(s, p.users, p.exclude, evaluator.csr(p.timeline), p.relevant, PRECEDING_SPLITS[s])
-            for s, (p, _, _) in embedded.items()
-        }
-        context = RankerContext(
-            eval=ecfg,
-            train_counts=data.item_counts(),
-            trained_on="train + valid" if cfg.data.train_on_valid else "train",
-            embeddings={s: (users, items) for s, (_, users, items) in embedded.items()},
-            seed=cfg.trainer.seed,
-            reduce=sum_over_ranks(env.device, env.world_size) if per_rank_users else None,
-            unranked_items=untrained.unranked_items(),
-        )
+        eval_splits, context = _splits_and_context(cfg, env, data, evaluator, embedded, untrained)
         rankers, parts = build_rankers(names, context)
         score = partial(metrics_over_ranks, device=env.device, world_size=env.world_size) if per_rank_users else None
         out = evaluate_rankers(
@@ -159,6 +147,25 @@ def rank_after_training(
     if env.world_size > 1 and not per_rank_users:
         dist.broadcast_object_list(results, src=0)
     return results[0]
+
+
+def _splits_and_context(cfg: Config, env: DistEnv, data: RetrievalData, evaluator: Evaluator, embedded, untrained):
+    """The rankers' view of each embedded split (``embedded``: split -> (protocol, users' vectors, items' vectors))
+    and what they are built from (``RankerContext``)."""
+    splits = {
+        s: EvalSplit(s, p.users, p.exclude, evaluator.csr(p.timeline), p.relevant, PRECEDING_SPLITS[s])
+        for s, (p, _, _) in embedded.items()
+    }
+    context = RankerContext(
+        eval=cfg.eval,
+        train_counts=data.item_counts(),
+        trained_on="train + valid" if cfg.data.train_on_valid else "train",
+        embeddings={s: (users, items) for s, (_, users, items) in embedded.items()},
+        seed=cfg.trainer.seed,
+        reduce=sum_over_ranks(env.device, env.world_size) if evaluator.per_rank_users else None,
+        unranked_items=untrained.unranked_items(),
+    )
+    return splits, context
 
 
 def _save_served(out: dict, test: EvalSplit, run_dir: Path, is_main: bool) -> str:
@@ -210,26 +217,16 @@ def trial_figure(
     if candidates in ([], [TRAINED]):
         return None
     ecfg, per_rank_users = cfg.eval, evaluator.per_rank_users
-    protocol, users, items = evaluator.embeddings(
-        two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size
-    )
+    embedded = {
+        "valid": evaluator.embeddings(two_tower, "valid", device=env.device, rank=env.rank, world_size=env.world_size)
+    }
     untrained = find_untrained(
         data, two_tower, managed=cfg.model.id_mapping == IdMapping.managed, device=env.device, world_size=env.world_size
     )
     results: list[Any] = [None]
     if per_rank_users or env.is_main:
-        timeline = evaluator.csr(protocol.timeline)
-        valid = EvalSplit(
-            "valid", protocol.users, protocol.exclude, timeline, protocol.relevant, PRECEDING_SPLITS["valid"]
-        )
-        context = RankerContext(
-            eval=ecfg,
-            train_counts=data.item_counts(),
-            embeddings={"valid": (users, items)},
-            seed=cfg.trainer.seed,
-            reduce=sum_over_ranks(env.device, env.world_size) if per_rank_users else None,
-            unranked_items=untrained.unranked_items(),
-        )
+        eval_splits, context = _splits_and_context(cfg, env, data, evaluator, embedded, untrained)
+        valid = eval_splits["valid"]
         rankers, parts = build_rankers(candidates, context)
         score = partial(metrics_over_ranks, device=env.device, world_size=env.world_size) if per_rank_users else None
         served, metrics, ids = served_on_valid(
