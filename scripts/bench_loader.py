@@ -59,13 +59,16 @@ def configured_loaders(overrides: list[str], device: torch.device) -> dict[str, 
     from recsys.config import register_configs, to_config
     from recsys.distributed.env import DistEnv
     from recsys.job.assemble import load_data, train_batches
+    from recsys.job.plan import run_layout
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=[*overrides, f"sharding.device={device.type}"]))
     env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, device=device, backend="none")
     data, counts = load_data(cfg, env)
-    return {name: train_batches(cfg, data, env, counts, loader=name) for name in ("device", "host")}
+    return {
+        name: train_batches(cfg, data, run_layout(cfg, data), env, counts, loader=name) for name in ("device", "host")
+    }
 
 
 def embedding_loaders(device: torch.device) -> dict[str, TrainBatches]:

@@ -161,6 +161,7 @@ def main(argv=None) -> dict:
     from recsys.config import register_configs, to_config
     from recsys.distributed.env import destroy_distributed, init_distributed
     from recsys.job.assemble import load_data, shard_for_training, train_batches
+    from recsys.job.plan import run_layout
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -169,14 +170,14 @@ def main(argv=None) -> dict:
     sharded = None
     try:
         data, counts = load_data(cfg, env)
-        batches = train_batches(cfg, data, env, counts)
+        batches = train_batches(cfg, data, run_layout(cfg, data), env, counts)
         batches.prefetch = 0
         epoch = batches.epoch(1)
         next(epoch)  # the first batch also draws the epoch's order
         start = time.perf_counter()
         prebuilt = [next(epoch) for _ in range(args.batches)]
         loader_ms = (time.perf_counter() - start) / args.batches * 1e3
-        sharded = shard_for_training(cfg, data, env)
+        sharded = shard_for_training(cfg, data, run_layout(cfg, data), env)
         run_precision = resolve_precision(cfg.trainer.precision, env.device)
         settings = {v: parse_variant(v, run_precision) for v in args.variants.split(",")}
         steps = {v: make_train_step("none", sharded, env, st["precision"]).step for v, st in settings.items()}

@@ -7,18 +7,13 @@ source (recsys/data/row_sources.py). The training batches (recsys/data/batches.p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from recsys.data import arrays
 from recsys.data.arrays import Array
 from recsys.data.batch import Batch
 from recsys.data.dataset import RetrievalData
 from recsys.data.features import build_kjt, validate_ids
-from recsys.data.layout import CANDIDATE, QUERY, FeatureLayout, data_layout, run_layout
+from recsys.data.layout import CANDIDATE, QUERY, FeatureLayout, data_layout
 from recsys.data.row_sources import ROW_SOURCES, BatchArrays
-
-if TYPE_CHECKING:
-    from recsys.config import Config
 
 # KJT keys of the managed tables (recsys/model/managed.py) -> whose raw ids their values become
 RAW_ID_KEYS = {"user": "user", "item": "item", "neighbor": "item"}
@@ -52,7 +47,7 @@ class FeatureBuilder:
         layout: FeatureLayout | None = None,
         validate: bool = True,
     ) -> None:
-        """``layout``: the run's (recsys.data.layout.run_layout); None: the layout of ``history_length`` and the
+        """``layout``: the run's (its plan's: recsys/job/plan.py); None: the layout of ``history_length`` and the
         switches (recsys.config.query_layout's keyword arguments) over ``data`` (``data_layout``)."""
         self.data = data
         self.layout = layout or data_layout(
@@ -117,8 +112,3 @@ class FeatureBuilder:
 
 def _empty(num_rows: int, like: Array) -> tuple[Array, Array]:
     return arrays.zeros(num_rows, like=like), arrays.zeros(0, like=like)
-
-
-def run_feature_builder(cfg: Config, data: RetrievalData) -> FeatureBuilder:
-    """The builder of a run's batches: its config's layout (``run_layout``) over the data it was opened with."""
-    return FeatureBuilder(data, layout=run_layout(cfg, data))

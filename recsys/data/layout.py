@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # serving imports this module with torch, numpy and pyarrow alone: no config, no torchrec
-    from recsys.config import Config
     from recsys.data.dataset import RetrievalData
 
 QUERY, CANDIDATE = "query", "candidate"
@@ -200,10 +199,3 @@ def data_layout(
         has_neighbors=data.has_neighbors,
         side=side_entries(data.side_features),
     )
-
-
-def run_layout(cfg: Config, data: RetrievalData) -> FeatureLayout:
-    """A run's layout: its config's resolved switches over the data it was opened with (recsys.job.assemble.open_dataset)."""
-    from recsys.config import query_layout  # noqa: PLC0415 (hydra and omegaconf: not where serving imports this)
-
-    return data_layout(data, cfg.data.history_length, **query_layout(cfg))

@@ -15,12 +15,10 @@ import numpy as np
 import torch.distributed as dist
 
 from recsys.config import Config, EvaluateConfig
-from recsys.data.dataset import RetrievalData
-from recsys.data.feature_builder import run_feature_builder
+from recsys.data.feature_builder import FeatureBuilder
 from recsys.distributed.collectives import all_gather_rows
 from recsys.distributed.env import DistEnv
 from recsys.distributed.rank_data import rank_user_range
-from recsys.distributed.sharding import ShardedModel
 from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
 from recsys.rankers.registry import report_defaults, report_rankers
 from recsys.ranking.interactions import UserItemCSR
@@ -79,20 +77,14 @@ def _embed_split_users(
     )
 
 
-def evaluate_trained(
-    ecfg: EvaluateConfig,
-    cfg: Config,
-    run_dir: Path,
-    env: DistEnv,
-    data: RetrievalData,
-    sharded: ShardedModel,
-    checkpoint: Path,
-) -> dict | None:
-    """Collective: the report of ``sharded`` (the run's weights) over ``ecfg.splits``; rank 0 returns it and prints report.md."""
+def evaluate_trained(ecfg: EvaluateConfig, cfg: Config, run_dir: Path, env: DistEnv, trained) -> dict | None:
+    """Collective: the report of ``trained`` (recsys.job.trained.TrainedRun: the run's data, layout and weights)
+    over ``ecfg.splits``; rank 0 returns it and prints report.md."""
+    data, checkpoint = trained.data, trained.checkpoint
     user_range = data.user_range or rank_user_range(data.dir, env)  # read already, unless this rank holds every user
-    two_tower = sharded.two_tower
+    two_tower = trained.sharded.two_tower
     two_tower.eval()
-    builder = run_feature_builder(cfg, data)
+    builder = FeatureBuilder(data, layout=trained.layout)
     evaluator = Evaluator(data, builder, ks=ecfg.ks, batch_size=ecfg.batch_size, chunk_size=ecfg.chunk_size)
     common = dict(batch_size=ecfg.batch_size, device=env.device, rank=env.rank, world_size=env.world_size)
 

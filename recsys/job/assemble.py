@@ -5,6 +5,8 @@ data.shard_by_user), the sharded model with its optimizers, the training batches
     load_data                  the whole dataset, or this rank's users only (data.shard_by_user)
     shard_for_training         build_task -> shard_model with the run's optimizers, pretrained / frozen tables
     train_batches, run_evaluator   the seeded global batches, the per-epoch validation and the stage's embeddings
+
+Each takes the run's feature layout from its plan (recsys/job/plan.py), resolved once.
 """
 
 from __future__ import annotations
@@ -16,16 +18,12 @@ from typing import NamedTuple
 import torch.distributed as dist
 
 from data_pipelines.prepare import prepare_dataset
-from recsys.config import (
-    Config,
-    DataConfig,
-    IdMapping,
-)  # fmt: skip
+from recsys.config import Config, DataConfig, IdMapping
 from recsys.data.batch_bounds import ceil_div
 from recsys.data.batches import TrainBatches
 from recsys.data.dataset import RetrievalData, load_dataset, with_valid_in_train
-from recsys.data.feature_builder import run_feature_builder
-from recsys.data.layout import run_layout
+from recsys.data.feature_builder import FeatureBuilder
+from recsys.data.layout import FeatureLayout
 from recsys.data.neighbors import with_item_neighbors
 from recsys.data.raw_ids import with_raw_ids
 from recsys.data.side_features import with_side_features
@@ -34,15 +32,10 @@ from recsys.distributed.env import DistEnv
 from recsys.distributed.plan_summary import plan_summary
 from recsys.distributed.rank_data import load_rank_data
 from recsys.distributed.sharding import ShardedModel, shard_model
-from recsys.job.checks import (
-    note_dropped_rows,
-)
+from recsys.job.checks import note_dropped_rows
 from recsys.model.build import build_task
 from recsys.ranking.sharded import Evaluator
 from recsys.utils.logs import FILE_ONLY
-
-log = logging.getLogger(__name__)
-
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +92,11 @@ def load_data(cfg: Config, env: DistEnv) -> RunData:
     return RunData(data, None)
 
 
-def shard_for_training(cfg: Config, data: RetrievalData, env: DistEnv) -> ShardedModel:
-    """Collective: the run's model for ``data``, planned, sharded and initialised, with its optimizers."""
+def shard_for_training(cfg: Config, data: RetrievalData, layout: FeatureLayout, env: DistEnv) -> ShardedModel:
+    """Collective: the run's model for ``data`` and ``layout``, planned, sharded and initialised, with its
+    optimizers."""
     sharded = shard_model(
-        build_task(cfg, data),
+        build_task(cfg.model, data, layout, seed=cfg.trainer.seed),
         sharding=cfg.sharding,
         sparse=cfg.optim.sparse,
         dense=cfg.optim.dense,
@@ -120,7 +114,12 @@ def shard_for_training(cfg: Config, data: RetrievalData, env: DistEnv) -> Sharde
 
 
 def train_batches(
-    cfg: Config, data: RetrievalData, env: DistEnv, example_counts: list[int] | None, loader: str | None = None
+    cfg: Config,
+    data: RetrievalData,
+    layout: FeatureLayout,
+    env: DistEnv,
+    example_counts: list[int] | None,
+    loader: str | None = None,
 ) -> TrainBatches:
     """This rank's share of every epoch's seeded global batches (``example_counts``: ``RunData``'s), built where
     ``loader`` (default trainer.loader; "auto" = "device") says: on the training device, or on the host."""
@@ -134,7 +133,7 @@ def train_batches(
         seed=cfg.trainer.seed,
         query_history=cfg.data.query_history,
         history_dropout=cfg.data.history_dropout,
-        layout=run_layout(cfg, data),
+        layout=layout,
         rank=env.rank,
         world_size=env.world_size,
         pin_memory=not on_device and env.device.type == "cuda",  # built (and pinned) on the prefetch thread
@@ -144,12 +143,12 @@ def train_batches(
     )
 
 
-def run_evaluator(cfg: Config, data: RetrievalData) -> Evaluator:
+def run_evaluator(cfg: Config, data: RetrievalData, layout: FeatureLayout) -> Evaluator:
     """The run's evaluator: the two-tower's validation each epoch (eval.valid_metric picks the best epoch) and the
     evaluation stage's embeddings of valid and test."""
     return Evaluator(
         data,
-        run_feature_builder(cfg, data),
+        FeatureBuilder(data, layout=layout),
         ks=cfg.eval.ks,
         batch_size=cfg.eval.batch_size,
         chunk_size=cfg.eval.chunk_size,

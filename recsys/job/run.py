@@ -14,34 +14,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from recsys.config import (
-    Config,
-)  # fmt: skip
+from recsys.config import Config
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
-from recsys.evaluation.run_stage import plan_run_stage, rank_after_training, stage_resources, trial_figure, with_plan
+from recsys.evaluation.run_stage import rank_after_training, trial_figure, with_plan
 from recsys.job.assemble import load_data, run_evaluator, shard_for_training, train_batches
 from recsys.job.checks import (
     check_batch_fits,
     warn_ks_beyond_catalogue,
 )
-from recsys.job.refit_rule import decide_refit
+from recsys.job.plan import RunPlan, resolve_plan
 from recsys.job.trained import REFIT_DIR
 from recsys.rankers.plugins import load_plugins
-from recsys.rankers.registry import check_rankers, check_resources, serve_candidates
-from recsys.rankers.resources import Resources
-from recsys.rankers.stage_cost import StagePlan
+from recsys.rankers.registry import check_rankers, check_resources
 from recsys.rundir.dir import RESULTS_FILE, check_finished_evaluation, result_ks
 from recsys.rundir.lock import lock_run_dir
 from recsys.rundir.manager import CheckpointManager
 from recsys.rundir.outputs import format_results_table
 from recsys.rundir.record import write_run_record
-from recsys.rundir.results import split_counts
 from recsys.training.trainer import Trainer
 from recsys.utils.atomic import write_json_atomic
-
-log = logging.getLogger(__name__)
-
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +50,8 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
         load_plugins(cfg.eval.plugins)  # their rankers registered before the names are checked
         check_rankers(cfg)  # a typo or a bad setting fails now, not after training
         check_finished_evaluation(cfg, Path(run_dir))  # a finished run asked for other eval.*: refused, naming them
-        results = _train_and_test(cfg, Path(run_dir), env, record=record)
-        counts = results.get("dataset", {}).get("counts", {})
-        if decide_refit(cfg, counts.get("train", 0), counts.get("valid", 0))[0]:
+        results, plan = _train_and_test(cfg, Path(run_dir), env, record=record)
+        if plan.refit:
             refit_cfg = refit_config(cfg, results["train"]["best_epoch"], results["headline"]["ranker"])
             if "evaluation_plan" in results:  # the rankers and settings the selection stage planned
                 refit_cfg = with_plan(refit_cfg, results["evaluation_plan"])
@@ -71,7 +62,7 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
                     refit_cfg.trainer.epochs,
                     Path(run_dir) / REFIT_DIR,
                 )
-            refit = _train_and_test(refit_cfg, Path(run_dir) / REFIT_DIR, env, chosen=chosen)
+            refit = _train_and_test(refit_cfg, Path(run_dir) / REFIT_DIR, env, chosen=chosen)[0]
             results = {**results, "refit": refit}
             if env.is_main:
                 write_json_atomic(Path(run_dir) / RESULTS_FILE, results)
@@ -118,50 +109,33 @@ def refit_config(cfg: Config, best_epoch: int, served: str = "") -> Config:
 
 
 class _Opened(NamedTuple):
-    """What a training decides from its dataset before the model is built."""
+    """A training's dataset and what the run decided over it before the model is built."""
 
     data: RetrievalData
     example_counts: list[int] | None  # every rank's training examples when each holds its own users; else None
-    stage_cfg: Config  # the config with the evaluation stage's rankers as planned for this host
-    plan: StagePlan
-    resources: Resources
+    plan: RunPlan
 
 
 def _open(cfg: Config, run_dir: Path, env: DistEnv) -> _Opened:
-    """Collective: the dataset, the batch checked against it, and the evaluation stage planned for this host (the
-    default list fitted to it, once)."""
+    """Collective: the dataset, the batch checked against it, and the run's plan (recsys/job/plan.py), logged once
+    on rank 0."""
     run_dir.mkdir(parents=True, exist_ok=True)
     data, example_counts = load_data(cfg, env)
     num_examples = len(data.example_rows()) if example_counts is None else sum(example_counts)
     check_batch_fits(cfg.trainer.global_batch_size, num_examples, data.dir)  # before the model is built
-    resources = stage_resources(cfg, data)
-    stage_cfg, plan = plan_run_stage(cfg, resources)
-    return _Opened(data, example_counts, stage_cfg, plan, resources)
-
-
-def _announce(cfg: Config, env: DistEnv, opened: _Opened) -> None:
-    """Rank 0's lines before a run trains: the refit rule's decision, the stage's estimates, its rankers."""
-    if not env.is_main:
-        return
-    if cfg.trainer.refit is None and not cfg.data.train_on_valid:
-        counts = split_counts(opened.data)
-        log.info("%s", decide_refit(cfg, counts["train"], counts.get("valid", 0))[1])
-    opened.plan.log(log, opened.resources.throughput.threads)
-    candidates = serve_candidates(opened.stage_cfg, opened.data.num_items)
-    log.info(
-        "evaluation stage: rankers %s; the headline and the bundle: %s",
-        ", ".join(opened.plan.names),
-        candidates[0] if len(candidates) == 1 else f"the best on valid of {', '.join(candidates)}",
-    )
+    plan = resolve_plan(cfg, data)
+    if env.is_main:
+        plan.log(log)
+    return _Opened(data, example_counts, plan)
 
 
 def _trainer(cfg: Config, run_dir: Path, env: DistEnv, opened: _Opened, record, **hooks) -> tuple[Trainer | None, Any]:
     """Collective: (the Trainer of the sharded model, where to resume), or (None, the results) of a run already
     finished, which is not trained again nor its record rewritten. ``hooks``: the Trainer's deadline, on_epoch and
     keep_valid_users."""
-    check_resources(opened.stage_cfg, opened.resources)  # a fit the host cannot hold is refused now, not after training
-    data = opened.data
-    sharded = shard_for_training(cfg, data, env)
+    plan, data = opened.plan, opened.data
+    check_resources(plan.stage_cfg, plan.resources)  # a fit the host cannot hold is refused now, not after training
+    sharded = shard_for_training(cfg, data, plan.layout, env)
     if env.is_main:
         warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")
     checkpoints = CheckpointManager(cfg, run_dir, env, sharded, data)
@@ -172,27 +146,29 @@ def _trainer(cfg: Config, run_dir: Path, env: DistEnv, opened: _Opened, record, 
         return None, start.finished
     if record and env.is_main:
         write_run_record(run_dir, record)
-    batches, evaluator = train_batches(cfg, data, env, opened.example_counts), run_evaluator(cfg, data)
+    batches = train_batches(cfg, data, plan.layout, env, opened.example_counts)
+    evaluator = run_evaluator(cfg, data, plan.layout)
     trainer = Trainer(
-        cfg, run_dir, env, data, sharded, checkpoints=checkpoints, batches=batches, evaluator=evaluator, **hooks
-    )
+        cfg.trainer, run_dir, env, data, sharded, optim=cfg.optim, valid_metric=cfg.eval.valid_metric,
+        checkpoints=checkpoints, batches=batches, evaluator=evaluator, **hooks,
+    )  # fmt: skip
     return trainer, start.resume_from
 
 
 def _train_and_test(
     cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | None = None, record: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """Train (``Trainer``), then the evaluation stage on the best epoch's weights; writes results.json (and
-    ``record``, the run's .hydra/ files, once it is to train or evaluate)."""
+) -> tuple[dict[str, Any], RunPlan]:
+    """(results, the run's plan): train (``Trainer``), then the evaluation stage on the best epoch's weights; writes
+    results.json (and ``record``, the run's .hydra/ files, once it is to train or evaluate)."""
     opened = _open(cfg, run_dir, env)
-    _announce(cfg, env, opened)
+    plan = opened.plan
     trainer, resume_from = _trainer(cfg, run_dir, env, opened, record)
     if trainer is None:
-        return resume_from  # the finished run's results
+        return resume_from, plan  # the finished run's results
     trained = trainer.fit(resume_from)
     ranked = rank_after_training(
-        opened.stage_cfg, env, opened.data, trainer.two_tower, run_dir, trainer.evaluator, chosen=chosen,
-        estimate=opened.plan.estimate,
+        plan.stage_cfg, env, opened.data, trainer.two_tower, run_dir, trainer.evaluator, chosen=chosen,
+        estimate=plan.stage.estimate,
     )  # fmt: skip
     headline = ranked.pop("headline")
     results = {
@@ -201,13 +177,13 @@ def _train_and_test(
         "headline": {**headline, "test": ranked["test"][headline["ranker"]]},
         "rankers": ranked["rankers"],
         "untrained": ranked["untrained"],
-        "evaluation_plan": opened.plan.describe(),
+        "evaluation_plan": plan.stage.describe(),
         **trained,
     }
     if env.is_main:
         write_json_atomic(run_dir / RESULTS_FILE, results)
         print(format_results_table(results, cfg.eval.ks), flush=True)
-    return results
+    return results, plan
 
 
 def _train_trial(
@@ -225,6 +201,8 @@ def _train_trial(
     trained = trainer.fit(resume_from)
     candidate = trainer.finished and not trainer.pruned
     served = (
-        trial_figure(opened.stage_cfg, env, opened.data, trainer.two_tower, trainer.evaluator) if candidate else None
+        trial_figure(opened.plan.stage_cfg, env, opened.data, trainer.two_tower, trainer.evaluator)
+        if candidate
+        else None
     )
     return {**trained, "valid_users": trainer.best_valid_users, "finished": trainer.finished, "served": served}

@@ -15,6 +15,7 @@ from recsys.config import (
     SparseOptimConfig,
 )  # fmt: skip
 from recsys.data.dataset import RetrievalData
+from recsys.data.layout import FeatureLayout
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.rank_data import rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
@@ -24,6 +25,7 @@ from recsys.job.checks import (
     check_evaluate_names,
     warn_ks_beyond_catalogue,
 )
+from recsys.job.plan import run_layout
 from recsys.model.build import build_task
 from recsys.rankers.plugins import load_plugins
 from recsys.rundir.checkpoint import load_checkpoint
@@ -32,14 +34,12 @@ from recsys.rundir.lock import reading_run_dir
 
 log = logging.getLogger(__name__)
 
-
-log = logging.getLogger(__name__)
-
 REFIT_DIR = "refit"  # <run dir>/refit: trainer.refit's second stage, a run dir of its own
 
 
 class TrainedRun(NamedTuple):
     data: RetrievalData
+    layout: FeatureLayout  # the run's feature layout over ``data`` (recsys/job/plan.py)
     sharded: ShardedModel
     checkpoint: Path  # the checkpoint dir whose weights were loaded
 
@@ -54,7 +54,10 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, w
     # weights only: the loss never runs (uniform item frequencies do), the sparse optimizer is never
     # stepped or loaded (SGD keeps no state), and the run's GPU-only sharding choices give way on a
     # CPU machine (DCP reshards)
-    task = build_task(cfg, data, item_counts=np.ones(data.num_items, dtype=np.int64))
+    layout = run_layout(cfg, data)
+    task = build_task(
+        cfg.model, data, layout, seed=cfg.trainer.seed, item_counts=np.ones(data.num_items, dtype=np.int64)
+    )
     sharded = shard_model(
         task,
         sharding=inference_sharding(cfg.sharding, env.device),
@@ -65,7 +68,7 @@ def load_trained(cfg: Config, run_dir: Path, checkpoint: str, env: DistEnv, *, w
     )
     path = checkpoint_dir(run_dir, checkpoint)
     load_checkpoint(sharded, path, env=env, with_optimizer=False)
-    return TrainedRun(data, sharded, path)
+    return TrainedRun(data, layout, sharded, path)
 
 
 def reading_run(run_dir: Path):
@@ -96,7 +99,7 @@ def _evaluate_run(ecfg: EvaluateConfig) -> dict | None:
         trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=env.is_main)
         if env.is_main:
             warn_ks_beyond_catalogue(ecfg.ks, trained.data.num_items, "ks")
-        return evaluate_trained(ecfg, cfg, run_dir, env, trained.data, trained.sharded, trained.checkpoint)
+        return evaluate_trained(ecfg, cfg, run_dir, env, trained)
     finally:
         del trained
         destroy_distributed(env)

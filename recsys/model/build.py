@@ -9,22 +9,19 @@ towers are initialised from ``seed``.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-from recsys.config import Config, IdMapping, ModelConfig
+from recsys.config import IdMapping, ModelConfig
 from recsys.data.dataset import RetrievalData
 from recsys.data.features import ALL_TABLES, SEQUENCE_TABLE
-from recsys.data.layout import CANDIDATE, QUERY, USER, FeatureLayout, SideEntry, feature_layout, run_layout
+from recsys.data.layout import CANDIDATE, QUERY, USER, FeatureLayout, SideEntry, feature_layout
 from recsys.model.managed import MANAGED_TABLES, ZCH_SIZE_OF
 from recsys.model.task import RetrievalTask
 from recsys.model.two_tower import TwoTower, table_configs
-
-log = logging.getLogger(__name__)
 
 
 def build_retrieval_task(
@@ -41,7 +38,7 @@ def build_retrieval_task(
 ) -> RetrievalTask:
     """The model (``num_rows`` tables, towers ``model.tower_dims``) wrapped in its loss.
 
-    ``layout``: the keys each tower reads, in order (recsys/data/layout.py; a run's: ``run_layout``). None: a
+    ``layout``: the keys each tower reads, in order (recsys/data/layout.py; a run's: its plan's). None: a
     model without a dataset (the planner's dry run, the benches): ``default_layout(model, history_length,
     side_towers)``. ``item_counts``: [num_items] training frequencies for logQ. ``seed``: torch's seed before the
     towers are built (None: as it stands). ``device``: where the towers and buffers go (``meta`` for a dry run).
@@ -114,26 +111,25 @@ def sequence_lookup(
     return table, encoder.build(layout.history_length, user_dim)
 
 
-def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None = None) -> RetrievalTask:
-    """A run's model for ``data``: its tables checked against the config, towers seeded by ``trainer.seed``; its
-    keys and towers those of the run's layout (``run_layout``).
+def build_task(
+    model: ModelConfig,
+    data: RetrievalData,
+    layout: FeatureLayout,
+    *,
+    seed: int | None = None,
+    item_counts: np.ndarray | None = None,
+) -> RetrievalTask:
+    """A run's model for ``data``: its tables checked against ``model``, its keys and towers those of ``layout`` (the
+    run plan's: recsys/job/plan.py), the towers seeded by ``seed``.
 
     ``item_counts``: the items' training frequencies for logQ; None = ``data.example_item_counts()``.
     """
-    tables = cfg.model.tables
-    if set(cfg.model.features) != {f.name for f in data.side_features}:
+    tables = model.tables
+    if set(model.features) != {f.name for f in data.side_features}:
         raise ValueError(
-            f"model.features {sorted(cfg.model.features)}: the data carries {sorted(f.name for f in data.side_features)}"
+            f"model.features {sorted(model.features)}: the data carries {sorted(f.name for f in data.side_features)}"
             " (load it through recsys.data.side_features.with_side_features)"
         )
-    if data.has_neighbors != (cfg.data.item_neighbors > 0):
-        raise ValueError(
-            f"data.item_neighbors={cfg.data.item_neighbors} but the dataset was loaded "
-            f"{'with' if data.has_neighbors else 'without'} item neighbours: open it with "
-            "recsys.job.assemble.open_dataset(cfg, root)"
-        )
-    layout = run_layout(cfg, data)
-    log.info("feature layout (key, tower, table, row source):\n%s", layout.describe())
     num_rows = {t: n for t, n in data.table_num_rows.items() if t in layout.keys()}
     for name in num_rows:  # no category table for data without categories: none is faked
         if name not in tables:
@@ -146,5 +142,5 @@ def build_task(cfg: Config, data: RetrievalData, item_counts: np.ndarray | None 
         )
     counts = data.example_item_counts() if item_counts is None else item_counts
     return build_retrieval_task(
-        cfg.model, layout=layout, num_rows=num_rows, item_counts=torch.from_numpy(counts), seed=cfg.trainer.seed
+        model, layout=layout, num_rows=num_rows, item_counts=torch.from_numpy(counts), seed=seed
     )

@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 from omegaconf import OmegaConf
 
 from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
-from recsys.config import Config
+from recsys.config import Config, ModelConfig
 from recsys.data.dataset import RetrievalData
-from recsys.data.layout import QUERY, run_layout, side_entries, side_specs
+from recsys.data.layout import QUERY, FeatureLayout, side_entries, side_specs
 from recsys.evaluation.ann import build_index, require_faiss
 from recsys.rankers.served import Served
 from recsys.serving.bundle import BUNDLE_FORMAT
@@ -153,17 +153,18 @@ def _manifest(served: Served, point: dict, index: str, data: RetrievalData, cfg:
     }
 
 
-def encoder_entry(cfg: Config, data: RetrievalData) -> dict:
-    """The query encoder's layout, as the bundle's two-tower part keeps it (recsys/rankers/two_tower/query_encoder.py reads it)."""
+def encoder_entry(model: ModelConfig, layout: FeatureLayout, data: RetrievalData) -> dict:
+    """The query encoder's layout (``layout``: the run's), as the bundle's two-tower part keeps it
+    (recsys/rankers/two_tower/query_encoder.py reads it)."""
     return {
-        "history_length": cfg.data.history_length,
-        "query_neighbors": run_layout(cfg, data).query_neighbors,  # the history bag through the neighbour table too
-        "poolings": {t: c.pooling for t, c in cfg.model.tables.items()},
+        "history_length": layout.history_length,
+        "query_neighbors": layout.query_neighbors,  # the history bag through the neighbour table too
+        "poolings": {t: c.pooling for t, c in model.tables.items()},
         "side_features": [
             {"name": f.name, "table": f.table, "source": f.source, "column": f.column}
             for f in query_side_features(data)
         ],
-        "temperature": getattr(cfg.model.loss, "temperature", None),  # the loss's (None: a loss without one)
+        "temperature": getattr(model.loss, "temperature", None),  # the loss's (None: a loss without one)
     }
 
 

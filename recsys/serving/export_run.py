@@ -7,9 +7,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from recsys.config import Config, ExportConfig, IdMapping
-from recsys.data.dataset import RetrievalData
-from recsys.data.layout import run_layout
+from recsys.config import ExportConfig, IdMapping, ModelConfig
+from recsys.data.layout import FeatureLayout
 from recsys.distributed.collectives import full_tables
 from recsys.distributed.env import destroy_distributed, init_distributed
 from recsys.distributed.managed import full_id_maps, zero_miss_rows
@@ -27,13 +26,13 @@ from recsys.serving.bundle_writer import check_replaceable, encoder_entry, write
 log = logging.getLogger(__name__)
 
 
-def query_encoder(cfg: Config, data: RetrievalData, tables: dict, two_tower) -> QueryEncoder:
+def query_encoder(model: ModelConfig, layout: FeatureLayout, tables: dict, two_tower) -> QueryEncoder:
     """The two-tower's query side as the bundle serves it: unsharded tables (``full_tables``) and the tower."""
     return QueryEncoder(
         tables,
-        {t: c.pooling for t, c in cfg.model.tables.items()},
+        {t: c.pooling for t, c in model.tables.items()},
         two_tower.query_tower.cpu(),
-        run_layout(cfg, data).tower_specs("query"),
+        layout.tower_specs("query"),
     ).eval()
 
 
@@ -82,9 +81,9 @@ def _export_run(ecfg: ExportConfig) -> Path:
     try:
         # the bundle needs the items and the vocabularies, no interactions: each rank reads only its users'
         trained = load_trained(cfg, run_dir, ecfg.checkpoint, env, whole_data=False)
-        data, model = trained.data, trained.sharded.two_tower
+        data, layout, model = trained.data, trained.layout, trained.sharded.two_tower
         model.eval()
-        served, point = chosen or (served_from_weights(cfg, data, model, env, ecfg.batch_size), {})
+        served, point = chosen or (served_from_weights(layout, data, model, env, ecfg.batch_size), {})
         if cfg.model.id_mapping == IdMapping.managed:
             zero_miss_rows(trained.sharded.module)  # the shared row of unheld ids, as every lookup sees it
         tables = full_tables(trained.sharded.module, env.rank, env.device)
@@ -92,7 +91,8 @@ def _export_run(ecfg: ExportConfig) -> Path:
         if cfg.model.id_mapping == IdMapping.managed:  # the bundle maps raw ids to the tables' rows itself
             id_maps = full_id_maps(trained.sharded.module, env.rank, env.world_size)
         if env.is_main:
-            run = BundleRun(lambda: query_encoder(cfg, data, tables, model), encoder_entry(cfg, data), id_maps)
+            entry = encoder_entry(cfg.model, layout, data)
+            run = BundleRun(lambda: query_encoder(cfg.model, layout, tables, model), entry, id_maps)
             write_bundle(out, served.for_bundle(run), point, data, cfg, trained.checkpoint, index=ecfg.index)
             log.info("serving bundle: %s", out)
         return out

@@ -4,7 +4,8 @@ then the best epoch's weights restored.
 ``recsys.job.run.fit`` assembles a run (data, model, sharding, batches, evaluator, the run's
 :class:`~recsys.rundir.manager.CheckpointManager`), hands it to :class:`Trainer`, and then ranks
 valid and test with the configured rankers (``recsys.evaluation.run_stage``); tests and scripts call ``fit``
-with a typed :class:`~recsys.config.Config`. Outputs (rank 0 only) in ``run_dir``::
+with a typed :class:`~recsys.config.Config`. The loop itself reads its own section (``trainer``), the schedule's
+(``optim``) and the figure that picks the best epoch. Outputs (rank 0 only) in ``run_dir``::
 
     metrics.jsonl   one JSON object per log step and per epoch
     tb/             TensorBoard curves
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from tqdm import tqdm
 
-from recsys.config import Config
+from recsys.config import OptimConfig, TrainerConfig
 from recsys.data.batch import Batch
 from recsys.data.batches import TrainBatches
 from recsys.data.dataset import RetrievalData
@@ -57,9 +58,8 @@ def _global_mean(value: torch.Tensor, env: DistEnv) -> float:
     return float(value.item())
 
 
-def _maybe_inject_fault(cfg: Config, env: DistEnv, step: int) -> None:
+def _maybe_inject_fault(t: TrainerConfig, env: DistEnv, step: int) -> None:
     """Die like a preempted or OOM-killed worker, on the first attempt only (torchrun counts restarts)."""
-    t = cfg.trainer
     if t.fault_at_step and step == t.fault_at_step and env.rank == t.fault_rank:
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
             log.warning("fault injection: rank %d exits after step %d", env.rank, step)
@@ -138,12 +138,14 @@ class Trainer:
 
     def __init__(
         self,
-        cfg: Config,
+        config: TrainerConfig,
         run_dir: Path,
         env: DistEnv,
         data: RetrievalData,
         sharded: ShardedModel,
         *,
+        optim: OptimConfig,
+        valid_metric: str,
         checkpoints: CheckpointManager,
         batches: TrainBatches,
         evaluator: Evaluator,
@@ -151,19 +153,14 @@ class Trainer:
         on_epoch: Callable[[int, float], bool] | None = None,
         keep_valid_users: bool = False,
     ) -> None:
-        """``deadline``: a time.monotonic() after which no further epoch starts (a search's trial keeps its best so
+        """``optim``: the learning-rate schedule's section; ``valid_metric``: the figure that picks the best epoch
+        (eval.valid_metric). ``deadline``: a time.monotonic() after which no further epoch starts (a search's trial keeps its best so
         far); None: the epochs and early stopping alone decide. ``on_epoch(epoch, valid figure)``: called after each
         epoch's validation (one process: a search's trial); true stops the training there, as early stopping does.
         ``keep_valid_users``: ``best_valid_users`` holds (the valid users, the best epoch's figure of each) (a
         search's trial: recsys/tune/ compares trials user by user)."""
-        self.cfg, self.tcfg, self.run_dir, self.env, self.data, self.sharded = (
-            cfg,
-            cfg.trainer,
-            run_dir,
-            env,
-            data,
-            sharded,
-        )
+        self.tcfg, self.run_dir, self.env, self.data, self.sharded = config, run_dir, env, data, sharded
+        self.valid_metric = valid_metric
         self.checkpoints, self.batches, self.evaluator = checkpoints, batches, evaluator
         self.deadline, self.on_epoch = deadline, on_epoch
         self.pruned = False  # stopped by ``on_epoch``
@@ -182,9 +179,7 @@ class Trainer:
         # model.id_mapping=managed: the managed tables' counts (_log_managed)
         self.managed: dict[str, dict[str, int]] = {}
         # before resume: the base rates are the configured ones, not a checkpoint's decayed ones
-        self.lr_schedule = LrSchedule(
-            sharded.optimizer, cfg.optim.schedule, cfg.optim.schedule_epochs or self.tcfg.epochs
-        )
+        self.lr_schedule = LrSchedule(sharded.optimizer, optim.schedule, optim.schedule_epochs or self.tcfg.epochs)
 
     # ------------------------------------------------------------------ state
 
@@ -283,7 +278,7 @@ class Trainer:
                 self._count_train_time()
                 self.checkpoint()
                 raise Preempted(state.step, str(self.checkpoints.step_path(state.step)), self.preemption.signum)
-            _maybe_inject_fault(self.cfg, env, state.step)
+            _maybe_inject_fault(self.tcfg, env, state.step)
         progress.close()
         self._count_train_time()
         if self.pipeline is not None:
@@ -315,7 +310,7 @@ class Trainer:
         return mean_loss
 
     def _evaluate(self, split: str) -> SplitFigures:
-        env, metric = self.env, self.cfg.eval.valid_metric
+        env, metric = self.env, self.valid_metric
         return self.evaluator.evaluate_users(
             self.two_tower, split, metric=metric if self.keep_valid_users else None, device=env.device,
             rank=env.rank, world_size=env.world_size,
@@ -323,9 +318,9 @@ class Trainer:
 
     def validate(self) -> None:
         """The epoch just trained: valid metric, best-weights checkpoint, early stopping, the epoch's checkpoint."""
-        state, env, metric = self.state, self.env, self.cfg.eval.valid_metric
+        state, env, metric = self.state, self.env, self.valid_metric
         epoch, figures = state.epoch, None
-        if self.cfg.data.train_on_valid:  # nothing held out: every epoch is "the best", the last one is tested
+        if self.data.valid_in_train:  # nothing held out: every epoch is "the best", the last one is tested
             score = state.best_score
             if env.is_main:
                 log.info("epoch %d: trained on train + valid (no validation)", epoch)
@@ -340,7 +335,7 @@ class Trainer:
                 log.info("epoch %d: valid %s = %.4f (best %.4f)", epoch, metric, score, max(state.best_score, score))
         self._log_managed(epoch)
         state.epoch, state.next_batch = epoch + 1, 0
-        if self.cfg.data.train_on_valid or score > state.best_score:
+        if self.data.valid_in_train or score > state.best_score:
             state.best_score, state.best_epoch, state.bad_epochs = score, epoch, 0
             if figures is not None and figures.users is not None:  # asked for: keep_valid_users
                 self.best_valid_users = figures.users, figures.figures
@@ -352,7 +347,7 @@ class Trainer:
                 if env.is_main:
                     log.info("early stop: no better valid %s for %d epochs", metric, state.bad_epochs)
                 state.early_stopped = True
-        if self.on_epoch is not None and not self.cfg.data.train_on_valid and self.on_epoch(epoch, score):
+        if self.on_epoch is not None and not self.data.valid_in_train and self.on_epoch(epoch, score):
             state.early_stopped = self.pruned = True  # the search's pruner: this trial is behind the others here
         self.checkpoint()
         if self.preemption.should_stop():  # SIGTERM during validation: the epoch's checkpoint is written

@@ -195,13 +195,13 @@ def test_config_errors_name_the_field():
 
 
 def test_a_model_and_a_dataset_that_disagree_are_refused(tiny_data):
-    from recsys.model.build import build_task
+    from tests.helpers.run_task import run_task
 
     cfg = tiny_config()
     assert cfg.data.item_neighbors > 0 and tiny_data.has_neighbors  # the synthetic default has them
     bare = dataclasses.replace(tiny_data, item_neighbor_indptr=None, item_neighbor_ids=None)
     with pytest.raises(ValueError, match="data.item_neighbors=20 but the dataset was loaded without"):
-        build_task(cfg, bare)
+        run_task(cfg, bare)
 
 
 def test_the_bench_script_finds_the_same_lists_both_ways(tiny_data):

@@ -11,12 +11,13 @@ import torch
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.data.feature_builder import FeatureBuilder
-from recsys.data.layout import CANDIDATE, QUERY, feature_layout, run_layout
+from recsys.data.layout import CANDIDATE, QUERY, feature_layout
 from recsys.job.assemble import open_dataset
-from recsys.model.build import build_task
+from recsys.job.plan import run_layout
 from recsys.rankers.two_tower.query_encoder import QueryEncoder
 from tests.helpers.config import tiny_config
 from tests.helpers.movielens import random_ratings, release_files, write_folder
+from tests.helpers.run_task import run_task
 
 Q, C = QUERY, CANDIDATE
 USER = [("user", Q, "user", "user_id")]
@@ -79,7 +80,7 @@ def check_readers(cfg, data, layout) -> None:
             assert rows[2:].sum() == 0
     # the old switches give the same layout
     assert FeatureBuilder(data, cfg.data.history_length, **_switches(layout)).layout == layout
-    model = build_task(cfg, data).model
+    model = run_task(cfg, data).model
     assert model.query_keys == layout.tower_keys(Q) and model.candidate_keys == layout.tower_keys(C)
     assert (model.ec is not None) == layout.sequence
 

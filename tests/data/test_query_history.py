@@ -85,17 +85,17 @@ def test_profile_bag_is_other_training_items_never_the_target(tiny_data):
     ],
 )
 def test_the_user_id_table_exists_only_where_the_query_uses_it(tiny_data, overrides, tables):
-    from recsys.model.build import build_task
+    from tests.helpers.run_task import run_task
 
-    task = build_task(tiny_config(overrides), tiny_data)
+    task = run_task(tiny_config(overrides), tiny_data)
     assert {c.name for c in task.model.ebc.embedding_bag_configs()} == tables
 
 
 def test_a_query_with_nothing_to_see_is_refused(tiny_data):
-    from recsys.model.build import build_task
+    from tests.helpers.run_task import run_task
 
     with pytest.raises(ValueError, match=r"model.query_user_id=false needs a history"):
-        build_task(tiny_config(["model.query_user_id=false", "data.history_length=0"]), tiny_data)
+        run_task(tiny_config(["model.query_user_id=false", "data.history_length=0"]), tiny_data)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.25])

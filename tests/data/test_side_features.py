@@ -184,7 +184,7 @@ def test_trains_evaluates_and_exports_with_side_features(ml_root, tmp_path, proc
     cfg, results = fit_with_side_features(ml_root, run_dir)
     assert results["train"]["steps"] == 8 and 0.0 <= results["test"]["two_tower"]["recall@20"] <= 1.0
 
-    data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
+    data, _, sharded, _ = load_trained(cfg, run_dir, "", process_group)
     state = sharded.module.state_dict()
     tables = {k.split(".")[-2]: tuple(v.size()) for k, v in state.items() if ".embedding_bags." in k}
     # tiny: a profile bag and no user table; history_year looks up the year table, which has no twin
@@ -298,7 +298,7 @@ def test_string_side_columns_of_your_own_data_feed_the_towers(tmp_path, process_
     cfg = to_config(composed)
     run_dir = tmp_path / "run"
     assert fit(cfg, run_dir)["train"]["steps"] == 2
-    data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
+    data, _, sharded, _ = load_trained(cfg, run_dir, "", process_group)
 
     # the mapping, from the raw files: distinct values ascending, a missing brand (""; the unlisted item) after them
     raw_items = pd.read_csv(items_csv, keep_default_na=False).set_index("item")

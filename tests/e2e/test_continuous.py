@@ -119,7 +119,7 @@ def test_a_two_rank_checkpoint_reshards_to_one_rank_with_its_remapping(
     run_dir = two_rank_runs["continuous_2"]
     _, two = read_run(run_dir)
     cfg = load_run_config(run_dir)
-    data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
+    data, _, sharded, _ = load_trained(cfg, run_dir, "", process_group)
     # every id keeps its row: the one process ranks the next slice as the two did, and holds the same ids
     builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     metrics = Evaluator(data, builder, ks=[20], batch_size=256, chunk_size=256).evaluate(
@@ -148,7 +148,7 @@ def test_the_bundle_maps_raw_ids_to_the_runs_rows(replay, process_group):
     run_dir = replay / "s2"
     bundle_dir = export_run(ExportConfig(run_dir=str(run_dir)))
     cfg = load_run_config(run_dir)
-    data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
+    data, _, sharded, _ = load_trained(cfg, run_dir, "", process_group)
     two_tower = sharded.two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")

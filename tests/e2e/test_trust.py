@@ -70,7 +70,7 @@ def test_planted_dcp_metadata_is_refused_without_running_it(short_run, tmp_path,
 
     run_dir, marker = copy_run(short_run, tmp_path), tmp_path / "pwned"
     # the real checkpoint loads through the allow-list (with the optimizer state too)
-    _, sharded, _ = load_trained(load_run_config(run_dir), run_dir, "", process_group)
+    _, _, sharded, _ = load_trained(load_run_config(run_dir), run_dir, "", process_group)
     step = run_dir / "checkpoints" / "step_00000004"
     load_checkpoint(sharded, step, env=process_group, with_optimizer=False)
     (step / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
@@ -514,7 +514,7 @@ def test_a_full_disk_during_a_checkpoint_names_the_path(short_run, tmp_path, pro
     from recsys.rundir.config import load_run_config
 
     run_dir = copy_run(short_run, tmp_path)
-    _, sharded, _ = load_trained(load_run_config(run_dir), run_dir, "", process_group)
+    _, _, sharded, _ = load_trained(load_run_config(run_dir), run_dir, "", process_group)
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

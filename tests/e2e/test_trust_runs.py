@@ -243,7 +243,7 @@ def test_a_full_disk_at_the_first_checkpoint_says_there_is_none_to_resume(
     from recsys.rundir.checkpoint import TrainerState, save_checkpoint
     from recsys.rundir.config import load_run_config
 
-    _, sharded, _ = load_trained(load_run_config(trained_run.run_dir), trained_run.run_dir, "", process_group)
+    _, _, sharded, _ = load_trained(load_run_config(trained_run.run_dir), trained_run.run_dir, "", process_group)
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

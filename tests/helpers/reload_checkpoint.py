@@ -13,16 +13,16 @@ from data_pipelines.prepare import prepare_dataset
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.sharding import shard_model
 from recsys.job.assemble import open_dataset
-from recsys.model.build import build_task
 from recsys.rundir.checkpoint import load_checkpoint, save_checkpoint
 from tests.helpers.config import tiny_config
+from tests.helpers.run_task import run_task
 
 
 def reload_checkpoint(ckpt: Path, out: Path, overrides: Sequence[str], env: DistEnv) -> None:
     cfg = tiny_config(overrides)
     data = open_dataset(cfg, prepare_dataset(cfg.data))
     sharded = shard_model(
-        build_task(cfg, data),
+        run_task(cfg, data),
         sharding=cfg.sharding,
         sparse=cfg.optim.sparse,
         dense=cfg.optim.dense,

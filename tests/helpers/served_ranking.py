@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from recsys.data.eval_batches import latest_items
-from recsys.data.feature_builder import run_feature_builder
+from recsys.data.feature_builder import FeatureBuilder
+from recsys.job.plan import run_layout
 from recsys.rankers.served_dir import served_ranking
 from recsys.ranking.sharded import Evaluator
 
@@ -15,7 +16,9 @@ from recsys.ranking.sharded import Evaluator
 def assert_bundle_ranks_test_as_the_run(bundle, run_dir: Path, cfg, data) -> None:
     """``bundle.recommend_batch`` over each test user's whole train + valid history equals the run's served top 20."""
     users, run_topk = served_ranking(run_dir)
-    evaluator = Evaluator(data, run_feature_builder(cfg, data), ks=[20], batch_size=64, chunk_size=64)
+    evaluator = Evaluator(
+        data, FeatureBuilder(data, layout=run_layout(cfg, data)), ks=[20], batch_size=64, chunk_size=64
+    )
     test_users, _, _, timeline = evaluator.protocol("test")
     assert np.array_equal(test_users, users)
     lengths, items = latest_items(timeline, users, data.num_users, len(timeline))  # every train + valid item

@@ -83,6 +83,31 @@ def test_the_rankers_stand_on_the_ranking_layer_not_on_the_evaluation_stage():
         assert not {m for m in _imports(path) if m.startswith(("recsys.rankers", "recsys.evaluation"))}, path
 
 
+# the layers under the evaluation stage take their own config sections and the run plan's decisions
+# (recsys/job/plan.py), never the root Config (shared/STYLE.md 18-19)
+SECTION_LAYERS = ("components", "data", "distributed", "model", "ranking", "training")
+
+
+def _names_root_config(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("recsys.config"):
+            if any(alias.name == "Config" for alias in node.names):
+                return True
+    return False
+
+
+def test_the_layers_below_the_stage_never_take_the_root_config():
+    offenders = [
+        str(path.relative_to(ROOT))
+        for layer in SECTION_LAYERS
+        for path in sorted((ROOT / "recsys" / layer).rglob("*.py"))
+        if _names_root_config(path)
+    ]
+    assert offenders == []
+    # the check sees an import of the root Config (a module that takes it is named)
+    assert _names_root_config(ROOT / "recsys" / "job" / "plan.py")
+
+
 def test_the_bundle_reader_loads_without_torchrec_or_hydra():
     code = (
         "import sys, recsys.serving.bundle; "

@@ -86,11 +86,11 @@ def test_interrupted_write_leaves_the_previous_checkpoint_loadable(tmp_path, dat
     from data_pipelines.prepare import prepare_dataset
     from recsys.distributed.sharding import shard_model
     from recsys.job.assemble import open_dataset
-    from recsys.model.build import build_task
+    from tests.helpers.run_task import run_task
 
     cfg = tiny_config([f"data.root={data_root}"])
     sharded = shard_model(
-        build_task(cfg, open_dataset(cfg, prepare_dataset(cfg.data))),
+        run_task(cfg, open_dataset(cfg, prepare_dataset(cfg.data))),
         sharding=cfg.sharding,
         sparse=cfg.optim.sparse,
         dense=cfg.optim.dense,

@@ -42,7 +42,7 @@ def test_exported_bundle_serves_the_runs_ranking(tmp_path, trained_run, process_
     )  # export_run(ExportConfig(run_dir=...))
 
     # training-time embeddings of the test users and of every item, from the sharded model
-    data, sharded, _ = load_trained(cfg, run_dir, "", process_group)
+    data, _, sharded, _ = load_trained(cfg, run_dir, "", process_group)
     two_tower = sharded.two_tower.eval()
     builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
     users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
