@@ -111,9 +111,11 @@ RANKER_SETTINGS = "eval.settings"  # a dict whose entries each ranker's package 
 
 def ranker_settings() -> dict[str, type]:
     """Each registered ranker's (and combinator's) settings dataclass by name."""
-    from recsys.rankers.registry import COMBINATORS, RANKERS
+    from recsys.rankers.registry import COMBINATORS, ranker_specs
 
-    return {name: spec.settings for name, spec in {**RANKERS, **COMBINATORS}.items() if spec.settings is not None}
+    return {
+        name: spec.settings for name, spec in {**ranker_specs(), **COMBINATORS}.items() if spec.settings is not None
+    }
 
 
 def undocumented_fields() -> list[str]:

@@ -14,7 +14,6 @@ ones it holds. Imports torch and numpy only: a serving process loads parts witho
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,10 +23,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from recsys.rankers.builtin import import_builtin
 from recsys.utils.safe_load import numpy_load
 
-# the built-in part types' modules, imported when a name is first looked up (a plug-in's registers itself on import)
-BUILTIN_PART_MODULES = ("recsys.rankers.two_tower.part", "recsys.rankers.graph_filter.part", "recsys.rankers.ease.part")
+# the built-in part types (each ranker package's part.py) are imported when a name is first looked up; a plug-in's
+# registers itself on import
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,7 @@ def register_part(cls: type[ServedPart]) -> type[ServedPart]:
 def part_type(ranker: str, where: str = "") -> type[ServedPart]:
     """The registered part type of ``ranker``; a ValueError naming ``where`` (a manifest) and the known ones."""
     if ranker not in _PART_TYPES:
-        for module in BUILTIN_PART_MODULES:
-            importlib.import_module(module)
+        import_builtin("part")
     if ranker not in _PART_TYPES:
         raise ValueError(
             f"{where or 'ranker'}: no servable part {ranker!r} is registered (known: {', '.join(sorted(_PART_TYPES))}); "

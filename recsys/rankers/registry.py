@@ -4,9 +4,10 @@ default list and served ranker, and the checks every entry point makes of them b
     rankers, parts = build_rankers(["two_tower", "popularity", "two_tower+graph_filter"], context)
 
 A name ``a+b`` is the fusion of the rankers ``a`` and ``b`` (recsys/rankers/fusion.py, with ``eval.settings.fusion``);
-any other name is looked up in ``RANKERS``. A ranker's settings live at ``eval.settings.<name>`` (a Hydra group
-``conf/eval/rankers/<name>.yaml``), typed by its package's dataclass. A new ranker is one package plus one
-``register_ranker`` (also from a test or a plug-in module: ``eval.plugins``); a servable one registers its part too
+any other name is looked up in the registered rankers (``ranker_specs``). A ranker's settings live at
+``eval.settings.<name>`` (a Hydra group ``conf/eval/rankers/<name>.yaml``), typed by its package's dataclass. A ranker
+registers itself, once: a built-in one in its package's ``spec.py`` (found by recsys/rankers/builtin.py, nothing here
+names it), a plug-in in its module (``eval.plugins``); a servable one's ``part.py`` registers its part
 (recsys/rankers/parts.py).
 """
 
@@ -26,21 +27,11 @@ from recsys.config import Config, EvalConfig, IdMapping, QueryHistory
 from recsys.config.need import Need
 from recsys.rankers import fusion
 from recsys.rankers.base import Ranker
-from recsys.rankers.cost import RankerCost, dot_product_cost
-from recsys.rankers.ease import settings as ease_settings
-from recsys.rankers.ease.ranker import EaseRanker
+from recsys.rankers.builtin import import_builtin
+from recsys.rankers.cost import RankerCost
 from recsys.rankers.fusion import FusionRanker
-from recsys.rankers.graph_filter import settings as graph_filter_settings
-from recsys.rankers.graph_filter.ranker import GraphFilterRanker
-from recsys.rankers.graph_filter.spectral import Reduce
-from recsys.rankers.ials import settings as ials_settings
-from recsys.rankers.ials.ranker import IalsRanker
 from recsys.rankers.parts import servable
-from recsys.rankers.plain_two_tower import settings as plain_two_tower_settings
-from recsys.rankers.plain_two_tower.ranker import PlainTwoTowerRanker
-from recsys.rankers.popularity.ranker import PopularityRanker
 from recsys.rankers.resources import Resources
-from recsys.rankers.two_tower.ranker import TwoTowerRanker
 from recsys.ranking.scoring import TRAINED_ROW
 
 SETTINGS = "eval.settings"  # where each ranker's settings live: eval.settings.<name>
@@ -67,7 +58,7 @@ class RankerContext:
     # split name -> (its users' query embeddings [U, D], item embeddings [I, D]) of the trained two-tower
     embeddings: Mapping[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     seed: int = 0
-    reduce: Reduce | None = None  # sums over the ranks that hold the users' rows between them (data.shard_by_user)
+    reduce: Callable | None = None  # sums over the ranks that hold the users' rows between them (data.shard_by_user)
     # bool [I]: items the two-tower's weights hold no row of their own for (recsys/ranking/untrained.py), left out
     unranked_items: torch.Tensor | None = None
     available_bytes: int | None = None  # memory a fit may plan with (EASE's dtype); None: measured when it fits
@@ -87,53 +78,10 @@ class RankerSpec:
     estimate: Callable[[Any, Resources], RankerCost] | None = None
 
 
-def _graph_filter(c: RankerContext, s: graph_filter_settings.GraphFilterSettings) -> Ranker:
-    return GraphFilterRanker(
-        alphas=s.alphas, sharpens=s.sharpen, rank=s.rank, low_rank=s.low_rank, iterations=s.iterations,
-        oversample=s.oversample, seed=c.seed, reduce=c.reduce,
-    )  # fmt: skip
-
-
-def _two_tower_cost(settings: None, r: Resources) -> RankerCost:
-    return dot_product_cost(r.query_dim, r.throughput, chunk_size=r.chunk_size, items=r.num_items)
-
-
-def _popularity_cost(settings: None, r: Resources) -> RankerCost:
-    return RankerCost(pairwise=False, user_s=2e-5)  # the head of one global order a user (popularity_topk)
-
-
-RANKERS: dict[str, RankerSpec] = {
-    TRAINED: RankerSpec(
-        lambda c, s: TwoTowerRanker(c.embeddings, c.trained_on, c.unranked_items), estimate=_two_tower_cost
-    ),
-    "popularity": RankerSpec(lambda c, s: PopularityRanker(c.train_counts), estimate=_popularity_cost),
-    "graph_filter": RankerSpec(
-        _graph_filter,
-        graph_filter_settings.GraphFilterSettings,
-        graph_filter_settings.check_settings,
-        graph_filter_settings.check_resources,
-        graph_filter_settings.estimate,
-    ),
-    "ease": RankerSpec(
-        lambda c, s: EaseRanker(s, len(c.train_counts), c.available_bytes),
-        ease_settings.EaseSettings,
-        ease_settings.check_settings,
-        ease_settings.check_resources,
-        ease_settings.estimate,
-    ),
-    "ials": RankerSpec(
-        lambda c, s: IalsRanker(s, c.seed),
-        ials_settings.IalsSettings,
-        ials_settings.check_settings,
-        ials_settings.check_resources,
-        ials_settings.estimate,
-    ),
-    "plain_two_tower": RankerSpec(
-        lambda c, s: PlainTwoTowerRanker(s, c.seed),
-        plain_two_tower_settings.PlainTwoTowerSettings,
-        plain_two_tower_settings.check_settings,
-    ),
-}
+# every registered ranker by name: the built-in packages' (their spec.py, imported by ``ranker_specs`` the first time
+# it is asked) and the plug-ins'
+RANKERS: dict[str, RankerSpec] = {}
+_builtins_imported = False
 COMBINATORS: dict[str, RankerSpec] = {
     FUSION: RankerSpec(lambda c, s: s, fusion.FusionSettings, fusion.check_settings),
 }
@@ -148,16 +96,26 @@ def register_ranker(
     resources: Callable[[Any, Resources, str], str] | None = None,
     estimate: Callable[[Any, Resources], RankerCost] | None = None,
 ) -> None:
-    """Make ``name`` usable in eval.rankers (and as a part of fusions); ``build(context, settings)``."""
+    """Make ``name`` usable in eval.rankers (and as a part of fusions); ``build(context, settings)``. The built-in
+    rankers are registered first, so that a plug-in registered under one of their names replaces it."""
     if "+" in name:
         raise ValueError(f"ranker name {name!r}: '+' joins the parts of a fusion")
-    RANKERS[name] = RankerSpec(build, settings, check, resources, estimate)
+    ranker_specs()[name] = RankerSpec(build, settings, check, resources, estimate)
+
+
+def ranker_specs() -> dict[str, RankerSpec]:
+    """Every registered ranker by name; the first call imports the built-in packages' spec.py (each registers itself)."""
+    global _builtins_imported
+    if not _builtins_imported:
+        _builtins_imported = True
+        import_builtin("spec")
+    return RANKERS
 
 
 def settings_of(name: str, given: Mapping[str, Any], specs: Mapping[str, RankerSpec] | None = None) -> Any:
     """``name``'s settings: its dataclass's defaults with ``given[name]`` (eval.settings) over them, typed; a
     ConfigError naming ``eval.settings.<name>`` and the key when one is unknown or of the wrong type."""
-    spec = (RANKERS if specs is None else specs)[name]  # RANKERS looked up now: a plug-in may have replaced it
+    spec = (ranker_specs() if specs is None else specs)[name]  # looked up now: a plug-in may have replaced it
     if spec.settings is None:
         return None
     try:
@@ -213,7 +171,7 @@ def serve_candidates(cfg: Config, num_items: int | None = None) -> list[str]:
     the resolved rankers (the evaluation stage serves the best on valid: ``recsys.evaluation.stage``)."""
     if cfg.eval.serve:
         return [cfg.eval.serve]
-    names = [n for n in resolved_rankers(cfg, num_items) if n.split("+")[0] in RANKERS and is_servable(n)]
+    names = [n for n in resolved_rankers(cfg, num_items) if n.split("+")[0] in ranker_specs() and is_servable(n)]
     return names or [TRAINED]
 
 
@@ -274,7 +232,8 @@ def served_parts(names: Sequence[str], serve: str = "") -> frozenset[str]:
 
 def _used_specs(names: Sequence[str]) -> dict[str, RankerSpec]:
     """The specs of the rankers ``names`` are built from, fusions' settings included."""
-    used = {part: RANKERS[part] for name in names for part in name.split("+") if part in RANKERS}
+    specs = ranker_specs()
+    used = {part: specs[part] for name in names for part in name.split("+") if part in specs}
     if any("+" in name for name in names):
         used[FUSION] = COMBINATORS[FUSION]
     return used
@@ -284,9 +243,9 @@ def check_ranker_names(names: Sequence[str]) -> None:
     """Refuse an unknown ranker name, naming eval.rankers and the known ones."""
     for name in names:
         for part in name.split("+"):
-            if part not in RANKERS:
+            if part not in ranker_specs():
                 raise ConfigError(
-                    f"eval.rankers: unknown ranker {part!r} in {name!r}; known: {', '.join(sorted(RANKERS))}, and "
+                    f"eval.rankers: unknown ranker {part!r} in {name!r}; known: {', '.join(sorted(ranker_specs()))}, and "
                     "fusions a+b of them (a plug-in's rankers: name its module in eval.plugins)"
                 )
         if name.count("+") > 1:
@@ -306,7 +265,7 @@ def build_rankers(names: Sequence[str], context: RankerContext) -> tuple[list[Ra
                 betas = settings_of(FUSION, given, COMBINATORS).betas
                 built[name] = FusionRanker(get(first), get(second), betas)
             else:
-                built[name] = RANKERS[name].build(context, settings_of(name, given))
+                built[name] = ranker_specs()[name].build(context, settings_of(name, given))
         return built[name]
 
     listed = [get(name) for name in names]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recsys.rankers.cost import GB, RankerCost, fusion_points, fusion_seconds, ranking_seconds
-from recsys.rankers.registry import COMBINATORS, FUSION, RANKERS, SETTINGS, TRAINED, settings_of
+from recsys.rankers.registry import COMBINATORS, FUSION, SETTINGS, TRAINED, ranker_specs, settings_of
 from recsys.rankers.resources import Resources
 from recsys.utils.progress import format_seconds
 
@@ -92,7 +92,7 @@ def _costs(names: Sequence[str], settings: Mapping[str, Any], r: Resources) -> d
     out: dict[str, RankerCost | None] = {}
     for name in names:
         for part in name.split("+"):
-            spec = RANKERS.get(part)
+            spec = ranker_specs().get(part)
             if part not in out:
                 out[part] = (
                     None if spec is None or spec.estimate is None else spec.estimate(settings_of(part, settings), r)

@@ -12,7 +12,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from recsys.config import Config, register_configs, to_config
-from recsys.rankers.registry import COMBINATORS, RANKERS
+from recsys.rankers.registry import COMBINATORS, ranker_specs
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 CHOSEN_BY_GROUPS = ("data", "model.tables", "sharding.tables")
@@ -33,7 +33,7 @@ def test_the_yaml_defaults_are_the_dataclass_defaults():
     dataclass = dict(_leaves(asdict(Config())))
     # each ranker's settings (eval.settings.<name>) default to its package's dataclass (recsys/rankers/registry.py)
     for name in composed["eval"]["settings"]:
-        spec = {**RANKERS, **COMBINATORS}[name]
+        spec = {**ranker_specs(), **COMBINATORS}[name]
         dataclass |= dict(_leaves(asdict(spec.settings()), f"eval.settings.{name}"))
     differ = {
         path: (value, dataclass.get(path, "<missing>"))

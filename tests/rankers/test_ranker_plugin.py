@@ -131,7 +131,7 @@ def test_the_entry_points_load_a_plugin_module_named_by_eval_plugins(
     (tmp_path / "my_rankers.py").write_text(PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))
     request.addfinalizer(lambda: sys.modules.pop("my_rankers", None))  # the plug-in's import is undone with the test
-    monkeypatch.setattr(registry, "RANKERS", dict(registry.RANKERS))  # and its registration
+    monkeypatch.setattr(registry, "RANKERS", dict(registry.ranker_specs()))  # and its registration
     run_dir = tmp_path / "run"
     args = [
         "+experiment=tiny",

@@ -20,7 +20,7 @@ from recsys.evaluation.report.types import EvalInputs, ReportOptions
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.rankers.base import EvalSplit
 from recsys.rankers.ease.plan import available_memory_bytes
-from recsys.rankers.registry import RANKERS, SETTINGS, RankerContext, build_rankers, settings_of
+from recsys.rankers.registry import SETTINGS, RankerContext, build_rankers, ranker_specs, settings_of
 from recsys.rankers.resources import Resources
 from recsys.rankers.stage_cost import StagePlan, plan_stage
 
@@ -65,7 +65,7 @@ def _refused(names: list[str], inputs: EvalInputs, options: ReportOptions) -> di
             served_parts=frozenset(parts if len(parts) > 1 else ()),
         )  # fmt: skip
         for part in parts:
-            spec = RANKERS.get(part)
+            spec = ranker_specs().get(part)
             if spec is not None and spec.resources is not None and name not in out:
                 why = spec.resources(settings_of(part, options.ranker_config.settings), resources, f"{SETTINGS}.{part}")
                 if why:
