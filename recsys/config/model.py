@@ -93,6 +93,10 @@ class ModelConfig:
     # side features by name, beside the built-in user / item / category ones; {} = none (today's model)
     features: dict[str, FeatureConfig] = field(default_factory=dict)
     tower_dims: list[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
+    # true: the candidate tower's last output is the item's logit bias (unnormalised, scaled by 1 / temperature as the
+    # rest of the score), the query's a constant 1, so the served score <q, c> + b_i is still one dot product of the
+    # last tower width; the other widths' L2-normalised (docs/quality.md, "The item bias"); false: both unit vectors
+    item_bias: bool = False
     # items sampled for the whole global batch beside its positives (model.negatives.num; -1: the whole catalogue)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     # the training loss, a component chosen by name (model/loss=NAME: conf/model/loss/NAME.yaml, whose settings the
@@ -146,6 +150,9 @@ def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
         m.tower_dims,
         "must be widths >= 1",
     )
+    if m.item_bias:
+        need(m.tower_dims[-1] >= 2, "model.tower_dims", m.tower_dims, "model.item_bias needs a last width >= 2")
+        need(m.loss.name == "softmax", "model.item_bias", m.item_bias, f"needs model/loss=softmax (got {m.loss.name})")
     for name, table in m.tables.items():
         need(table.embedding_dim >= 1, f"model.tables.{name}.embedding_dim", table.embedding_dim, "must be >= 1")
         need(table.pooling in POOLINGS, f"model.tables.{name}.pooling", table.pooling, "must be 'sum' or 'mean'")

@@ -12,6 +12,9 @@ Shapes (B_q queries, C candidates, D tower output)::
     query tower:     rows [0, B_q) of the query tables' columns        -> B_q x D, L2-normalised
     candidate tower: rows [B_q, B_q + C) of the candidate tables' ones -> C x D, L2-normalised
 
+With ``item_bias`` (model.item_bias) the candidate's last column is its bias b (unnormalised) and the query's a
+constant 1, the other D - 1 columns of each unit vectors: <query, candidate> = <q, c> + b, one dot product of D.
+
 With managed ids (``model.id_mapping=managed``, recsys/model/managed.py) the user / item / neighbour keys carry
 raw ids and go through ``mc_ebc`` (a ManagedCollisionEmbeddingBagCollection), the other keys through ``ebc``;
 both read the one KJT (each takes its own keys) and their pooled columns are regrouped together.
@@ -134,6 +137,7 @@ class TwoTower(nn.Module):
         managed_tables: Sequence[str] = (),
         managed_options: dict | None = None,
         blend_key: str | None = None,
+        item_bias: bool = False,
     ) -> None:
         """``sequence_table`` and ``sequence_encoder`` (together or neither): the unpooled history lookup and the
         module that summarises it for the query tower (a query encoder's: recsys/model/query_encoders). ``managed_tables``: the tables
@@ -169,11 +173,14 @@ class TwoTower(nn.Module):
                 raise ValueError(f"TwoTower: blend_key={blend_key!r} needs a sequence encoder and that query key")
             self.query_keys.remove(blend_key)  # the encoder's output takes its place
             sequence_dim = dim[blend_key]
-        self.query_tower = mlp(sequence_dim + sum(dim[k] for k in self.query_keys), tower_dims)
+        self.item_bias = item_bias
+        query_dims = [*tower_dims[:-1], tower_dims[-1] - 1] if item_bias else tower_dims  # + the constant 1
+        self.query_tower = mlp(sequence_dim + sum(dim[k] for k in self.query_keys), query_dims)
         self.candidate_tower = mlp(sum(dim[k] for k in self.candidate_keys), tower_dims)
 
     def forward(self, features: KeyedJaggedTensor, num_queries: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (queries ``B_q x D``, candidates ``C x D``), both with unit L2 norm."""
+        """Returns (queries ``B_q x D``, candidates ``C x D``), both with unit L2 norm (with ``item_bias``: their first
+        D - 1 columns, then 1 and the candidate's bias)."""
         pooled = [self.ebc(features)] if self.ebc is not None else []
         if self.mc_ebc is not None:
             pooled.append(self.mc_ebc(features)[0])  # (pooled, remapped ids: not asked for)
@@ -187,5 +194,13 @@ class TwoTower(nn.Module):
             query_in = torch.cat([encoded, query_in], dim=1)
         # .float(): under autocast (trainer.precision=bf16) the towers' GEMMs are bf16, the norms are not
         queries = F.normalize(self.query_tower(query_in).float(), dim=-1)
-        candidates = F.normalize(self.candidate_tower(candidate_in).float(), dim=-1)
-        return queries, candidates
+        candidates = self.candidate_tower(candidate_in).float()
+        if not self.item_bias:
+            return queries, F.normalize(candidates, dim=-1)
+        candidates = torch.cat([F.normalize(candidates[:, :-1], dim=-1), candidates[:, -1:]], dim=1)
+        return with_bias_column(queries), candidates
+
+
+def with_bias_column(queries: torch.Tensor) -> torch.Tensor:
+    """``queries`` [B, D - 1] with the constant column [B, 1] that meets the candidates' bias (model.item_bias)."""
+    return torch.cat([queries, queries.new_ones(queries.shape[0], 1)], dim=1)

@@ -47,8 +47,12 @@ class QueryEncoder(nn.Module):
         poolings: dict[str, str],
         tower: nn.Sequential,
         inputs: Sequence[FeatureSpec],
+        item_bias: bool = False,
     ) -> None:
+        """``item_bias``: the model's (model.item_bias): the query vector ends with the constant 1 that meets each
+        item vector's bias."""
         super().__init__()
+        self.item_bias = item_bias
         self.inputs = tuple((s.table, s.source) for s in inputs)
         for table, source in self.inputs:  # weights named <table>.weight, side.<table>.weight: the bundle's
             if source not in SIDE_SOURCES:
@@ -84,7 +88,8 @@ class QueryEncoder(nn.Module):
                 pooled.append(getattr(self, table)(history_item_ids, history_offsets))
             else:  # history_categories
                 pooled.append(getattr(self, table)(history_categories, history_category_offsets))
-        return F.normalize(self.tower(torch.cat(pooled, dim=1)), dim=-1)
+        query = F.normalize(self.tower(torch.cat(pooled, dim=1)), dim=-1)
+        return torch.cat([query, query.new_ones(query.shape[0], 1)], dim=1) if self.item_bias else query
 
 
 def example_inputs(num_side: int = 0) -> tuple:
@@ -163,6 +168,10 @@ def load_encoder(path: Path, manifest: dict, manifest_path: Path) -> QueryEncode
         side=side,
     )
     weights = {t: state[f"{t}.weight"] for t in tables} | {s.table: state[f"side.{s.table}.weight"] for s in side}
-    encoder = QueryEncoder(weights, poolings, _tower_from_weights(state, path), layout.tower_specs(QUERY))
+    item_bias = manifest.get("item_bias", False)  # bundles before model.item_bias: none
+    if not isinstance(item_bias, bool):
+        raise ValueError(f"{manifest_path}: item_bias is {item_bias!r}, expected true or false")
+    tower = _tower_from_weights(state, path)
+    encoder = QueryEncoder(weights, poolings, tower, layout.tower_specs(QUERY), item_bias=item_bias)
     encoder.load_state_dict(state)  # strict: every tensor is used, none is missing
     return encoder.eval()
