@@ -122,6 +122,7 @@ MODEL = ModelConfig(
     tables={"user": TableConfig(64, "sum"), "item": TableConfig(64, "mean"), "category": TableConfig(32, "mean")},
     tower_dims=TOWER_DIMS,
     loss={"name": "softmax", "temperature": TEMPERATURE, "logq_correction": True},
+    item_bias=False,  # the plain model below ends both towers unit vectors, as a user writes it
 )
 
 

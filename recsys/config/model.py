@@ -95,8 +95,10 @@ class ModelConfig:
     tower_dims: list[int] = field(default_factory=lambda: [256])  # MLP widths of each tower; last = output dim
     # true: the candidate tower's last output is the item's logit bias (unnormalised, scaled by 1 / temperature as the
     # rest of the score), the query's a constant 1, so the served score <q, c> + b_i is still one dot product of the
-    # last tower width; the other widths' L2-normalised (docs/quality.md, "The item bias"); false: both unit vectors
-    item_bias: bool = False
+    # last tower width; the other widths' L2-normalised (docs/quality.md, "The item bias"); false: both unit vectors;
+    # null: true with the softmax loss, false with ccl (whose margins are on cosines). A run saved before the field
+    # existed reads false (recsys/rundir/saved_config.py)
+    item_bias: bool | None = None
     # items sampled for the whole global batch beside its positives (model.negatives.num; -1: the whole catalogue)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     # the training loss, a component chosen by name (model/loss=NAME: conf/model/loss/NAME.yaml, whose settings the
@@ -124,6 +126,11 @@ class ModelConfig:
         self.loss = to_component(self.loss, LOSSES, "model.loss")
         self.query_encoder = to_component(self.query_encoder, QUERY_ENCODERS, "model.query_encoder")
 
+    @property
+    def uses_item_bias(self) -> bool:
+        """model.item_bias resolved: null is true with the softmax loss (a loss over logits), false otherwise."""
+        return self.item_bias if self.item_bias is not None else self.loss.name == "softmax"
+
 
 # ModelConfig's fields that hold a component's section (recsys/components/registry.py)
 COMPONENT_SECTIONS = ("loss", "query_encoder")
@@ -150,7 +157,7 @@ def check_model(m: ModelConfig, d: DataConfig, need: Need) -> None:
         m.tower_dims,
         "must be widths >= 1",
     )
-    if m.item_bias:
+    if m.uses_item_bias:
         need(m.tower_dims[-1] >= 2, "model.tower_dims", m.tower_dims, "model.item_bias needs a last width >= 2")
         need(m.loss.name == "softmax", "model.item_bias", m.item_bias, f"needs model/loss=softmax (got {m.loss.name})")
     for name, table in m.tables.items():

@@ -72,7 +72,7 @@ def build_retrieval_task(
                 "decay_exponent": model.managed.decay_exponent,
             },
             blend_key=USER if sequence_encoder is not None and model.query_encoder.user else None,
-            item_bias=model.item_bias,
+            item_bias=model.uses_item_bias,
         )
         return RetrievalTask(
             two_tower,

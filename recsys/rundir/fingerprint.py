@@ -91,6 +91,7 @@ FIELDS: dict[str, object] = {
     **{f"model.{k}": HASH for k in ("num_uniform_negatives", "loss", "margin", "negative_weight", "query_user_id")},
     "model.negative_exponent": Absent(0.0),  # model.negatives.exponent
     "model.query_neighbors": Absent(False),  # resolved first: null and true build the same model
+    "model.item_bias": Absent(False),  # resolved first (the candidate's last output as the item's logit bias)
     # the query encoder as the name and sasrec section it was before encoders were components (``_flat_query_encoder``;
     # runs then had bag or sasrec: "unless bag" was "unless not sasrec")
     "model.query_encoder": Absent("bag"),
@@ -166,6 +167,7 @@ def config_fingerprint(cfg: Config) -> str:
     """What the weights depend on (data and model, by ``FIELDS``), not where or how they are trained."""
     values = fingerprint_values(cfg)
     values["model"]["query_neighbors"] = query_uses_neighbors(cfg)
+    values["model"]["item_bias"] = cfg.model.uses_item_bias  # resolved: null and its value build the same model
     if _no_neighbours(values):  # the unused neighbour table's settings change no weight
         values["model"]["tables"].pop("neighbor", None)
     kept: dict = {}

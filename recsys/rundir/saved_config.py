@@ -122,6 +122,9 @@ def to_todays_keys(saved_cfg):
     if "model" in saved_cfg and "query_neighbors" not in saved_cfg.model:
         # written before model.query_neighbors existed: those models' queries did not read the neighbour table
         saved_cfg.model.query_neighbors = False
+    if "model" in saved_cfg and "item_bias" not in saved_cfg.model:
+        # written before model.item_bias existed: those models' towers both ended unit vectors
+        saved_cfg.model.item_bias = False
     drop_retired_keys(saved_cfg)
     move_ranker_settings(saved_cfg)
     nest_flat_loss(saved_cfg)

@@ -165,7 +165,7 @@ def encoder_entry(model: ModelConfig, layout: FeatureLayout, data: RetrievalData
             for f in query_side_features(data)
         ],
         "temperature": getattr(model.loss, "temperature", None),  # the loss's (None: a loss without one)
-        "item_bias": model.item_bias,  # the query vector ends with a constant 1 (recsys/model/two_tower.py)
+        "item_bias": model.uses_item_bias,  # the query vector ends with a constant 1 (recsys/model/two_tower.py)
     }
 
 

@@ -33,7 +33,7 @@ def query_encoder(model: ModelConfig, layout: FeatureLayout, tables: dict, two_t
         {t: c.pooling for t, c in model.tables.items()},
         two_tower.query_tower.cpu(),
         layout.tower_specs("query"),
-        item_bias=model.item_bias,
+        item_bias=model.uses_item_bias,
     ).eval()
 
 

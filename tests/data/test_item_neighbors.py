@@ -184,7 +184,9 @@ def test_trains_evaluates_and_exports_with_neighbors(run):
     assert queries.shape == (2, bundle.item_embeddings.shape[1])
     two_tower_items = bundle.served.part("two_tower").items  # the fused vectors' first part
     assert torch.equal(two_tower_items, bundle.item_embeddings[:, : two_tower_items.shape[1]])
-    assert torch.allclose(two_tower_items.norm(dim=1), torch.ones(bundle.item_embeddings.shape[0]), atol=1e-5)
+    # the item bias (the default): each vector's last column is its bias, the others a unit vector
+    unit = two_tower_items[:, :-1].norm(dim=1)
+    assert torch.allclose(unit, torch.ones(bundle.item_embeddings.shape[0]), atol=1e-5)
 
 
 def test_config_errors_name_the_field():

@@ -88,4 +88,6 @@ def test_report_and_bundle_without_categories(run):
     queries = bundle.encode(None, np.array([2, 0]), np.array([0, 6]))  # no user: a profile bag
     assert queries.shape == (2, bundle.item_embeddings.shape[1])
     two_tower = bundle.encode_part("two_tower", None, np.array([2, 0]), np.array([0, 6]))
-    assert torch.allclose(two_tower.norm(dim=1), torch.ones(2), atol=1e-5)
+    # the item bias (the default): a unit query, then the constant 1 that meets each item's bias
+    assert torch.allclose(two_tower[:, :-1].norm(dim=1), torch.ones(2), atol=1e-5)
+    assert torch.equal(two_tower[:, -1], torch.ones(2))

@@ -70,6 +70,12 @@ def test_without_the_bias_both_towers_end_unit_vectors_of_the_full_width():
     torch.testing.assert_close(candidates.norm(dim=1), torch.ones(4))
 
 
+def test_the_default_is_on_with_the_softmax_and_off_with_ccl():
+    assert tiny_config().model.uses_item_bias
+    assert not tiny_config(["model/loss=ccl"]).model.uses_item_bias
+    assert not tiny_config(["model.item_bias=false"]).model.uses_item_bias
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -30,7 +30,7 @@ OPEN_SECTIONS = (
     "model.managed.zch_size",
 )
 # fields added after the rules became a table: the earlier rules never saw them (their defaults leave the hash)
-NEWER_FIELDS = {"data": ("slices", "slice", "slice_window"), "model": ("id_mapping", "managed")}
+NEWER_FIELDS = {"data": ("slices", "slice", "slice_window"), "model": ("id_mapping", "managed", "item_bias")}
 NEWER_SYNTHETIC = ("churn_periods", "item_lifetime_periods")
 NEWER_INTERACTIONS = ("valid_carve",)
 
@@ -122,8 +122,11 @@ def legacy_fingerprint(cfg: Config) -> str:
     ],
 )
 def test_the_table_hashes_as_the_earlier_rules_did(overrides):
-    cfg = tiny_config(overrides)
+    cfg = tiny_config([*overrides, "model.item_bias=false"])  # the earlier rules' models: no item bias
     assert config_fingerprint(cfg) == legacy_fingerprint(cfg)
+    # the item bias (null: on with the softmax) is another model: another fingerprint
+    with_bias = tiny_config([*overrides, "model.item_bias=null"])
+    assert (config_fingerprint(with_bias) != config_fingerprint(cfg)) == with_bias.model.uses_item_bias
 
 
 def test_where_and_how_rows_are_read_change_nothing_and_what_is_trained_does():
