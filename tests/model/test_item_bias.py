@@ -101,3 +101,8 @@ def test_a_run_with_the_bias_is_exported_and_served_as_it_ranked(tmp_path, data_
     assert manifest["served"]["parts"][0]["item_bias"] is True
     bundle = load_bundle(bundle_dir)
     assert_bundle_ranks_test_as_the_run(bundle, run_dir, cfg, open_dataset(cfg, prepare_dataset(cfg.data)))
+    # a manifest whose item_bias is no boolean is refused, naming the manifest and the value
+    manifest["served"]["parts"][0]["item_bias"] = "yes"
+    (bundle_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"manifest.json: item_bias is 'yes', expected true or false"):
+        load_bundle(bundle_dir)

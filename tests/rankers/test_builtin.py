@@ -27,27 +27,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TOY_SOURCE = ROOT / "tests" / "plugins" / "toy_ranker" / "__init__.py"  # a servable ranker in one module
 NEW = "zz_new_builtin"  # the package the test adds under recsys/rankers/ and removes
 NAME = "new_builtin"
+BUILTINS = ["ease", "graph_filter", "ials", "plain_two_tower", "popularity", "two_tower"]
 
 
 def test_the_built_in_packages_register_their_rankers_and_parts():
-    specs = builtin_modules("spec")
-    assert [m.split(".")[2] for m in specs] == [
-        "ease",
-        "graph_filter",
-        "ials",
-        "plain_two_tower",
-        "popularity",
-        "two_tower",
-    ]
+    assert [m.split(".")[2] for m in builtin_modules("spec")] == BUILTINS
     assert [m.split(".")[2] for m in builtin_modules("part")] == ["ease", "graph_filter", "two_tower"]
-    assert set(registry.ranker_specs()) >= {
-        "ease",
-        "graph_filter",
-        "ials",
-        "plain_two_tower",
-        "popularity",
-        "two_tower",
-    }
+    assert set(registry.ranker_specs()) >= set(BUILTINS)
     assert {r for r in ("ease", "graph_filter", "two_tower", "ials", "popularity") if parts.servable(r)} == {
         "ease",
         "graph_filter",

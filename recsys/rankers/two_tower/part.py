@@ -157,7 +157,8 @@ class TwoTowerPart(ServedPart):
     def load_own(cls, folder: Path, entry: dict, items: torch.Tensor, unranked: torch.Tensor | None) -> ServedPart:
         if not (folder / "query_encoder.pt").is_file():  # the run dir's part: items only
             return cls(items, unranked, entry=entry)
-        encoder = load_encoder(folder / "query_encoder.pt", entry, folder / "query_encoder.pt")
+        # the entry's values are the bundle's manifest.json's (<bundle>/parts/<i>-two_tower/ holds the weights)
+        encoder = load_encoder(folder / "query_encoder.pt", entry, folder.parent.parent / "manifest.json")
         id_maps = None
         if "managed" in entry:
             id_maps = {}
