@@ -46,7 +46,10 @@ def _tail(report: dict[str, Any], model: str) -> float:
 
 def _point(report: dict[str, Any], model: str) -> dict[str, float]:
     """The values valid chose for ``model`` (missing ones: nan)."""
-    row = report.get(model) or (report.get("graph_filter") or {}).get("rankers", {}).get(model) or {}
+    rows = (report.get("stage") or report.get("graph_filter") or {}).get(
+        "rankers", {}
+    )  # graph_filter: before 2026-12-07
+    row = rows.get(model) or report.get(model) or {}
     point = row.get("point") or {k: v for k, v in row.items() if k in ("lambda", "regularization", "alpha")}
     return defaultdict(lambda: float("nan"), point)
 

@@ -133,7 +133,9 @@ def _rows_and_plan(path: Path) -> tuple[dict, dict, str]:
         raise SystemExit(f"{path}: no evaluation_plan (written by a run of this code or later)")
     if "rankers" in data and "headline" in data:  # results.json
         rows = data["rankers"]
-    else:  # report.json: the stage's rows in its ease / ials / graph_filter blocks
+    elif "stage" in data:  # report.json
+        rows = data["stage"]["rankers"]
+    else:  # a report.json written before 2026-12-07: the stage's rows in its ease / ials / graph_filter blocks
         rows = {b["ranker"]: b for b in (data.get("ease", {}), data.get("ials", {})) if "ranker" in b}
         rows.update(data.get("graph_filter", {}).get("rankers", {}))
     return rows, data["evaluation_plan"], str(path)

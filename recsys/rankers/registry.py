@@ -32,7 +32,7 @@ from recsys.rankers.cost import RankerCost
 from recsys.rankers.fusion import FusionRanker
 from recsys.rankers.parts import servable
 from recsys.rankers.resources import Resources
-from recsys.ranking.scoring import TRAINED_ROW
+from recsys.ranking.scoring import POPULARITY_ROW, TRAINED_ROW
 
 SETTINGS = "eval.settings"  # where each ranker's settings live: eval.settings.<name>
 FUSION = "fusion"  # the settings of every fusion a+b
@@ -45,7 +45,7 @@ EASE_FUSION = f"{TRAINED}+ease"  # and on a small catalogue, served when valid p
 DEFAULT_EASE_MAX_ITEMS = 4096
 # recsys.evaluate's rows beside the run's own rankers when it is not told which (its rankers=null)
 REPORT_BASELINES = ("graph_filter", DEFAULT_FUSION, "ease", "ials")
-REPORT_OWN = (TRAINED, "popularity")  # rows the report ranks itself, with its breakdowns
+REPORT_OWN = (TRAINED, POPULARITY_ROW)  # rows the report ranks itself, with its breakdowns
 
 
 @dataclass
@@ -69,13 +69,15 @@ class RankerSpec:
     """One ranker's package: ``build(context, settings)``; ``settings``: the dataclass of ``eval.settings.<name>``
     (None: it has none); ``check(settings, need, key)``: their rules; ``resources(settings, resources, key)``: the
     refusal of a fit the host cannot hold ("" when it can), asked before any work; ``estimate(settings, resources)``:
-    what its fit and ranking cost (recsys/rankers/cost.py; None: not estimated, logged as unknown)."""
+    what its fit and ranking cost (recsys/rankers/cost.py; None: not estimated, logged as unknown); ``label``: its name
+    in the report's tables ("": the registered name)."""
 
     build: Callable[[RankerContext, Any], Ranker]
     settings: type | None = None
     check: Callable[[Any, Need, str], None] | None = None
     resources: Callable[[Any, Resources, str], str] | None = None
     estimate: Callable[[Any, Resources], RankerCost] | None = None
+    label: str = ""
 
 
 # every registered ranker by name: the built-in packages' (their spec.py, imported by ``ranker_specs`` the first time
@@ -95,12 +97,23 @@ def register_ranker(
     check: Callable[[Any, Need, str], None] | None = None,
     resources: Callable[[Any, Resources, str], str] | None = None,
     estimate: Callable[[Any, Resources], RankerCost] | None = None,
+    label: str = "",
 ) -> None:
     """Make ``name`` usable in eval.rankers (and as a part of fusions); ``build(context, settings)``. The built-in
     rankers are registered first, so that a plug-in registered under one of their names replaces it."""
     if "+" in name:
         raise ValueError(f"ranker name {name!r}: '+' joins the parts of a fusion")
-    ranker_specs()[name] = RankerSpec(build, settings, check, resources, estimate)
+    ranker_specs()[name] = RankerSpec(build, settings, check, resources, estimate, label)
+
+
+def ranker_label(name: str) -> str:
+    """``name`` as the report's tables show it: its package's label, a fusion's parts' joined by " + " (an unknown
+    name as given)."""
+    parts = name.split("+")
+    if len(parts) > 1:
+        return " + ".join(ranker_label(part) for part in parts)
+    spec = ranker_specs().get(name)
+    return (spec.label if spec is not None else "") or name
 
 
 def ranker_specs() -> dict[str, RankerSpec]:

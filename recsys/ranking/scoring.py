@@ -20,6 +20,7 @@ from recsys.ranking.metrics import compute_metrics
 from recsys.ranking.retrieval import exact_topk, popularity_topk
 
 TRAINED_ROW = "two_tower"  # the trained model's row: the name its ranker has in eval.rankers and results.json
+POPULARITY_ROW = "popularity"  # the row ``item_counts`` adds: the popularity ranker's name
 Ranked = tuple[torch.Tensor, torch.Tensor]  # (scores [U, k], item ids [U, k])
 Metrics = dict[str, float]
 Scorer = Callable[..., Metrics]  # (topk ids [U, k] numpy, relevant CSR, ks, num_items=...) -> metrics
@@ -51,7 +52,9 @@ def rank_and_score(
         model: exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size, unranked=unranked)
     }
     if item_counts is not None:
-        ranked["popularity"] = popularity_topk(item_counts, queries.shape[0], k, exclude=exclude, chunk_size=chunk_size)
+        ranked[POPULARITY_ROW] = popularity_topk(
+            item_counts, queries.shape[0], k, exclude=exclude, chunk_size=chunk_size
+        )
     for name, rank in others.items():
         ranked[name] = rank()
     metrics = {name: score(ids.cpu().numpy(), relevant, ks, num_items=num_items) for name, (_, ids) in ranked.items()}

@@ -140,14 +140,16 @@ def test_json_numbers_equal_compute_metrics(written):
         assert len(curve) == 20 and curve[9] == pytest.approx(expected["recall@10"])
     assert on_disk["checkpoint"] == "runs/x/checkpoints/epoch_3"
     assert on_disk["dataset"]["counts"] == {"train": 1, "valid": 2, "test": 3}
-    assert on_disk["ease"]["point"]["lambda"] in (1.0, 30.0) and set(on_disk["ease"]["grid"]) == {
-        "lambda=1",
-        "lambda=30",
-    }
-    assert on_disk["ease"]["fit_on"] == {"valid": "train", "test": "train + valid"}  # refit for test, as the run does
+    ease = on_disk["stage"]["rankers"]["ease"]
+    assert ease["point"]["lambda"] in (1.0, 30.0) and set(ease["grid"]) == {"lambda=1", "lambda=30"}
+    assert ease["fit_on"] == {"valid": "train", "test": "train + valid"}  # refit for test, as the run does
+    # one row per stage ranker, in the order asked for, each its results.json row
+    assert list(on_disk["stage"]["rankers"]) == list(dict.fromkeys(ReportOptions().stage_rankers))
     assert on_disk["ann"]["indexes"]["flat"]["recall_vs_exact"] == 1.0
     assert 0.0 <= on_disk["ann"]["indexes"]["hnsw"]["recall_vs_exact"] <= 1.0
-    assert len(on_disk["gaps"]) == 2 and "% of EASE's" in on_disk["gaps"][1] and "× popularity's" in on_disk["gaps"][1]
+    assert len(on_disk["gaps"]) == 2 and "× popularity's" in on_disk["gaps"][1]
+    for label in ("graph filter", "two-tower + graph filter", "EASE", "iALS"):  # each stage ranker's share, labelled
+        assert f"% of {label}'s (" in on_disk["gaps"][1]
 
 
 def test_markdown_states_the_protocol(written):
@@ -201,11 +203,10 @@ def test_ease_and_ann_skipped_with_reasons(monkeypatch):
     inputs = _inputs()  # no dataset dir: indices instead of raw ids, no titles
     small = EvalConfig(settings={"ease": {"max_items": 50}})
     result = compute_report(inputs, ReportOptions(ranker_config=small, num_seed_items=2, stage_rankers=["ease"]))
-    assert result.report["ease"]["skipped"].startswith("eval.settings.ease.max_items=50: EASE over 80 items")
-    assert (
-        "iALS not among the report's rankers" in result.report["ials"]["skipped"]
-        and "iALS not run" in result.report["gaps"][0]
+    assert result.report["stage"]["rankers"]["ease"]["skipped"].startswith(
+        "eval.settings.ease.max_items=50: EASE over 80 items"
     )
+    assert list(result.report["stage"]["rankers"]) == ["ease"]  # only the rankers asked for
     assert "pip install faiss-cpu" in result.report["ann"]["skipped"]
     assert set(result.report["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
     assert "EASE not run" in result.report["gaps"][0]
@@ -215,7 +216,7 @@ def test_ease_and_ann_skipped_with_reasons(monkeypatch):
 
 def test_ials_block_and_its_numbers(written):
     inputs, report, out = written
-    ials = report["ials"]
+    ials = report["stage"]["rankers"]["ials"]
     point = ials["point"]
     assert list(ials["grid"]) == [
         "regularization=0.1,alpha=3", "regularization=0.1,alpha=30", "regularization=10,alpha=3", "regularization=10,alpha=30"
@@ -233,9 +234,10 @@ def test_ials_block_and_its_numbers(written):
         assert report["splits"][name]["metrics"]["ials"] == pytest.approx(expected, rel=1e-12)
     assert "% of iALS's" in report["gaps"][1]
     md = (out / "report.md").read_text()
-    assert "## iALS" in md and "| iALS |" in md
+    assert "### iALS (`ials`)" in md and "| iALS |" in md
     assert f"regularization = {point['regularization']:g}, alpha = {point['alpha']:g}, chosen by valid recall@20" in md
-    assert "Test fit: dtype float64" in md and report["ease"]["fit"]["test"]["dtype"] == "float64"
+    ease = report["stage"]["rankers"]["ease"]
+    assert "Test fit: dtype float64" in md and ease["fit"]["test"]["dtype"] == "float64"
 
 
 def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
@@ -244,17 +246,21 @@ def test_ease_runs_float32_or_skips_by_the_memory_it_is_given(written):
     fast = dict(ranker_config=EvalConfig(settings=SETTINGS), ann_kinds=(), num_seed_items=0, stage_rankers=["ease"])
     need64 = ease_peak_bytes(NUM_ITEMS, torch.float64, num_users=NUM_USERS)
     need32 = ease_peak_bytes(NUM_ITEMS, torch.float32, num_users=NUM_USERS)
-    assert full["ease"]["fit"]["test"]["dtype"] == "float64"
+    full_ease = full["stage"]["rankers"]["ease"]
+    assert full_ease["fit"]["test"]["dtype"] == "float64"
     half = compute_report(
         inputs, ReportOptions(available_bytes=int((need64 - 1) / 0.9), **fast)
     ).report  # / 0.9: the share a plan may use
-    assert half["ease"]["fit"]["test"]["dtype"] == "float32" and half["ease"]["point"] == full["ease"]["point"]
+    half_ease = half["stage"]["rankers"]["ease"]
+    assert half_ease["fit"]["test"]["dtype"] == "float32" and half_ease["point"] == full_ease["point"]
     for name in inputs.splits:  # float32's top-k is float64's on this catalogue
         assert half["splits"][name]["metrics"]["ease"] == pytest.approx(
             full["splits"][name]["metrics"]["ease"], rel=1e-12
         )
     none = compute_report(inputs, ReportOptions(available_bytes=need32 // 2, **fast)).report
-    assert f"needs {need32 / 1e9:.1f} GB, have {need32 // 2 / 1e9:.1f} GB" in none["ease"]["skipped"]
+    assert (
+        f"needs {need32 / 1e9:.1f} GB, have {need32 // 2 / 1e9:.1f} GB" in none["stage"]["rankers"]["ease"]["skipped"]
+    )
     assert set(none["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
     assert "EASE skipped: eval.rankers lists ease, whose fit needs " in format_markdown(
         json.loads(json.dumps(none, default=float))
@@ -279,13 +285,15 @@ def test_ease_skips_a_sweep_longer_than_its_time_budget(written, monkeypatch):
 
     slow = report(20.0, 30)
     # 3 factorisations (two λ on valid, the chosen one for test) x 20 min > 30 min
-    assert slow["ease"]["skipped"].startswith("eval.settings.ease.max_minutes=30: EASE's 2 λ on valid and one for test")
-    assert "about 60 minutes here" in slow["ease"]["skipped"] and "ease" not in slow["splits"]["test"]["metrics"]
+    skipped = slow["stage"]["rankers"]["ease"]["skipped"]
+    assert skipped.startswith("eval.settings.ease.max_minutes=30: EASE's 2 λ on valid and one for test")
+    assert "about 60 minutes here" in skipped and "ease" not in slow["splits"]["test"]["metrics"]
     assert "EASE skipped: eval.settings.ease.max_minutes=30" in format_markdown(
         json.loads(json.dumps(slow, default=float))
     )
-    assert report(1 / 60, 30)["ease"]["point"] == full["ease"]["point"]
-    assert report(1e9, 0)["ease"]["point"] == full["ease"]["point"]  # 0: no limit
+    point = full["stage"]["rankers"]["ease"]["point"]
+    assert report(1 / 60, 30)["stage"]["rankers"]["ease"]["point"] == point
+    assert report(1e9, 0)["stage"]["rankers"]["ease"]["point"] == point  # 0: no limit
 
 
 def test_factorisation_estimate_scales_with_the_cube_of_the_catalogue(monkeypatch):
@@ -303,7 +311,7 @@ def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
     their valid grids, through the run's evaluation stage; the valid rows are those points' figures; beta = 0
     is the two-tower itself; each is fit on the interactions its split follows and says it is servable."""
     inputs, report, out = written
-    gf = report["graph_filter"]
+    gf = report["stage"]
     assert gf["tuned_on"] == "valid recall@20"
     alone, fused = gf["rankers"]["graph_filter"], gf["rankers"][FUSED_MODEL]
     assert alone["fit"]["valid"]["interactions"] == inputs.train.indices.size
@@ -320,9 +328,8 @@ def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
     assert {"graph_filter", FUSED_MODEL} <= set(report["splits"]["test"]["metrics"])
     assert alone["servable"] and fused["servable"]
     md = (out / "report.md").read_text()
-    assert "## The stage's other rankers (the graph filter" in md and "two-tower + graph filter" in md
-    assert f"- {FUSED_MODEL}: fit on train + valid" in md
+    assert "## The evaluation stage's rankers" in md and f"### two-tower + graph filter (`{FUSED_MODEL}`)" in md
+    assert "fitted on train for valid and train + valid for test; servable by the bundle: yes." in md
     off = compute_report(inputs, ReportOptions(stage_rankers=[], ann_kinds=())).report
-    assert (
-        "graph_filter" not in off["splits"]["test"]["metrics"] and "no other ranker" in off["graph_filter"]["skipped"]
-    )
+    assert "graph_filter" not in off["splits"]["test"]["metrics"] and off["stage"]["rankers"] == {}
+    assert "None asked for" in format_markdown(json.loads(json.dumps(off, default=float)))

@@ -83,6 +83,38 @@ def test_the_rankers_stand_on_the_ranking_layer_not_on_the_evaluation_stage():
         assert not {m for m in _imports(path) if m.startswith(("recsys.rankers", "recsys.evaluation"))}, path
 
 
+def _string_literals(path: Path) -> set[str]:
+    """The string constants of ``path``'s code, docstrings left out (they may name what they describe)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    }
+
+
+def test_the_report_names_no_ranker():
+    """The report iterates the rankers the stage ranked and labels each by its package: adding a ranker edits nothing
+    in report/ (issue 54)."""
+    from recsys.rankers.registry import ranker_specs
+
+    names = {name for name in ranker_specs() if name != "two_tower"}  # the trained model's row: TRAINED, imported
+    named = {
+        str(path.relative_to(ROOT)): sorted(_string_literals(path) & names)
+        for path in sorted((ROOT / "recsys" / "evaluation" / "report").rglob("*.py"))
+    }
+    assert {path: found for path, found in named.items() if found} == {}
+    assert {"ease", "ials", "graph_filter", "popularity"} <= names  # the check knows the built-in names
+
+
 # the layers under the evaluation stage take their own config sections and the run plan's decisions
 # (recsys/job/plan.py), never the root Config (shared/STYLE.md 18-19)
 SECTION_LAYERS = ("components", "data", "distributed", "model", "ranking", "training")

@@ -228,7 +228,8 @@ def test_results_table_script_writes_the_readme_table_format():
             },
         }
 
-    report = {"splits": {"valid": split(0.5), "test": split(0.25)}, "ease": {"lambda": 1000.0}}
+    report = {"splits": {"valid": split(0.5), "test": split(0.25)}}
+    report["stage"] = {"rankers": {"ease": {"point": {"lambda": 1000.0}}}}
     report["splits"]["test"]["metrics"]["ease"]["recall@10"] = 0.28104
     lines = script.results_table(report).splitlines()
     assert lines[0] == script.HEADER and lines[1] == "|---|---|---|---|---|---|---|---|"
@@ -236,7 +237,7 @@ def test_results_table_script_writes_the_readme_table_format():
     assert lines[3].startswith("| EASE (λ = 1000, tuned on valid) | 0.2810 | 0.0500 |")
     report["splits"]["test"]["metrics"]["two_tower+ease"] = report["splits"]["test"]["metrics"]["ease"]
     report["splits"]["test"]["breakdowns"]["two_tower+ease"] = report["splits"]["test"]["breakdowns"]["ease"]
-    report["graph_filter"] = {"rankers": {"two_tower+ease": {"point": {"lambda": 300.0, "beta": 0.1}}}}
+    report["stage"]["rankers"]["two_tower+ease"] = {"point": {"lambda": 300.0, "beta": 0.1}}
     fused = script.results_table(report, served="two_tower+ease").splitlines()[3]  # after the two-tower, marked
     assert fused.startswith("| **two-tower + EASE (λ = 300, β = 0.1, tuned on valid): served** | 0.2810 |")
     del report["splits"]["test"]["metrics"]["two_tower+ease"]

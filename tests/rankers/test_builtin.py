@@ -76,6 +76,8 @@ def test_a_new_built_in_ranker_is_one_package(new_package, tmp_path, data_root, 
     report = json.loads((run_dir / "eval" / "report.json").read_text())
     row = report["splits"]["test"]["metrics"][NAME]
     assert row["recall@20"] == pytest.approx(results["test"][NAME]["recall@20"], abs=1e-6)
+    assert report["stage"]["rankers"][NAME]["settings"] == results["rankers"][NAME]["settings"]
+    assert f"### {NAME}\n" in (run_dir / "eval" / "report.md").read_text()  # its own section, with no report edit
 
     bundle_dir = export_run(ExportConfig(run_dir=str(run_dir)))
     manifest = json.loads((bundle_dir / "manifest.json").read_text())

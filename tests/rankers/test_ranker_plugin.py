@@ -109,7 +109,7 @@ def test_ease_and_ials_are_rows_like_any_ranker_in_the_run_and_the_report(tmp_pa
     for split in ("valid", "test"):
         for name in ("ease", "ials"):
             assert report["splits"][split]["metrics"][name] == results[split][name], (split, name)
-    assert report["ease"]["point"] == results["rankers"]["ease"]["point"]
+    assert report["stage"]["rankers"]["ease"]["point"] == results["rankers"]["ease"]["point"]
 
 
 PLUGIN = '''

@@ -1,16 +1,18 @@
-"""The offline evaluation report: the two-tower beside popularity, EASE and iALS, breakdowns, ANN, files.
+"""The offline evaluation report: the two-tower beside popularity and the evaluation stage's rankers, breakdowns,
+ANN, files. It names no ranker: it reports the rows the stage ranked, each labelled by its package (the registry's
+``ranker_label``).
 
 ``recsys.evaluation.offline`` embeds users and items (on any number of ranks), assembles an
 ``EvalInputs`` on rank 0 and calls ``evaluate_and_report``; everything below is plain arrays, no
 process group. One stage per module: ``types`` (inputs, options, result), ``compute`` (ranking,
-metrics, breakdowns, ANN; ``baselines``: EASE, iALS), ``markdown`` (report.md), ``plot``
-(recall_at_k.png); this module writes the files.
+metrics, breakdowns, ANN; ``stage_rankers``: the stage's rankers, planned and ranked), ``markdown`` (report.md),
+``plot`` (recall_at_k.png); this module writes the files.
 
 Written into ``<run_dir>/eval/``, each file via a temporary file renamed into place:
 
     report.json              every number: metrics per split x model at every K, recall-vs-K curves,
-                             breakdowns, EASE λ search and memory plan, iALS grid search,
-                             ANN recall + latency, protocol, counts
+                             breakdowns, "stage": each stage ranker's row (its chosen point, valid grid,
+                             fits) or why it was skipped, ANN recall + latency, protocol, counts
     report.md                the same as readable tables, the protocol, the gap sentences
     recall_at_k.png          Recall@K for K = 1..max(ks), one panel per split, one line per model
     recommendations.parquet  the two-tower's top-K per user of one split (raw ids / titles when
@@ -29,12 +31,11 @@ import numpy as np
 from recsys.evaluation.report.compute import compute_report, describe_protocol, recall_curve
 from recsys.evaluation.report.markdown import format_markdown
 from recsys.evaluation.report.plot import plot_recall_at_k
-from recsys.evaluation.report.types import EVAL_DIR, MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
+from recsys.evaluation.report.types import EVAL_DIR, EvalInputs, EvalReport, ReportOptions, SplitInputs
 from recsys.utils.atomic import write_atomic, write_text_atomic
 
 __all__ = [
     "EVAL_DIR",
-    "MODEL_LABELS",
     "EvalInputs",
     "EvalReport",
     "ReportOptions",

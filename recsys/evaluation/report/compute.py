@@ -1,4 +1,4 @@
-"""compute_report: every split ranked by the model and the baselines, metrics, breakdowns, ANN, recommendations.
+"""compute_report: every split ranked by the model and the stage's rankers, metrics, breakdowns, ANN, recommendations.
 
 Plain arrays in, a JSON-able dict out; no process group, nothing written.
 """
@@ -18,12 +18,13 @@ import torch
 from recsys.data.dataset import read_dataset_meta, read_vocabularies
 from recsys.evaluation.ann import compare_ann
 from recsys.evaluation.breakdowns import breakdowns
-from recsys.evaluation.report.baselines import BASELINES, rank_stage_rankers
-from recsys.evaluation.report.types import MODEL_LABELS, EvalInputs, EvalReport, ReportOptions, SplitInputs
+from recsys.evaluation.report.stage_rankers import rank_stage_rankers
+from recsys.evaluation.report.types import EvalInputs, EvalReport, ReportOptions, SplitInputs
+from recsys.rankers.registry import ranker_label
 from recsys.ranking.interactions import UserItemCSR
 from recsys.ranking.metrics import compute_metrics, hit_matrix
 from recsys.ranking.retrieval import exact_topk
-from recsys.ranking.scoring import rank_and_score
+from recsys.ranking.scoring import POPULARITY_ROW, rank_and_score
 
 log = logging.getLogger("recsys.evaluation.report")  # one line per stage: the report's steps take seconds to minutes
 
@@ -93,7 +94,8 @@ def describe_protocol(inputs: EvalInputs) -> dict:
 
 
 def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions()) -> EvalReport:
-    """Ranks every split with the model, popularity, EASE (when it fits) and iALS, and measures everything.
+    """Ranks every split with the model, popularity and the stage's rankers (``options.stage_rankers``, each where its
+    resource check lets it), and measures everything.
 
     Returns an ``EvalReport``; nothing is written (``write_report`` does that).
     """
@@ -111,7 +113,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         else np.asarray(inputs.item_train_counts)
     )
     stage_ids, stage_info = rank_stage_rankers(inputs, options)
-    ease_info, ials_info, graph_info = _stage_blocks(stage_info, options)
+    stage = {k: v for k, v in stage_info.items() if k != "plan"}  # each ranker's row or why it was skipped
     baselines = _Baselines(stage_ids)
     ranked = {
         name: _rank_split(name, split, items, item_counts, baselines, inputs, options, ks)
@@ -132,12 +134,10 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
         "ks": ks,
         "headline_k": headline_k,
         "splits": splits_out,
-        "ease": ease_info,
-        "ials": ials_info,
-        "graph_filter": graph_info,
+        "stage": stage,
         "evaluation_plan": stage_info.get("plan"),  # each stage ranker's estimated cost, what the plan decided
         "ann": _ann_section(inputs, options, kmax, ks, num_items),
-        "gaps": _gap_statements(splits_out, inputs.model_name, headline_k, ease_info, ials_info),
+        "gaps": _gap_statements(splits_out, inputs.model_name, headline_k, stage["rankers"]),
         "more_like_this": _more_like_this(items, item_counts, names, options),
         "breakdown_definitions": _breakdown_definitions(options),
         "recommendations": {
@@ -149,26 +149,6 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
     }
     curves = {name: r.curves for name, r in ranked.items()}
     return EvalReport(report=report, recommendations=recommendations, curves=curves)
-
-
-def _stage_blocks(stage_info: dict, options: ReportOptions) -> tuple[dict, dict, dict]:
-    """report.json's "ease", "ials" and "graph_filter" blocks from the stage's rows: each baseline's row (or why it
-    was skipped or not asked for), and every other ranker the stage ranked."""
-    rows = stage_info.get("rankers", {})
-    blocks = []
-    for baseline in BASELINES:
-        if baseline in rows:
-            blocks.append({"ranker": baseline, **rows[baseline]})
-        else:
-            blocks.append(
-                {"skipped": f"{MODEL_LABELS[baseline]} not among the report's rankers (recsys.evaluate rankers=...)"}
-            )
-    others = {n: row for n, row in rows.items() if n not in BASELINES}
-    if not others:
-        graph = {"skipped": "no other ranker among the report's (recsys.evaluate rankers=...)"}
-    else:
-        graph = {**{k: v for k, v in stage_info.items() if k not in ("rankers", "plan")}, "rankers": others}
-    return blocks[0], blocks[1], graph
 
 
 @dataclass
@@ -209,7 +189,7 @@ def _rank_split(
         "%s: ranking %d users (%s), metrics, breakdowns",
         name,
         split.relevant.num_users,
-        ", ".join([model, "popularity", *(["EASE"] if "ease" in others else [])]),
+        ", ".join([model, POPULARITY_ROW, *others]),
     )
     ranked, metrics = rank_and_score(
         _tensor(split.user_emb, options.device), items, kmax, exclude=split.exclude, relevant=split.relevant, ks=ks,
@@ -308,23 +288,24 @@ def _dataset_section(inputs: EvalInputs, names: _Names, num_items: int) -> dict:
     }
 
 
-def _gap_statements(splits_out: dict, model: str, k: int, ease_info: dict, ials_info: dict) -> list[str]:
-    """One sentence per split: the model's Recall@k as a share of EASE's and iALS's and a multiple of popularity's."""
+def _gap_statements(splits_out: dict, model: str, k: int, stage_rows: dict) -> list[str]:
+    """One sentence per split: the model's Recall@k as a share of each stage ranker's (or why it was not run) and a
+    multiple of popularity's."""
     out = []
     key = f"recall@{k}"
     for name, split in splits_out.items():
         metrics = split["metrics"]
         r = metrics[model][key]
         parts = []
-        for baseline, info in (("ease", ease_info), ("ials", ials_info)):
-            label = MODEL_LABELS[baseline]
-            if baseline in metrics:
-                b = metrics[baseline][key]
+        for ranker, row in stage_rows.items():
+            label = ranker_label(ranker)
+            if ranker in metrics:
+                b = metrics[ranker][key]
                 if math.isfinite(b) and b > 0:
                     parts.append(f"{100 * r / b:.1f}% of {label}'s ({b:.4f})")
             else:
-                parts.append(f"{label} not run: {info.get('skipped', 'n/a')}")
-        p = metrics["popularity"][key]
+                parts.append(f"{label} not run: {row.get('skipped', 'n/a')}")
+        p = metrics[POPULARITY_ROW][key]
         if math.isfinite(p) and p > 0:
             parts.append(f"{r / p:.2f}× popularity's ({p:.4f})")
         elif math.isfinite(p):

@@ -1,4 +1,5 @@
-"""report.md from the report dict: the protocol, metric tables, breakdowns, EASE / iALS grids, ANN, more like this."""
+"""report.md from the report dict: the protocol, metric tables, breakdowns, the stage's rankers (each one's point and
+valid grid), ANN, more like this."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from recsys.evaluation.report.types import MODEL_LABELS
+from recsys.rankers.registry import ranker_label
 from recsys.utils.markdown import markdown_table
 
 
@@ -26,20 +27,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 def _label(model: str, report: dict) -> str:
     del report  # same labels in every report
-    return MODEL_LABELS.get(model, model)
+    return ranker_label(model)
 
 
 def format_markdown(report: dict) -> str:
     """report.md from the report dict (tables, protocol, gaps, ANN, more like this)."""
-    out = (
-        _header(report)
-        + _splits(report)
-        + _ease(report)
-        + _ials(report)
-        + _graph_filter(report)
-        + _ann(report)
-        + _closing(report)
-    )
+    out = _header(report) + _splits(report) + _stage(report) + _ann(report) + _closing(report)
     return "\n".join(out)
 
 
@@ -114,61 +107,37 @@ def _splits(report: dict) -> list[str]:
     return out
 
 
-def _ease(report: dict) -> list[str]:
-    return _baseline(report.get("ease", {"skipped": "n/a"}), "EASE")
+def _stage(report: dict) -> list[str]:
+    """Each ranker the evaluation stage ranked for the report, in its order: what it was fit on, its chosen point and
+    valid grid; or why it was skipped."""
+    stage = report.get("stage") or {"rankers": {}}
+    out = ["## The evaluation stage's rankers", ""]
+    if not stage["rankers"]:
+        return out + ["None asked for (recsys.evaluate rankers=...).", ""]
+    for name, row in stage["rankers"].items():
+        out += _stage_row(name, row, stage.get("tuned_on", "valid"))
+    return out
 
 
-def _ials(report: dict) -> list[str]:
-    return _baseline(report.get("ials", {"skipped": "n/a"}), "iALS")
-
-
-def _baseline(row: dict, title: str) -> list[str]:
-    """A baseline ranked by the evaluation stage: its chosen point, what it was fit on, its valid grid; or why it was
-    skipped."""
-    out = [f"## {title}", ""]
+def _stage_row(name: str, row: dict, tuned_on: str) -> list[str]:
+    label = ranker_label(name)
+    out = [f"### {label}" + (f" (`{name}`)" if label != name else ""), ""]
     if "skipped" in row:
-        return out + [f"{title} skipped: {row['skipped']}.", ""]
-    point = ", ".join(f"{name} = {value:g}" for name, value in row["point"].items()) or "no settings to tune"
+        return out + [f"{label} skipped: {row['skipped']}.", ""]
+    point = ", ".join(f"{k} = {v:g}" if isinstance(v, (int, float)) else f"{k} = {v}" for k, v in row["point"].items())
+    tuned_on = row.get("tuned_on", tuned_on)
     fit_on = row.get("fit_on", {})
-    out += [f"{point}, chosen by {row['tuned_on']}; fitted on {fit_on.get('valid', '?')} for valid and "
-            f"{fit_on.get('test', '?')} for test (the run's evaluation stage).", ""]  # fmt: skip
+    servable = "yes" if row.get("servable") else "no"
+    out += [f"{point or 'no settings to tune'}, chosen by {tuned_on}; fitted on {fit_on.get('valid', '?')} for "
+            f"valid and {fit_on.get('test', '?')} for test; servable by the bundle: {servable}.", ""]  # fmt: skip
     fit = row.get("fit", {}).get("test", {})
     details = [f"{key} {value}" for key, value in fit.items() if key not in ("fit_on", "seconds")]
     if details:
         out += [f"Test fit: {', '.join(details)}; {fit.get('seconds', 0):.0f} s.", ""]
     if row.get("grid"):
-        out += _table(
-            ["setting", "valid " + row["tuned_on"].split()[1].rstrip(",")], [[k, v] for k, v in row["grid"].items()]
-        )
-        out += [""]
+        metric = tuned_on.split()[1].rstrip(",") if len(tuned_on.split()) > 1 else tuned_on
+        out += _table(["setting", f"valid {metric}"], [[k, v] for k, v in row["grid"].items()]) + [""]
     return out
-
-
-def _graph_filter(report: dict) -> list[str]:
-    """The evaluation stage's rankers beyond EASE and iALS (the graph filter alone and fused with the two-tower, any
-    other listed): what each was fit on, its chosen point and valid grid."""
-    gf = report.get("graph_filter", {"skipped": "n/a"})
-    out = ["## The stage's other rankers (the graph filter, fusions, plug-ins, the plain two-tower)", ""]
-    if "skipped" in gf:
-        return out + [f"Skipped: {gf['skipped']}.", ""]
-    rows = []
-    for name, row in gf["rankers"].items():
-        if "skipped" in row:
-            out.append(f"- {name}: skipped: {row['skipped']}.")
-            continue
-        fit = row["fit"].get("test", row["fit"].get("valid", {}))
-        sizes = ([f"{fit['interactions']:,} interactions"] if "interactions" in fit else []) + (
-            [f"top {fit['rank']} eigenpairs"] if "rank" in fit else []
-        )  # what the fit reports of itself: a graph filter both, the others neither
-        out.append(
-            f"- {name}: fit on {row['fit_on'].get('test', row['fit_on'].get('valid'))}"
-            f"{' (' + ', '.join(sizes) + ')' if sizes else ''}, chosen by {row.get('tuned_on', 'n/a')}: "
-            f"{_fmt(row['point'])}; servable by the bundle: {'yes' if row['servable'] else 'no'}."
-        )
-        rows += [[f"{name}, {point}", value] for point, value in row.get("grid", {}).items()]
-    if not rows:
-        return out + [""]
-    return out + [""] + _table(["grid point", "valid " + gf["tuned_on"].split()[-1]], rows) + [""]
 
 
 def _ann(report: dict) -> list[str]:

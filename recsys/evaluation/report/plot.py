@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recsys.evaluation.report.types import MODEL_LABELS
+from recsys.rankers.registry import ranker_label
 from recsys.utils.atomic import write_atomic
 
 
@@ -22,7 +22,7 @@ def plot_recall_at_k(curves: dict[str, dict[str, np.ndarray]], ks: Sequence[int]
     for ax, (split, per_model) in zip(axes, curves.items()):
         for m, curve in per_model.items():
             x = np.arange(1, curve.shape[0] + 1)
-            (line,) = ax.plot(x, curve, label=MODEL_LABELS.get(m, m), linewidth=2.2 if m == model else 1.4)
+            (line,) = ax.plot(x, curve, label=ranker_label(m), linewidth=2.2 if m == model else 1.4)
             at = [k - 1 for k in ks if k <= curve.shape[0]]
             ax.plot(x[at], curve[at], "o", color=line.get_color(), markersize=3.5)
         ax.set_title(f"{split}: full ranking, seen items masked")

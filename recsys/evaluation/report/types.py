@@ -13,16 +13,9 @@ import torch
 from recsys.config import EvalConfig
 from recsys.evaluation.ann import ANN_KINDS, AnnParams
 from recsys.evaluation.breakdowns import ACTIVITY_EDGES
-from recsys.rankers.registry import REPORT_BASELINES
+from recsys.rankers.registry import REPORT_BASELINES, TRAINED
 from recsys.ranking.interactions import UserItemCSR
 
-MODEL_LABELS = {
-    "popularity": "popularity",
-    "ease": "EASE",
-    "ials": "iALS",
-    "graph_filter": "graph filter (GF-CF / BSPM, top of the spectrum)",
-    "two_tower+graph_filter": "two-tower + graph filter",
-}
 EVAL_DIR = "eval"
 
 
@@ -77,7 +70,7 @@ class EvalInputs:
     item_train_counts: np.ndarray | None = None
     dataset_dir: str | Path | None = None
     checkpoint: str = ""
-    model_name: str = "two_tower"
+    model_name: str = TRAINED
     extra: dict = field(default_factory=dict)
     graphs: dict[str, UserItemCSR] | None = None
     unranked_items: np.ndarray | None = None  # bool [I]: items the model leaves out (recsys/ranking/untrained.py)

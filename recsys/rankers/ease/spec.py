@@ -13,4 +13,5 @@ register_ranker(
     check=settings.check_settings,
     resources=settings.check_resources,
     estimate=settings.estimate,
+    label="EASE",
 )

@@ -23,4 +23,5 @@ register_ranker(
     check=settings.check_settings,
     resources=settings.check_resources,
     estimate=settings.estimate,
+    label="graph filter",
 )

@@ -12,4 +12,5 @@ register_ranker(
     lambda c, s: PlainTwoTowerRanker(s, c.seed),
     settings=settings.PlainTwoTowerSettings,
     check=settings.check_settings,
+    label="plain two-tower",
 )

@@ -13,4 +13,9 @@ def estimate(settings: None, r: Resources) -> RankerCost:
     return dot_product_cost(r.query_dim, r.throughput, chunk_size=r.chunk_size, items=r.num_items)
 
 
-register_ranker(TRAINED, lambda c, s: TwoTowerRanker(c.embeddings, c.trained_on, c.unranked_items), estimate=estimate)
+register_ranker(
+    TRAINED,
+    lambda c, s: TwoTowerRanker(c.embeddings, c.trained_on, c.unranked_items),
+    estimate=estimate,
+    label="two-tower",
+)

@@ -1,10 +1,10 @@
-"""The report's rankers beside the model and popularity: EASE, iALS, the graph filter alone and fused with the
-two-tower, and whatever else the run lists, all through the evaluation stage (recsys.evaluation.stage: the same
+"""The report's rankers beside the model and popularity (recsys.evaluate's rankers=..., by default the rankers the
+registry names for a report: REPORT_BASELINES), all through the evaluation stage (recsys.evaluation.stage: the same
 rankers, settings, grids and fits as the run's, each tuned on valid and refit on the interactions test follows), so
 that a row means one thing in results.json and in the report. The stage's cost is planned first (each part's estimated
 time and memory logged; a part of the default list out of proportion lowered or left out: recsys/rankers/stage_cost.py);
-a ranker whose resource check refuses it (EASE's memory or time, iALS without its library) is left out, its block
-saying why."""
+a ranker whose resource check refuses it (EASE's memory or time, iALS without its library) is left out, its row
+in report.json's "stage" saying why."""
 
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ from recsys.rankers.resources import Resources
 from recsys.rankers.stage_cost import StagePlan, plan_stage
 
 log = logging.getLogger("recsys.evaluation.report")
-
-BASELINES = ("ease", "ials")  # the report's blocks of their own (report.json "ease" / "ials", report.md)
 
 
 def stage_names(options: ReportOptions) -> list[str]:
