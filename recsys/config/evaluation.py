@@ -42,7 +42,7 @@ VALID_METRICS = ("recall", "recall_liang", "ndcg", "hit_rate", "mrr", "coverage"
 
 def check_eval(e: EvalConfig, need: Need) -> None:
     """eval.*'s shared settings: the cut-offs, the early-stopping metric, the block sizes (the rankers and their
-    settings are checked by recsys.rankers.registry.check_rankers)."""
+    settings are checked by recsys.job.ranker_choice.check_rankers)."""
     need(len(e.ks) > 0 and all(k >= 1 for k in e.ks), "eval.ks", e.ks, "cut-offs must be >= 1")
     metric, _, k = e.valid_metric.partition("@")
     valid_names = [f"{name}@{k}" for name in VALID_METRICS for k in e.ks]

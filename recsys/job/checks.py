@@ -20,7 +20,8 @@ from pathlib import Path
 from data_pipelines.dataset_dir import dropped_rows_report, read_meta
 from data_pipelines.errors import ConfigError
 from recsys.config import Config, query_not_exportable
-from recsys.rankers.registry import check_ranker_names, report_rankers
+from recsys.job.ranker_choice import report_rankers
+from recsys.rankers.registry import check_ranker_names
 from recsys.utils.choices import ANN_KINDS
 from recsys.utils.refusals import RunRefused
 

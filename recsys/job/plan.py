@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from recsys.config import Config, query_layout
 from recsys.data.dataset import RetrievalData
 from recsys.data.layout import FeatureLayout, data_layout
-from recsys.evaluation.run_stage import plan_run_stage, stage_resources
+from recsys.job.ranker_choice import serve_candidates
 from recsys.job.refit_rule import decide_refit
-from recsys.rankers.registry import serve_candidates
+from recsys.job.run_stage import plan_run_stage, stage_resources
 from recsys.rankers.resources import Resources
 from recsys.rankers.stage_cost import StagePlan
 from recsys.rundir.results import split_counts

@@ -17,16 +17,16 @@ from typing import Any, NamedTuple
 from recsys.config import Config
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
-from recsys.evaluation.run_stage import rank_after_training, trial_figure, with_plan
 from recsys.job.assemble import load_data, run_evaluator, shard_for_training, train_batches
 from recsys.job.checks import (
     check_batch_fits,
     warn_ks_beyond_catalogue,
 )
 from recsys.job.plan import RunPlan, resolve_plan
+from recsys.job.ranker_choice import check_rankers, check_resources
+from recsys.job.run_stage import rank_after_training, trial_figure, with_plan
 from recsys.job.trained import REFIT_DIR
 from recsys.rankers.plugins import load_plugins
-from recsys.rankers.registry import check_rankers, check_resources
 from recsys.rundir.dir import RESULTS_FILE, check_finished_evaluation, result_ks
 from recsys.rundir.lock import lock_run_dir
 from recsys.rundir.manager import CheckpointManager

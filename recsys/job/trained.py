@@ -19,12 +19,12 @@ from recsys.data.layout import FeatureLayout
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.distributed.rank_data import rank_user_range
 from recsys.distributed.sharding import ShardedModel, inference_sharding, shard_model
-from recsys.evaluation.offline import check_splits, evaluate_trained
 from recsys.job.assemble import open_dataset, prepare_dataset_on_rank0
 from recsys.job.checks import (
     check_evaluate_names,
     warn_ks_beyond_catalogue,
 )
+from recsys.job.offline import check_splits, evaluate_trained
 from recsys.job.plan import run_layout
 from recsys.model.build import build_task
 from recsys.rankers.plugins import load_plugins

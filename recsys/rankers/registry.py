@@ -1,5 +1,6 @@
-"""The rankers by name: each one's package (how it is built, its settings, their rules, its resource check), the run's
-default list and served ranker, and the checks every entry point makes of them before any work.
+"""The rankers by name: each one's package (how it is built, its settings, their rules, its resource check, its label),
+the default list's names, and the checks of names and settings. Which of them a run ranks and serves is the run's
+decision (recsys/job/ranker_choice.py): nothing here reads the root config.
 
     rankers, parts = build_rankers(["two_tower", "popularity", "two_tower+graph_filter"], context)
 
@@ -14,7 +15,7 @@ names it), a plug-in in its module (``eval.plugins``); a servable one's ``part.p
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data_pipelines.errors import ConfigError
-from recsys.config import Config, EvalConfig, IdMapping, QueryHistory
+from recsys.config import EvalConfig
 from recsys.config.need import Need
 from recsys.rankers import fusion
 from recsys.rankers.base import Ranker
@@ -138,101 +139,9 @@ def settings_of(name: str, given: Mapping[str, Any], specs: Mapping[str, RankerS
         raise ConfigError(f"{SETTINGS}.{name}: {e.msg.splitlines()[0]}") from None
 
 
-def resolved_rankers(cfg: Config, num_items: int | None = None) -> list[str]:
-    """``eval.rankers``, or when null: the two-tower and popularity, and where the query is a profile bag (the
-    random-split protocols: held-out items anywhere in the user's profile, the graph filter's and EASE's own setting)
-    with the vocabulary's ids, outside data.slices, the two-tower fused with the graph filter, and with EASE too on a
-    catalogue of up to ``DEFAULT_EASE_MAX_ITEMS`` items (``num_items``; None: not known yet, the widest list, for
-    checks); the run logs what this gave (recsys.job.run)."""
-    if cfg.eval.rankers is not None:
-        return list(cfg.eval.rankers)
-    # not with managed ids, nor data.slices (nothing held out to tune its grid on): docs/continuous-training.md
-    fused = (
-        cfg.data.query_history == QueryHistory.profile
-        and cfg.model.id_mapping == IdMapping.vocab
-        and not cfg.data.slices
-    )
-    small = num_items is None or num_items <= DEFAULT_EASE_MAX_ITEMS
-    return [TRAINED, "popularity"] + ([DEFAULT_FUSION] if fused else []) + ([EASE_FUSION] if fused and small else [])
-
-
-def report_rankers(cfg: Config, asked: Sequence[str] | None, num_items: int | None = None) -> list[str]:
-    """The rankers recsys.evaluate ranks through the evaluation stage: ``asked`` (its rankers=), else the run's
-    eval.rankers (of a catalogue of ``num_items``) and ``REPORT_BASELINES``, without the rows the report ranks
-    itself."""
-    names = list(asked) if asked is not None else [*resolved_rankers(cfg, num_items), *REPORT_BASELINES]
-    return [name for name in dict.fromkeys(names) if name not in REPORT_OWN]
-
-
-def report_defaults(cfg: Config, asked: Sequence[str] | None, num_items: int | None = None) -> list[str]:
-    """The report's rankers from a default list, which its cost plan may lower or leave out (recsys/rankers/stage_cost.py):
-    with its rankers=null the baselines, and the run's own where its eval.rankers was null too; none when asked."""
-    if asked is not None:
-        return []
-    own = resolved_rankers(cfg, num_items) if cfg.eval.rankers is None else []
-    listed = set(cfg.eval.rankers or ())
-    return [n for n in report_rankers(cfg, None, num_items) if n in own or (n in REPORT_BASELINES and n not in listed)]
-
-
 def is_servable(name: str) -> bool:
     """Whether the bundle can serve ``name``: every part of it has a registered servable part."""
     return all(servable(part) for part in name.split("+"))
-
-
-def serve_candidates(cfg: Config, num_items: int | None = None) -> list[str]:
-    """The rankers the headline and the bundle are chosen from, in order: ``eval.serve``, else every servable one of
-    the resolved rankers (the evaluation stage serves the best on valid: ``recsys.evaluation.stage``)."""
-    if cfg.eval.serve:
-        return [cfg.eval.serve]
-    names = [n for n in resolved_rankers(cfg, num_items) if n.split("+")[0] in ranker_specs() and is_servable(n)]
-    return names or [TRAINED]
-
-
-def served_ranker(cfg: Config) -> str:
-    """The ranker served without a valid split to choose on: ``eval.serve``, else the last servable one listed."""
-    return serve_candidates(cfg)[-1]
-
-
-def check_rankers(cfg: Config) -> None:
-    """The rankers before any work: known names, their settings' types and rules (each ranker's package), the served
-    one among them and servable; one ConfigError naming every key that is wrong."""
-    names, serve = resolved_rankers(cfg), served_ranker(cfg)
-    check_ranker_names(names)
-    problems: list[str] = []
-
-    def need(ok: bool, key: str, value: Any, rule: str) -> None:
-        if not ok:
-            problems.append(f"{key}={value!r}: {rule}")
-
-    need(TRAINED in names, "eval.rankers", names, f"must list {TRAINED} (what was trained)")
-    servable_names = [n for n in names if is_servable(n)]
-    need(
-        serve in servable_names,
-        "eval.serve",
-        serve,
-        f"must be one of eval.rankers' servable ones ({', '.join(servable_names)})",
-    )
-    for name, spec in _used_specs(names).items():
-        try:
-            settings = settings_of(name, cfg.eval.settings, {name: spec})
-        except ConfigError as e:
-            problems.append(str(e))
-            continue
-        if spec.check is not None:
-            spec.check(settings, need, f"{SETTINGS}.{name}")
-    if problems:
-        raise ConfigError("bad config values: " + "; ".join(problems))
-
-
-def check_resources(cfg: Config, resources: Resources) -> None:
-    """Refuse (ConfigError) a ranker whose fit the host cannot hold: each used ranker's resource check."""
-    names = resolved_rankers(cfg, resources.num_items)
-    resources = replace(resources, served_parts=served_parts(names, cfg.eval.serve))
-    for name, spec in _used_specs(names).items():
-        if spec.resources is not None:
-            why = spec.resources(settings_of(name, cfg.eval.settings, {name: spec}), resources, f"{SETTINGS}.{name}")
-            if why:
-                raise ConfigError(why)
 
 
 def served_parts(names: Sequence[str], serve: str = "") -> frozenset[str]:
@@ -243,7 +152,7 @@ def served_parts(names: Sequence[str], serve: str = "") -> frozenset[str]:
     )
 
 
-def _used_specs(names: Sequence[str]) -> dict[str, RankerSpec]:
+def used_specs(names: Sequence[str]) -> dict[str, RankerSpec]:
     """The specs of the rankers ``names`` are built from, fusions' settings included."""
     specs = ranker_specs()
     used = {part: specs[part] for name in names for part in name.split("+") if part in specs}

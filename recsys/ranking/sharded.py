@@ -225,7 +225,7 @@ class Evaluator:
         world_size: int = 1,
     ) -> dict[str, dict[str, float]]:
         """``{"two_tower": metrics}`` of ``split`` (the per-epoch validation), the same on every rank; the
-        rankers after training are ``recsys.evaluation.run_stage``'s. With managed tables the items they do not
+        rankers after training are ``recsys.job.run_stage``'s. With managed tables the items they do not
         hold are left out, as the evaluation stage leaves them out (recsys/ranking/untrained.py), so the epoch
         chosen on valid is chosen on the ranking the run reports."""
         return self.evaluate_users(two_tower, split, device=device, rank=rank, world_size=world_size).metrics

@@ -3,7 +3,7 @@ then the best epoch's weights restored.
 
 ``recsys.job.run.fit`` assembles a run (data, model, sharding, batches, evaluator, the run's
 :class:`~recsys.rundir.manager.CheckpointManager`), hands it to :class:`Trainer`, and then ranks
-valid and test with the configured rankers (``recsys.evaluation.run_stage``); tests and scripts call ``fit``
+valid and test with the configured rankers (``recsys.job.run_stage``); tests and scripts call ``fit``
 with a typed :class:`~recsys.config.Config`. The loop itself reads its own section (``trainer``), the schedule's
 (``optim``) and the figure that picks the best epoch. Outputs (rank 0 only) in ``run_dir``::
 

@@ -8,7 +8,7 @@ settings are never below them on valid; Optuna (TPE, seeded by ``tune.seed``) pr
 (recsys.job.run.search_trial: the test split is never read), and its figure is the valid ``eval.valid_metric`` of what
 its run would serve: the two-tower's best epoch, or where the run serves the best on valid of several rankers (the
 default's fusion with the graph filter) that one's, each at its grid's best point, as the run's evaluation stage
-chooses (recsys.evaluation.run_stage.trial_figure; the graph filter's and EASE's fits are made once for the whole
+chooses (recsys.job.run_stage.trial_figure; the graph filter's and EASE's fits are made once for the whole
 search). A trial whose two-tower figure after an epoch (its 2nd on) is below the median of the earlier trials' at
 that epoch is pruned there (``tune.prune``) and never chosen. The best trial replaces the configured settings only
 when ahead of them on valid by more than ``tune.min_gain_se`` standard errors of that lead, paired over the valid

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 
 from recsys.config import Config, with_values
 from recsys.distributed.env import destroy_distributed, init_distributed
-from recsys.evaluation.run_stage import fits_kept_between_trainings
 from recsys.job.assemble import prepare_dataset_on_rank0
+from recsys.job.run_stage import fits_kept_between_trainings
 from recsys.rundir.dir import RESULTS_FILE
 from recsys.tune.per_rank import Coordination, search_per_rank
 from recsys.tune.search import TrainTrial, chosen_config, from_rank0, one_process, search

@@ -302,7 +302,7 @@ def test_run_side_refusals_are_one_line_with_the_traceback_in_train_log(
 def test_a_graph_filter_too_big_for_the_host_is_refused_before_training(
     tmp_path, data_root, process_group, monkeypatch
 ):
-    import recsys.evaluation.run_stage as run
+    import recsys.job.run_stage as run
     from data_pipelines.errors import ConfigError
 
     cfg = tiny_config([f"data.root={data_root}", *SHORT, "eval.rankers=[two_tower,two_tower+graph_filter]"])

@@ -115,9 +115,9 @@ def test_the_report_names_no_ranker():
     assert {"ease", "ials", "graph_filter", "popularity"} <= names  # the check knows the built-in names
 
 
-# the layers under the evaluation stage take their own config sections and the run plan's decisions
+# the evaluation stage and the layers under it take their own config sections and the run plan's decisions
 # (recsys/job/plan.py), never the root Config (shared/STYLE.md 18-19)
-SECTION_LAYERS = ("components", "data", "distributed", "model", "ranking", "training")
+SECTION_LAYERS = ("components", "data", "distributed", "evaluation", "model", "rankers", "ranking", "training")
 
 
 def _names_root_config(path: Path) -> bool:

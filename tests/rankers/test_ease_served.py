@@ -127,7 +127,8 @@ def test_the_default_list_fuses_where_the_query_is_the_users_profile(overrides, 
     """eval.rankers=null: the fusions join the two-tower and popularity wherever the query is a profile bag (the
     random-split protocols, whose held-out items lie anywhere in the profile: the graph filter's and EASE's own
     setting), whether or not the candidates' neighbours are on; EASE's only up to DEFAULT_EASE_MAX_ITEMS items."""
-    from recsys.rankers.registry import DEFAULT_EASE_MAX_ITEMS, DEFAULT_FUSION, EASE_FUSION, resolved_rankers
+    from recsys.job.ranker_choice import resolved_rankers
+    from recsys.rankers.registry import DEFAULT_EASE_MAX_ITEMS, DEFAULT_FUSION, EASE_FUSION
 
     cfg = tiny_config(overrides)
     both = ["two_tower", "popularity", DEFAULT_FUSION, EASE_FUSION]

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from recsys.evaluation.stage import evaluate_rankers
+from recsys.job.ranker_choice import check_rankers
 from recsys.rankers.base import EvalSplit, point_key
 from recsys.rankers.fusion import FusionFit, FusionRanker
 from recsys.rankers.graph_filter.ranker import GraphFilterFit, GraphFilterRanker, GraphFilterVectors
 from recsys.rankers.graph_filter.settings import fit_peak_bytes
 from recsys.rankers.graph_filter.spectral import fit_spectrum
-from recsys.rankers.registry import check_rankers
 from recsys.rankers.two_tower.ranker import TwoTowerFit, TwoTowerRanker
 from recsys.ranking.interactions import UserItemCSR
 from tests.helpers.config import tiny_config

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from data_pipelines.errors import ConfigError
+from recsys.job.ranker_choice import check_rankers
 from recsys.job.run import fit
 from recsys.rankers.plain_two_tower.model import _in_batch_softmax, train_plain_two_tower
-from recsys.rankers.registry import check_rankers
 from recsys.ranking.retrieval import exact_topk, popularity_topk
 from tests.helpers.config import tiny_config
 from tests.rankers.test_ials import NUM_ITEMS, NUM_USERS, _planted_case, _recall

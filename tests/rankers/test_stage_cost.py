@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from recsys.evaluation.run_stage import plan_run_stage, with_plan
+from recsys.job.run_stage import plan_run_stage, with_plan
 from recsys.rankers.cost import Throughput, fusion_points, ranking_seconds
 from recsys.rankers.ease.settings import EaseSettings
 from recsys.rankers.ease.settings import estimate as ease_estimate

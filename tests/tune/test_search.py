@@ -351,7 +351,7 @@ def test_the_trials_are_ranked_by_what_the_run_serves_with_one_graph_filter_fit(
 ):
     """Each trial's figure is the valid figure of the ranker its run would serve (tiny's default: the best of the
     two-tower and its fusions), with the graph filter fit once for the whole search, not once a trial."""
-    from recsys.evaluation.run_stage import fits_kept_between_trainings
+    from recsys.job.run_stage import fits_kept_between_trainings
     from recsys.rankers.graph_filter.ranker import GraphFilterRanker
 
     fitted = []

@@ -2,7 +2,7 @@
 ANN, files. It names no ranker: it reports the rows the stage ranked, each labelled by its package (the registry's
 ``ranker_label``).
 
-``recsys.evaluation.offline`` embeds users and items (on any number of ranks), assembles an
+``recsys.job.offline`` embeds users and items (on any number of ranks), assembles an
 ``EvalInputs`` on rank 0 and calls ``evaluate_and_report``; everything below is plain arrays, no
 process group. One stage per module: ``types`` (inputs, options, result), ``compute`` (ranking,
 metrics, breakdowns, ANN; ``stage_rankers``: the stage's rankers, planned and ranked), ``markdown`` (report.md),

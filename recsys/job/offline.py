@@ -20,7 +20,7 @@ from recsys.distributed.collectives import all_gather_rows
 from recsys.distributed.env import DistEnv
 from recsys.distributed.rank_data import rank_user_range
 from recsys.evaluation.report import EVAL_DIR, EvalInputs, ReportOptions, SplitInputs, evaluate_and_report
-from recsys.rankers.registry import report_defaults, report_rankers
+from recsys.job.ranker_choice import report_defaults, report_rankers
 from recsys.ranking.interactions import UserItemCSR
 from recsys.ranking.sharded import PRECEDING_SPLITS, Evaluator, embed
 from recsys.ranking.untrained import unranked_items

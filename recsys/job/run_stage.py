@@ -33,9 +33,10 @@ from recsys.config import Config, IdMapping, query_not_exportable
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.evaluation.stage import evaluate_rankers, served_on_valid
+from recsys.job.ranker_choice import resolved_rankers, serve_candidates
 from recsys.rankers.base import EvalSplit, Point
 from recsys.rankers.ease.plan import available_memory_bytes
-from recsys.rankers.registry import TRAINED, RankerContext, build_rankers, resolved_rankers, serve_candidates
+from recsys.rankers.registry import TRAINED, RankerContext, build_rankers
 from recsys.rankers.resources import Resources
 from recsys.rankers.served_dir import save_served
 from recsys.rankers.stage_cost import StageEstimate, StagePlan, plan_stage
