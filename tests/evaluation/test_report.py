@@ -142,6 +142,7 @@ def test_json_numbers_equal_compute_metrics(written):
     assert on_disk["dataset"]["counts"] == {"train": 1, "valid": 2, "test": 3}
     ease = on_disk["stage"]["rankers"]["ease"]
     assert ease["point"]["lambda"] in (1.0, 30.0) and set(ease["grid"]) == {"lambda=1", "lambda=30"}
+    assert ease["grid"][f"lambda={ease['point']['lambda']:g}"] == max(ease["grid"].values())  # the best on valid
     assert ease["fit_on"] == {"valid": "train", "test": "train + valid"}  # refit for test, as the run does
     # one row per stage ranker, in the order asked for, each its results.json row
     assert list(on_disk["stage"]["rankers"]) == list(dict.fromkeys(ReportOptions().stage_rankers))

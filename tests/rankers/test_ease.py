@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.rankers.ease.solve import ease_topk, fit_ease, gram_matrix, tune_ease
+from recsys.rankers.ease.solve import ease_topk, fit_ease, gram_matrix
 from recsys.ranking.interactions import UserItemCSR
-from recsys.ranking.metrics import compute_metrics
 from recsys.ranking.retrieval import exact_topk
 
 
@@ -68,50 +67,6 @@ def test_ease_topk_sparse_and_dense_paths_agree(monkeypatch):
     dense = ease_topk(b, train, 6, exclude=train)
     assert torch.equal(sparse[1], dense[1])
     torch.testing.assert_close(sparse[0], dense[0], rtol=1e-5, atol=1e-6)
-
-
-def _two_block_case():
-    """Items 0-9 and 10-19 are two taste groups; each user saw 5 items of one group, holds out 2 more.
-
-    Validation recall is computed independently below, so whichever λ the grid prefers, tune_ease
-    must return the argmax; the case also makes the answer matter (tiny λ is far worse).
-    """
-    rng = np.random.default_rng(0)
-    users, items, held_u, held_i = [], [], [], []
-    for u in range(80):
-        group = np.arange(10) + 10 * (u % 2)
-        picked = rng.choice(group, size=7, replace=False)
-        users += [u] * 5
-        items += picked[:5].tolist()
-        held_u += [u] * 2
-        held_i += picked[5:].tolist()
-    noise_u = rng.integers(0, 80, size=40)
-    train = UserItemCSR.from_pairs(
-        np.r_[users, noise_u], np.r_[items, rng.integers(0, 20, size=40)], num_users=80, num_items=20
-    )
-    relevant = UserItemCSR.from_pairs(np.array(held_u), np.array(held_i), num_users=80, num_items=20)
-    return train, relevant
-
-
-def test_tune_ease_picks_the_best_lambda():
-    train, relevant = _two_block_case()
-    lambdas = (0.01, 1.0, 10.0, 100.0, 1e4)
-    tuning = tune_ease(train, train, relevant, lambdas=lambdas, k=5, max_users=None)
-    expected = {}
-    for lam in lambdas:
-        _, ids = ease_topk(fit_ease(train, lam), train, 5, exclude=train)
-        expected[lam] = compute_metrics(ids.numpy(), relevant, [5], num_items=20)["recall@5"]
-    assert tuning.scores == pytest.approx(expected)
-    best = max(expected.values())
-    assert tuning.best_lambda == next(lam for lam in lambdas if expected[lam] == best)  # first of any tie
-    assert tuning.metric == "recall@5" and tuning.num_users == 80
-    assert best > min(expected.values())  # the grid's choice matters on this case
-
-
-def test_tune_ease_subsamples_users():
-    train, relevant = _two_block_case()
-    tuning = tune_ease(train, train, relevant, lambdas=(10.0,), k=5, max_users=30, seed=1)
-    assert tuning.num_users == 30 and 0.0 <= tuning.scores[10.0] <= 1.0
 
 
 def test_bad_lambda_raises():
@@ -214,12 +169,3 @@ def test_ease_from_gram_leaves_g_alone_unless_told():
     b32 = ease_from_gram(gram, 10.0, overwrite=True)  # float32, in G's memory
     assert b32.data_ptr() == gram.data_ptr()
     np.testing.assert_allclose(b32.numpy(), _numpy_ease(x, 10.0), rtol=1e-3, atol=1e-5)
-
-
-def test_tune_ease_keeps_the_best_b_when_asked():
-    train, relevant = _two_block_case()
-    lambdas = (0.01, 1.0, 10.0, 100.0, 1e4)
-    kept = tune_ease(train, train, relevant, lambdas=lambdas, k=5, max_users=None, keep_best=True)
-    plain = tune_ease(train, train, relevant, lambdas=lambdas, k=5, max_users=None)
-    assert plain.b is None and kept.scores == plain.scores and kept.best_lambda == plain.best_lambda
-    torch.testing.assert_close(kept.b, fit_ease(train, kept.best_lambda), rtol=0, atol=0)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.rankers.ials.solve import fit_ials, ials_topk, ials_user_factors, tune_ials
+from recsys.rankers.ials.solve import fit_ials, ials_topk, ials_user_factors
 from recsys.ranking.interactions import UserItemCSR
 from recsys.ranking.metrics import compute_metrics
 from recsys.ranking.retrieval import popularity_topk
@@ -75,34 +75,7 @@ def test_ials_beats_popularity_on_planted_groups():
     assert ials > 0.7 and pop < 0.25 and ials > 3 * pop, (ials, pop)
 
 
-def test_tune_ials_picks_the_best_grid_point():
-    train, valid = _planted_case(1)
-    regs, alphas = (0.01, 100.0), (1.0, 10.0)
-    tuning = tune_ials(
-        train, train, valid, regularizations=regs, alphas=alphas, factors=8, iterations=8, k=5, max_users=None
-    )
-    expected = {}
-    for reg in regs:
-        for alpha in alphas:
-            model = fit_ials(train, regularization=reg, alpha=alpha, factors=8, iterations=8)
-            expected[(reg, alpha)] = _recall(ials_topk(model, train, 5, exclude=train)[1], valid, 5)
-    assert tuning.scores == pytest.approx(expected)
-    assert list(tuning.scores) == [(0.01, 1.0), (0.01, 10.0), (100.0, 1.0), (100.0, 10.0)]  # λ-major
-    best = max(expected.values())
-    assert (tuning.best_regularization, tuning.best_alpha) == next(p for p in expected if expected[p] == best)
-    assert best > min(expected.values()) + 0.1  # the grid's choice matters on this case
-    # the returned model is the best point's: it reproduces that point's recall
-    assert _recall(ials_topk(tuning.model, train, 5, exclude=train)[1], valid, 5) == pytest.approx(best)
-    assert tuning.metric == "recall@5" and tuning.num_users == NUM_USERS
-
-
-def test_tune_ials_subsamples_users_and_checks_its_grid():
-    train, valid = _planted_case()
-    tuning = tune_ials(
-        train, train, valid, regularizations=(1.0,), alphas=(10.0,), factors=4, iterations=2, k=5, max_users=50, seed=2
-    )
-    assert tuning.num_users == 50 and 0.0 <= tuning.scores[(1.0, 10.0)] <= 1.0
-    with pytest.raises(ValueError, match="must not be empty"):
-        tune_ials(train, train, valid, regularizations=(), alphas=(10.0,))
+def test_fit_ials_refuses_a_non_positive_regularization():
+    train, _ = _planted_case()
     with pytest.raises(ValueError, match="must be > 0"):
         fit_ials(train, regularization=0.0, alpha=10.0)

@@ -34,22 +34,19 @@ def available_memory_bytes(device: str | torch.device = "cpu") -> int | None:
     return None
 
 
-def ease_peak_bytes(
-    num_items: int, dtype: torch.dtype, *, num_users: int, chunk_size: int = 4096, keep_best: bool = False
-) -> int:
+def ease_peak_bytes(num_items: int, dtype: torch.dtype, *, num_users: int, chunk_size: int = 4096) -> int:
     """Estimated peak bytes of the report's EASE (G, λ sweep, scoring) with the inverse in ``dtype``.
 
     The λ sweep is the peak: G [I, I] (float32, see ``gram_dtype``) + A [I, I] of ``dtype`` + B's
     float32 copy [I, I] when A is float64, + the scoring buffers of ``ease_topk`` (score chunk, dense
     history chunk, top-k temporaries: ~3 x chunk_size x I float32). ``gram_matrix`` needs G +
     [U, GRAM_BLOCK] float32 + [I, GRAM_BLOCK] float32 (and its copy when G is not float32), which
-    the sweep exceeds unless U is large, so G + the larger of the two is returned. ``keep_best``
-    (``tune_ease``) adds the best B so far, one more float32 [I, I]. The sparse copy
+    the sweep exceeds unless U is large, so G + the larger of the two is returned. The sparse copy
     of X (~12 bytes per pair) is left to the headroom of ``USABLE_MEMORY_SHARE``.
     """
     i2 = num_items * num_items
     gram = i2 * gram_dtype(num_users, dtype).itemsize
-    inverse = i2 * dtype.itemsize + (i2 * 4 if dtype.itemsize > 4 else 0) + (i2 * 4 if keep_best else 0)
+    inverse = i2 * dtype.itemsize + (i2 * 4 if dtype.itemsize > 4 else 0)
     scoring = 3 * min(chunk_size, max(num_users, 1)) * num_items * 4
     block = min(GRAM_BLOCK, num_items)
     building = num_users * block * 4 + num_items * block * (

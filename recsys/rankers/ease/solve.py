@@ -10,7 +10,7 @@ are ranked by ``chunked_topk`` with the same masking and tie rule as the two-tow
 Protocol used in the report: B is fitted on the training interactions only (what the two-tower
 learns from); a user's history row is the items masked for the split (train for valid, train and
 valid for test), the same items the two-tower's query sees. λ is the value of a log-spaced grid
-with the best validation Recall@20 (``tune_ease``).
+with the best validation Recall@20 (the evaluation stage, through ``EaseRanker``).
 
 Cost: G is [I, I] (4 I² bytes in float32) and the inverse O(I³) flops.
 Scoring costs nnz(history) x I per split.
@@ -30,19 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from recsys.ranking.interactions import UserItemCSR
-from recsys.ranking.metrics import compute_metrics
 from recsys.ranking.retrieval import chunked_topk
-from recsys.utils.choices import EASE_LAMBDAS
 
 MAX_EASE_ITEMS = 50_000  # a cap on top of the memory plan: B alone is 50k² float32 = 10 GB and the inverse O(I³)
-DEFAULT_LAMBDAS = EASE_LAMBDAS  # 10..1e4, half-decade steps (recsys/utils/choices.py: the config's default too)
 # Below this density a history chunk is multiplied as a sparse CSR matrix (nnz x I work), above
 # it as a dense one (C x I x I): on CPU torch's sparse mm runs ~30x below dense GEMM throughput.
 SPARSE_DENSITY = 0.02
@@ -202,72 +197,3 @@ def ease_topk(
     return chunked_topk(
         score_chunk, history.num_users, history.num_items, k, exclude=exclude, chunk_size=chunk_size, device=device
     )
-
-
-@dataclass
-class EaseTuning:
-    """Result of ``tune_ease``: the chosen λ and the validation metric of every λ tried."""
-
-    best_lambda: float
-    metric: str
-    scores: dict[float, float] = field(default_factory=dict)  # λ -> validation metric
-    num_users: int = 0  # validation users the metric was measured on
-    b: torch.Tensor | None = None  # B of best_lambda, float32 [I, I], when asked for (keep_best)
-
-
-def tune_ease(
-    train: UserItemCSR,
-    history: UserItemCSR,
-    relevant: UserItemCSR,
-    *,
-    exclude: UserItemCSR | None = None,
-    lambdas: Sequence[float] = DEFAULT_LAMBDAS,
-    k: int = 20,
-    max_users: int | None = 10_000,
-    seed: int = 0,
-    chunk_size: int = 4096,
-    dtype: torch.dtype = torch.float64,
-    device: str | torch.device = "cpu",
-    gram: torch.Tensor | None = None,
-    keep_best: bool = False,
-) -> EaseTuning:
-    """Picks λ by validation Recall@k: fit B on ``train`` for each λ, rank, score.
-
-    Args:
-        train: [all users, I] training CSR that B is fitted on (G is computed once).
-        history / relevant / exclude: [V rows] CSRs of the validation users: input rows, held-out
-            items, masked items (exclude defaults to history).
-        lambdas: grid; ties on the metric go to the earlier λ in the grid.
-        max_users: score at most this many validation users, a seeded uniform sample (scoring,
-            not the O(I³) fit, dominates at 10^5 users); None scores all.
-        dtype: precision of the inverse (``plan_ease`` picks it).
-        gram: ``gram_matrix(train)`` if already computed (reused, not modified).
-        keep_best: keep the best B so far (one more [I, I] float32 matrix during the sweep) and
-            return it, instead of the caller refitting it: one O(I³) factorisation fewer.
-
-    Returns:
-        ``EaseTuning`` with ``scores[λ] = recall@k`` on the (sampled) validation users, and ``b``
-        when ``keep_best``.
-    """
-    if not lambdas:
-        raise ValueError("lambdas must not be empty")
-    exclude = history if exclude is None else exclude
-    rows = np.arange(history.num_users)
-    if max_users is not None and history.num_users > max_users:
-        rows = np.sort(np.random.default_rng(seed).choice(history.num_users, size=max_users, replace=False))
-        history, relevant, exclude = (c.select_rows(rows) for c in (history, relevant, exclude))
-    if gram is None:
-        gram = gram_matrix(train, dtype=gram_dtype(train.num_users, dtype), device=device)
-    metric = f"recall@{k}"
-    scores: dict[float, float] = {}
-    best_b, best_value = None, None
-    for lam in lambdas:
-        b = ease_from_gram(gram, float(lam), dtype=dtype)  # G + A + B at most; A is freed inside
-        _, ids = ease_topk(b, history, k, exclude=exclude, chunk_size=chunk_size)
-        scores[float(lam)] = compute_metrics(ids.cpu().numpy(), relevant, [k], num_items=train.num_items)[metric]
-        value = float(np.nan_to_num(scores[float(lam)], nan=-1.0))
-        if keep_best and (best_value is None or value > best_value):  # ties keep the earlier λ, as below
-            best_b, best_value = b, value
-        del b  # one B per λ is never held: at most the best one and the current one
-    best = max(scores, key=lambda lam: (np.nan_to_num(scores[lam], nan=-1.0), -list(scores).index(lam)))
-    return EaseTuning(best_lambda=best, metric=metric, scores=scores, num_users=int(rows.shape[0]), b=best_b)

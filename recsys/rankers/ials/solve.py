@@ -14,8 +14,8 @@ user's factors are re-solved from the split's history row (the items masked for 
 for valid, train and valid for test; exact least squares given the item factors, implicit's
 ``recalculate_user``), so test users' valid items count as history as they do for EASE and the
 two-tower; scores <x_u, y_i> are ranked by ``exact_topk`` with the same masking and tie rule. λ and
-α come from a small grid by validation Recall@20 (``tune_ials``); D and the number of iterations
-are fixed. The initial factors are drawn from ``seed``: reruns give the same numbers.
+α come from a small grid on valid (the evaluation stage, through ``IalsRanker``); D and the number of
+iterations are fixed. The initial factors are drawn from ``seed``: reruns give the same numbers.
 
 Cost: one fit is iterations x (nnz x D + (U + I) x D² x 3 CG steps); scoring is an [U, D] x [D, I]
 matmul per split. On a synthetic 30,000-user x 41,000-item matrix (712,323 training pairs,
@@ -23,29 +23,22 @@ matmul per split. On a synthetic 30,000-user x 41,000-item matrix (712,323 train
 the default 3 x 3 grid (D = 64, 15 iterations, 10,000 validation users) 161 s of wall time, 84 s
 of CPU for the whole command (2026-11-30); the factors are (U + I) x D float32 = 18 MB:
 
-    $ python -m recsys.rankers.ials.solve --num-users 30000 --num-items 41000 --nnz 800000
+    $ python scripts/bench_ials.py --num-users 30000 --num-items 41000 --nnz 800000
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from recsys.ranking.interactions import UserItemCSR
-from recsys.ranking.metrics import compute_metrics
 from recsys.ranking.retrieval import exact_topk
 
 DEFAULT_FACTORS = 64  # D: Rendle et al. 2021 gain little past 64-128 at these catalogue sizes
 DEFAULT_ITERATIONS = 15  # ALS sweeps; implicit's default, where validation recall has levelled off
-DEFAULT_REGULARIZATIONS = (0.1, 1.0, 10.0)  # λ, decade steps
-DEFAULT_ALPHAS = (3.0, 10.0, 30.0)  # α: weight of a seen item against 1 for an unseen one, half-decade steps
 # Below this many training pairs implicit runs on one thread: its OpenMP workers wait on each other every
 # half-sweep, which on a small fit costs more than the work it shares.
 SINGLE_THREAD_PAIRS = 100_000
@@ -146,124 +139,3 @@ def ials_topk(
     users = torch.from_numpy(ials_user_factors(model, history)).to(device)
     items = torch.from_numpy(np.asarray(model.item_factors, dtype=np.float32)).to(device)
     return exact_topk(users, items, k, exclude=exclude, chunk_size=chunk_size)
-
-
-@dataclass
-class IalsTuning:
-    """Result of ``tune_ials``: the chosen (λ, α), the validation metric of every grid point, the model."""
-
-    best_regularization: float
-    best_alpha: float
-    metric: str
-    scores: dict[tuple[float, float], float] = field(default_factory=dict)  # (λ, α) -> validation metric
-    num_users: int = 0  # validation users the metric was measured on
-    factors: int = DEFAULT_FACTORS
-    iterations: int = DEFAULT_ITERATIONS
-    seconds: float = 0.0  # wall time of the whole grid (fits and scoring)
-    model: Any = None  # the fitted model of the best grid point (no refit needed)
-
-
-def tune_ials(
-    train: UserItemCSR,
-    history: UserItemCSR,
-    relevant: UserItemCSR,
-    *,
-    exclude: UserItemCSR | None = None,
-    regularizations: Sequence[float] = DEFAULT_REGULARIZATIONS,
-    alphas: Sequence[float] = DEFAULT_ALPHAS,
-    factors: int = DEFAULT_FACTORS,
-    iterations: int = DEFAULT_ITERATIONS,
-    k: int = 20,
-    max_users: int | None = 10_000,
-    seed: int = 0,
-    chunk_size: int = 4096,
-    device: str | torch.device = "cpu",
-) -> IalsTuning:
-    """Picks (λ, α) by validation Recall@k: fit on ``train`` for each grid point, rank, score.
-
-    Args:
-        train: [all users, I] training CSR the factors are fitted on.
-        history / relevant / exclude: [V rows] CSRs of the validation users: input rows, held-out
-            items, masked items (exclude defaults to history).
-        regularizations, alphas: the grid (their product); ties on the metric go to the earlier
-            point, λ-major order.
-        max_users: score at most this many validation users, a seeded uniform sample (the one
-            ``tune_ease`` draws with the same seed); None scores all.
-        seed: the user sample and every fit's initial factors.
-
-    Returns:
-        ``IalsTuning`` with ``scores[(λ, α)] = recall@k`` on the (sampled) validation users and the
-        best point's model.
-    """
-    grid = [(float(reg), float(alpha)) for reg in regularizations for alpha in alphas]
-    if not grid:
-        raise ValueError("regularizations and alphas must not be empty")
-    start = time.perf_counter()
-    exclude = history if exclude is None else exclude
-    rows = np.arange(history.num_users)
-    if max_users is not None and history.num_users > max_users:
-        rows = np.sort(np.random.default_rng(seed).choice(history.num_users, size=max_users, replace=False))
-        history, relevant, exclude = (c.select_rows(rows) for c in (history, relevant, exclude))
-    metric = f"recall@{k}"
-    scores: dict[tuple[float, float], float] = {}
-    best, best_model = None, None
-    for reg, alpha in grid:
-        model = fit_ials(train, regularization=reg, alpha=alpha, factors=factors, iterations=iterations, seed=seed)
-        _, ids = ials_topk(model, history, k, exclude=exclude, chunk_size=chunk_size, device=device)
-        scores[(reg, alpha)] = compute_metrics(ids.cpu().numpy(), relevant, [k], num_items=train.num_items)[metric]
-        value = np.nan_to_num(scores[(reg, alpha)], nan=-1.0)
-        if best is None or value > best:  # strictly better: ties keep the earlier point
-            best, best_point, best_model = value, (reg, alpha), model
-    return IalsTuning(
-        best_regularization=best_point[0], best_alpha=best_point[1], metric=metric, scores=scores,
-        num_users=int(rows.shape[0]), factors=factors, iterations=iterations,
-        seconds=time.perf_counter() - start, model=best_model,
-    )  # fmt: skip
-
-
-# ------------------------------------------------------------------------------- benchmark
-
-
-def synthetic_split(
-    num_users: int, num_items: int, nnz: int, *, holdout: float = 0.1, seed: int = 0
-) -> tuple[UserItemCSR, UserItemCSR]:
-    """A (train, valid) pair of the given size for timing: users with a lognormal number of items
-    drawn from a Zipf-like popularity (exponent 0.8), ``holdout`` of each user's pairs held out.
-    Repeats are collapsed, so the pair count comes out a little under ``nnz``."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.lognormal(0.0, 1.0, num_users)
-    lengths = np.maximum(1, np.round(lengths * nnz / lengths.sum())).astype(np.int64)
-    pop = 1.0 / (np.arange(num_items) + 10.0) ** 0.8
-    users = np.repeat(np.arange(num_users), lengths)
-    items = rng.permutation(num_items)[rng.choice(num_items, size=users.shape[0], p=pop / pop.sum())]
-    held = rng.random(users.shape[0]) < holdout
-    train = UserItemCSR.from_pairs(users[~held], items[~held], num_users=num_users, num_items=num_items)
-    valid = UserItemCSR.from_pairs(users[held], items[held], num_users=num_users, num_items=num_items)
-    return train, valid
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Times tune_ials (the report's default grid) on a synthetic matrix.")
-    parser.add_argument("--num-users", type=int, default=30_000)
-    parser.add_argument("--num-items", type=int, default=41_000)
-    parser.add_argument("--nnz", type=int, default=800_000)
-    parser.add_argument("--max-users", type=int, default=10_000)
-    args = parser.parse_args(argv)
-    train, valid = synthetic_split(args.num_users, args.num_items, args.nnz)
-    print(
-        f"train: {train.num_users:,} users x {train.num_items:,} items, {train.nnz:,} pairs; valid {valid.nnz:,} pairs"
-    )
-    start = time.perf_counter()
-    fit_ials(train, regularization=1.0, alpha=10.0)
-    print(f"one fit: {time.perf_counter() - start:.1f} s")
-    tuning = tune_ials(train, train, valid, max_users=args.max_users)
-    for (reg, alpha), value in tuning.scores.items():
-        print(f"  λ={reg:g} α={alpha:g}: {tuning.metric} {value:.4f}")
-    print(
-        f"best λ={tuning.best_regularization:g} α={tuning.best_alpha:g}; grid of {len(tuning.scores)} in {tuning.seconds:.1f} s "
-        f"on {tuning.num_users:,} validation users, {torch.get_num_threads()} torch threads"
-    )
-
-
-if __name__ == "__main__":
-    main()
