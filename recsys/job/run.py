@@ -159,7 +159,9 @@ def _train_and_test(
     cfg: Config, run_dir: Path, env: DistEnv, chosen: dict | None = None, record: Mapping[str, str] | None = None
 ) -> tuple[dict[str, Any], RunPlan]:
     """(results, the run's plan): train (``Trainer``), then the evaluation stage on the best epoch's weights; writes
-    results.json (and ``record``, the run's .hydra/ files, once it is to train or evaluate)."""
+    results.json, unless a refit follows (``fit`` writes it once, with the refit's results: a run dir never holds a
+    results.json that a reader could take for the finished run's), and ``record``, the run's .hydra/ files, once it
+    is to train or evaluate."""
     opened = _open(cfg, run_dir, env)
     plan = opened.plan
     trainer, resume_from = _trainer(cfg, run_dir, env, opened, record)
@@ -181,7 +183,8 @@ def _train_and_test(
         **trained,
     }
     if env.is_main:
-        write_json_atomic(run_dir / RESULTS_FILE, results)
+        if not plan.refit:
+            write_json_atomic(run_dir / RESULTS_FILE, results)
         print(format_results_table(results, cfg.eval.ks), flush=True)
     return results, plan
 

@@ -175,3 +175,32 @@ def test_refit_null_refits_small_training_splits_only(overrides, rows, refits):
     decided, why = decide_refit(cfg, rows, 100)
     assert decided is refits and why.startswith("trainer.refit=")
     assert decide_refit(tiny_config(["trainer.refit=null"]), 1_000, 0)[0] is False  # no valid rows: nothing to add
+
+
+def test_a_refit_run_writes_results_json_once_finished_and_resumes_an_interrupted_refit(
+    refit_run, tmp_path, process_group, monkeypatch
+):
+    """Until the refit has ranked test the run dir holds no results.json (a reader would take the selection stage's
+    for the finished run's); a run interrupted in its refit, started again, ends with the uninterrupted run's
+    figures."""
+    import recsys.job.run as run_module
+
+    real = run_module._train_and_test
+
+    def preempted_in_the_refit(cfg, run_dir, env, chosen=None, record=None):
+        if run_dir.name == REFIT_DIR:
+            assert not (run_dir.parent / "results.json").exists()  # the selection stage wrote none
+            raise RuntimeError("preempted in the refit")
+        return real(cfg, run_dir, env, chosen=chosen, record=record)
+
+    overrides = ["trainer.refit=null", "data.item_neighbors=4", "eval.settings.graph_filter.alphas=[0.1,0.2]"]
+    monkeypatch.setattr(run_module, "_train_and_test", preempted_in_the_refit)
+    with pytest.raises(RuntimeError, match="preempted in the refit"):
+        fit_given_split(tmp_path, overrides)
+    assert not (tmp_path / "run" / "results.json").exists()
+    monkeypatch.setattr(run_module, "_train_and_test", real)
+    _, run_dir, results = fit_given_split(tmp_path, overrides)
+    assert json.loads((run_dir / "results.json").read_text())["refit"] == results["refit"]
+    uninterrupted = refit_run[2]["refit"]["test"]
+    for ranker, metrics in uninterrupted.items():
+        assert results["refit"]["test"][ranker] == pytest.approx(metrics, abs=1e-6), ranker
