@@ -124,7 +124,7 @@ def test_ranks_reading_only_their_users_train_and_evaluate_like_the_whole_data(
     # the graph filter fused in, fit with no rank holding every user's rows (its sums all-reduced): the same
     # choice and, up to the float order of those sums, the same figures as one process with the whole graph
     fused = "two_tower+graph_filter"
-    assert results["rankers"][fused]["point"] == report["graph_filter"]["rankers"][fused]["point"]
+    assert results["rankers"][fused]["point"] == report["stage"]["rankers"][fused]["point"]
     for split in ("valid", "test"):
         assert results[split][fused]["recall@20"] == pytest.approx(
             report["splits"][split]["metrics"][fused]["recall@20"], abs=2e-3
