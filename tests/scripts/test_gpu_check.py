@@ -142,7 +142,7 @@ def test_every_training_step_is_a_valid_config_and_every_bench_takes_its_argumen
             cfg = to_config(compose(config_name="config", overrides=overrides))
         assert cfg.sharding.device == "cuda" and cfg.trainer.pipeline == "sparse_dist" and cfg.trainer.resume == "none"
         if name == "gowalla":
-            assert cfg.data.name == "gowalla" and cfg.trainer.global_batch_size == 1024
+            assert cfg.data.name == "gowalla" and cfg.trainer.global_batch_size == 2048  # the experiment's
         else:
             batch = int(name.split("_")[1])
             assert cfg.data.name == "synthetic" and cfg.trainer.global_batch_size == batch
