@@ -61,6 +61,7 @@ class RetrievalTask(nn.Module):
         super().__init__()
         self.model = model
         self.loss = loss
+        self.bias_columns = int(getattr(model, "item_bias", False))  # the candidates' last column is the item's bias (model.item_bias)
         self.whole_catalogue = num_negatives == WHOLE_CATALOGUE
         self.num_negatives = max(num_negatives, 0)
         counts = item_counts.to(torch.float64)
@@ -102,6 +103,7 @@ class RetrievalTask(nn.Module):
             query_item_ids=batch.candidate_item_ids[:n],
             candidate_item_ids=all_ids,
             log_q=self.candidate_log_q(all_ids, positives.shape[0]),
+            unit_dims=queries.shape[1] - self.bias_columns,
         )
         return self._scaled(loss, n, global_n)
 
@@ -118,6 +120,7 @@ class RetrievalTask(nn.Module):
             query_item_ids=batch.candidate_item_ids[:n],
             candidate_item_ids=catalogue_ids,
             log_q=torch.zeros(catalogue_ids.shape, dtype=queries.dtype, device=queries.device),
+            unit_dims=queries.shape[1] - self.bias_columns,
         )
 
     def _scaled(self, loss: torch.Tensor, n: int, global_n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -126,12 +126,18 @@ LEGACY_LOSS_FIELDS = {
     "negative_weight": 150.0,
 }
 LOSS_SKIPPED = ("block_mb",)  # how the loss is computed (row blocks or whole), not what
+# settings a loss gained after runs existed, with the value every earlier run had: hashed only when they differ
+LOSS_ADDED = {"uniformity_weight": 0.0}
 
 
 def _flat_loss(loss: dict) -> dict:
     """``model.loss``'s section as model fields: the settings named as a legacy field in that field, ``loss`` the
     name (softmax, ccl: their hash is unchanged) or, with settings of its own, a section of the name and those."""
-    settings = {k: v for k, v in loss.items() if k != "name" and k not in LOSS_SKIPPED}
+    settings = {
+        k: v
+        for k, v in loss.items()
+        if k != "name" and k not in LOSS_SKIPPED and not (k in LOSS_ADDED and v == LOSS_ADDED[k])
+    }
     own = {k: v for k, v in settings.items() if k not in LEGACY_LOSS_FIELDS}
     legacy = {k: v for k, v in settings.items() if k in LEGACY_LOSS_FIELDS}
     return {**LEGACY_LOSS_FIELDS, **legacy, "loss": {"name": loss["name"], **own} if own else loss["name"]}

@@ -56,6 +56,7 @@ def legacy_fingerprint(cfg: Config) -> str:
     loss = model.pop("loss")  # before losses were components: flat fields, all five whatever the loss
     model.update({"temperature": 0.1, "logq_correction": True, "logq_weight": 1.0, "margin": 0.9})
     model.update({"negative_weight": 150.0, "loss": loss.pop("name")})
+    assert loss.pop("uniformity_weight", 0.0) == 0.0  # added after the table: the earlier rules never saw it
     model.update({k: v for k, v in loss.items() if k != "block_mb"})
     negatives = model.pop("negatives")  # model.num_uniform_negatives before; only uniform draws then
     assert negatives["exponent"] == 0.0
@@ -133,6 +134,7 @@ def test_where_and_how_rows_are_read_change_nothing_and_what_is_trained_does():
     base = config_fingerprint(tiny_config([]))
     assert config_fingerprint(tiny_config(["data.root=/else", "data.shard_by_user=true"])) == base
     assert config_fingerprint(tiny_config(["model.loss.temperature=0.2"])) != base
+    assert config_fingerprint(tiny_config(["model.loss.uniformity_weight=0.5"])) != base
     assert config_fingerprint(tiny_config(["data.split_seed=3"])) != base
 
 

@@ -34,7 +34,7 @@ class CosineContrastive(nn.Module):
         super().__init__()
         self.margin, self.negative_weight = config.margin, config.negative_weight
 
-    def forward(self, queries, candidates, *, labels, query_item_ids, candidate_item_ids, log_q):
+    def forward(self, queries, candidates, *, labels, query_item_ids, candidate_item_ids, log_q, unit_dims):
         return cosine_contrastive_loss(
             queries,
             candidates,

@@ -3,7 +3,9 @@
 Scores s(u, i) = <q(u), c(i)> / temperature - logq_weight * log q(i); the loss is the mean cross-entropy of each
 query's positive against every candidate, accidental hits masked. logQ makes the sampled softmax an unbiased
 estimate of the full softmax over the catalogue (Yi et al. 2019); ``logq_weight`` shifts the learned scores by
-(w - 1) log q(i): < 1 favours tail items, > 1 head items.
+(w - 1) log q(i): < 1 favours tail items, > 1 head items. ``uniformity_weight`` > 0 adds that weight times the mean
+uniformity of the queries and of their positives (recsys/components/losses/uniformity.py; DirectAU's term), which
+spreads both over the sphere.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch import nn
 
 from recsys.components.losses.in_batch_softmax import sampled_softmax_loss
+from recsys.components.losses.uniformity import uniformity
 
 # a leaf when TrainPipelineSparseDist traces forward(): fx patches the name in the globals of the module that calls it
 torch.fx.wrap("sampled_softmax_loss")
@@ -28,9 +31,12 @@ class Config:
     # MiB of fp32 logits computed at once: a batch whose B x C logits exceed it runs in row blocks of queries (the same
     # loss and gradients, memory B_block x C); -1 = auto (64 on CPU, 1024 on a GPU), 0 = dense
     block_mb: int = -1
+    # + weight x the uniformity of the queries and of their positives (DirectAU); 0 = the softmax alone
+    uniformity_weight: float = 0.0
 
     def check(self, need, key: str) -> None:
         need(self.temperature > 0, f"{key}.temperature", self.temperature, "must be > 0 (scores are divided by it)")
+        need(self.uniformity_weight >= 0, f"{key}.uniformity_weight", self.uniformity_weight, "must be >= 0")
         need(self.block_mb >= -1, f"{key}.block_mb", self.block_mb, "must be -1 (auto), 0 (dense) or MiB")
 
     def build(self) -> SampledSoftmax:
@@ -42,13 +48,14 @@ class SampledSoftmax(nn.Module):
         super().__init__()
         self.temperature, self.block_mb = config.temperature, config.block_mb
         self.logq_correction, self.logq_weight = config.logq_correction, config.logq_weight
+        self.uniformity_weight = config.uniformity_weight
 
-    def forward(self, queries, candidates, *, labels, query_item_ids, candidate_item_ids, log_q):
+    def forward(self, queries, candidates, *, labels, query_item_ids, candidate_item_ids, log_q, unit_dims):
         if not self.logq_correction:
             log_q = None
         elif self.logq_weight != 1.0:
             log_q = log_q * self.logq_weight
-        return sampled_softmax_loss(
+        loss = sampled_softmax_loss(
             queries,
             candidates,
             labels=labels,
@@ -58,3 +65,7 @@ class SampledSoftmax(nn.Module):
             candidate_log_q=log_q,
             block_mb=self.block_mb,
         )
+        if not self.uniformity_weight:
+            return loss
+        spread = uniformity(queries[:, :unit_dims]) + uniformity(candidates[labels][:, :unit_dims])
+        return loss + self.uniformity_weight * spread / 2
