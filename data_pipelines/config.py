@@ -44,13 +44,6 @@ class Protocol(Choice):
     given = "given"
 
 
-class QueryHistory(Choice):
-    """Which items a training query sees (docs/your-own-data.md, "Protocols")."""
-
-    recent = "recent"
-    profile = "profile"
-
-
 class IdType(Choice):
     """How text ids are read (``data.interactions.id_type``; data_pipelines/log_columns.py)."""
 
@@ -174,46 +167,12 @@ class DataConfig:
         Protocol.recbole
     )  # split protocol: recbole (random 8:1:1 per user) | loo | strong_generalization | given (interactions only)
     split_seed: int = 0  # seed of the split protocol
-    # The query's features below are the model's, not the split's: null takes what the protocol implies
-    # (recsys.config.PROTOCOL_QUERY, resolved in one place and logged at the start of a run); a dataset or the
-    # command line may set them.
-    history_length: int | None = (
-        None  # cap on the items a query's history bag holds (history_item_ids); 0 disables history features
-    )
-    # which items a training query sees (docs/your-own-data.md, "Protocols"):
-    # "recent": the history_length items just before the target in time (sequential protocols, loo);
-    # "profile": up to history_length of the user's OTHER training items, resampled every epoch, the
-    # target never among them (random splits: recbole, given, strong_generalization)
-    query_history: QueryHistory | None = None
-    history_dropout: float | None = (
-        None  # profile: share of the bag left out at random each epoch (training only); 0 keeps min(cap, n - 1)
-    )
-    # the candidate tower's co-occurrence neighbours (recsys/data/neighbors.py): each item's this many
-    # best co-occurring training items, mean-pooled from table `neighbor`; 0 turns the feature off
-    item_neighbors: int | None = None
-    # true: the valid split's rows are trained on too, there is no validation, trainer.epochs is the
-    # number of epochs and the last epoch's weights are tested (the refit after model selection:
-    # trainer.refit sets it for its second stage; docs/evaluation.md, "Refit on train and valid")
-    train_on_valid: bool = False
     min_rating: float = 0.0  # keep interactions rated >= this (stars; 4.0 = Liang's > 3.5 on half stars); 0 keeps all
     min_user_interactions: int = 0  # k-core: users need >= this many interactions after the rating filter; 0 disables
     min_item_interactions: int = 0  # k-core: items need >= this many (iterated with users until stable); 0 disables
-    # true: each rank reads only its own users' rows (contiguous user ranges of ~equal training rows)
-    # and trains / evaluates on them, instead of every rank holding the whole dataset; the epoch's
-    # order then depends on the world size (docs/training-at-scale.md, "Data across ranks")
-    shard_by_user: bool = False
     num_heldout_users: int = (
         0  # strong_generalization: users in each of valid and test; 0 = 10000 x users / 136677 (Liang's ML-20M share)
     )
-    # the continuous-training replay (recsys/data/slices.py, docs/continuous-training.md): the whole log (every
-    # split's rows) cut by time into this many equal windows; a run trains on window data.slice, with the earlier
-    # windows as its users' history, and tests on the next window (no validation split: data.train_on_valid=true);
-    # 0 = the protocol's own splits
-    slices: int = 0
-    slice: int = 0  # the window trained on, 0-based: 0 .. data.slices - 2 (the next one is its test)
-    # windows up to data.slice whose rows are training examples: 1 = data.slice alone (an incremental run, warm-started
-    # with trainer.init_from), 0 = all of 0 .. data.slice (retraining from scratch on all data so far)
-    slice_window: int = 1
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)  # source=synthetic: the generator
     movielens: MovieLensDataConfig = field(default_factory=MovieLensDataConfig)  # source=movielens: which release
     interactions: InteractionsDataConfig = field(default_factory=InteractionsDataConfig)  # source=interactions: a log
@@ -222,9 +181,10 @@ class DataConfig:
 @dataclass
 class PrepareConfig:
     """What ``python -m data_pipelines.prepare`` composes: the training config tree (so that the same
-    groups, overrides and experiments apply), of which only ``data`` is read and typed here."""
+    groups, overrides and experiments apply), of which only ``data`` is read: its pipelines' keys typed here
+    (:func:`pipeline_data`), the trainer's left to it."""
 
-    data: DataConfig = field(default_factory=DataConfig)
+    data: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     optim: dict[str, Any] = field(default_factory=dict)
     sharding: dict[str, Any] = field(default_factory=dict)
@@ -270,3 +230,17 @@ def to_typed(cfg: DictConfig, schema: type[T]) -> T:
     if not isinstance(obj, schema):
         raise TypeError(f"expected a config built on the {schema.__name__} schema, got {type(obj).__name__}")
     return obj
+
+
+def pipeline_data(data: DictConfig) -> tuple[DataConfig, list[str]]:
+    """The composed ``data`` section as the pipelines' :class:`DataConfig` (its keys checked as ``to_typed`` checks
+    them), and the keys it does not declare: the trainer's (``data.history_length``, ...), which recsys's own schema
+    checks when it trains."""
+    known = {f.name for f in dataclasses.fields(DataConfig)}
+    others = sorted(str(k) for k in data.keys() if k not in known)
+    section = OmegaConf.masked_copy(data, [k for k in data.keys() if k in known])
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(DataConfig), section)
+    except Exception as e:  # a value of the wrong type or outside its set, named with its key
+        raise ConfigError(one_line(e).replace("full_key: ", "full_key: data.")) from None
+    return to_typed(typed, DataConfig), [f"data.{k}" for k in others]

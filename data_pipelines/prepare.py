@@ -23,7 +23,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from data_pipelines.config import DataConfig, PrepareConfig, Source, to_typed
+from data_pipelines.config import DataConfig, PrepareConfig, Source, pipeline_data
 from data_pipelines.dataset_dir import dropped_rows_report, read_meta
 from data_pipelines.errors import ConfigError, DatasetError, one_line
 
@@ -120,7 +120,10 @@ def register_configs() -> None:
 @hydra.main(config_path="../conf", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
-        path = prepare_dataset(to_typed(cfg, PrepareConfig).data)
+        data, left = pipeline_data(cfg.data)
+        if left:  # stderr: the last line of stdout is the path
+            print(f"{', '.join(left)}: the trainer's settings, not the data pipelines': not read here", file=sys.stderr)
+        path = prepare_dataset(data)
     except (DatasetError, ConfigError) as e:  # bad or missing input: one message, no traceback
         print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(1)

@@ -69,7 +69,16 @@ def _source(path: Path) -> tuple[ast.Module, dict[int, str], list[str]]:
 
 def field_comments(cls: type) -> dict[str, str]:
     """Each field of the dataclass ``cls`` -> its comment ("" when it has none): the comment lines right
-    above the field (no blank line between) followed by the comments on the lines the field spans."""
+    above the field (no blank line between) followed by the comments on the lines the field spans; a field it
+    inherits, as the dataclass that declares it says (recsys's DataConfig extends the pipelines')."""
+    out: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            out.update(_own_field_comments(base))
+    return out
+
+
+def _own_field_comments(cls: type) -> dict[str, str]:
     path = Path(sys.modules[cls.__module__].__file__)
     tree, comments, lines = _source(path)
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
@@ -132,7 +141,7 @@ def undocumented_fields() -> list[str]:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    return typing.get_type_hints(cls)  # each field's names resolved in the module of the class that declares it
 
 
 def _dataclasses_in(hint: Any) -> list[type]:

@@ -15,7 +15,8 @@ checks beside its dataclass::
     training.py      optim.*, sharding.*, trainer.*   check_optim, check_trainer
     evaluation.py    eval.*                           check_eval
     tune.py          tune.*                           check_tune
-    run.py           Config (+ data.*: data_pipelines/config.py), what the sections imply together
+    data.py          data.*: the pipelines' settings (data_pipelines/config.py) and the trainer's (the query's history...)
+    run.py           Config, what the sections imply together
                      (the query's features), check_data, check_values (every section's
                      checks)
     need.py          the collector the checks report to
@@ -24,18 +25,17 @@ checks beside its dataclass::
 Import every name from ``recsys.config``; the modules are its layout, not its interface.
 """
 
-from data_pipelines.config import (  # the data schema is part of Config
+from data_pipelines.config import (  # the pipelines' data schema is part of Config's (recsys.config.data)
     Choice,
-    DataConfig,
     InteractionsDataConfig,
     MovieLensDataConfig,
     Protocol,
-    QueryHistory,
     Source,
     SyntheticDataConfig,
     reject_unknown_keys,
     to_typed,
 )
+from recsys.config.data import DataConfig, QueryHistory
 from recsys.config.entry_points import (
     ClusterConfig,
     EvaluateConfig,

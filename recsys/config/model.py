@@ -8,7 +8,8 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from data_pipelines.config import Choice, DataConfig
+from data_pipelines.config import Choice
+from recsys.config.data import DataConfig
 from recsys.components.losses import PACKAGE as LOSSES
 from recsys.components.query_encoders import PACKAGE as QUERY_ENCODERS
 from recsys.components.registry import to_component

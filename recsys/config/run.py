@@ -10,7 +10,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from data_pipelines.config import DataConfig, Protocol, QueryHistory, to_typed
+from data_pipelines.config import Protocol, to_typed
+from recsys.config.data import DataConfig, QueryHistory
 from data_pipelines.errors import ConfigError
 from recsys.config.evaluation import EvalConfig, check_eval
 from recsys.config.model import IdMapping, ModelConfig, check_model

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from data_pipelines.config import Choice, DataConfig, Protocol
+from data_pipelines.config import Choice, Protocol
+from recsys.config.data import DataConfig
 from recsys.config.model import ModelConfig
 from recsys.config.need import Need
 from recsys.utils.lr_schedule import SCHEDULES
