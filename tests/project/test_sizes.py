@@ -28,3 +28,11 @@ def test_no_file_over_400_lines_and_no_function_over_60():
                 if lines > MAX_FUNCTION_LINES:
                     long_functions.append(f"{path.relative_to(ROOT)}::{node.name}: {lines} lines")
     assert not long_files and not long_functions, long_files + long_functions
+
+
+def test_the_tests_mirror_the_packages():
+    """Each package of recsys/ has its tests in the folder of the same name under tests/ (docs/architecture.md)."""
+    packages = sorted(p.name for p in (ROOT / "recsys").iterdir() if (p / "__init__.py").is_file())
+    missing = [name for name in packages if not any((ROOT / "tests" / name).glob("test_*.py"))]
+    assert missing == [], f"packages of recsys/ without a tests/<package>/test_*.py: {missing}"
+    assert {"job", "training", "rankers", "ranking"} <= set(packages)
