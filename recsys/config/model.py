@@ -9,10 +9,10 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from data_pipelines.config import Choice
-from recsys.config.data import DataConfig
 from recsys.components.losses import PACKAGE as LOSSES
 from recsys.components.query_encoders import PACKAGE as QUERY_ENCODERS
 from recsys.components.registry import to_component
+from recsys.config.data import DataConfig
 from recsys.config.need import Need
 
 POOLINGS = ("sum", "mean")  # model.tables.<name>.pooling

@@ -11,8 +11,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from data_pipelines.config import Protocol, to_typed
-from recsys.config.data import DataConfig, QueryHistory
 from data_pipelines.errors import ConfigError
+from recsys.config.data import DataConfig, QueryHistory
 from recsys.config.evaluation import EvalConfig, check_eval
 from recsys.config.model import IdMapping, ModelConfig, check_model
 from recsys.config.need import Need

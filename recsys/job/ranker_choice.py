@@ -49,8 +49,8 @@ def resolved_rankers(cfg: Config, num_items: int | None = None) -> list[str]:
 
 def report_rankers(cfg: Config, asked: Sequence[str] | None, num_items: int | None = None) -> list[str]:
     """The rankers recsys.evaluate ranks through the evaluation stage: ``asked`` (its rankers=), else the run's
-    eval.rankers (of a catalogue of ``num_items``) and ``REPORT_BASELINES``, without the rows the report ranks
-    itself."""
+    eval.rankers (of a catalogue of ``num_items``) and ``REPORT_BASELINES``, without the row the report ranks itself
+    (the two-tower's); the report adds popularity, its floor, to any list."""
     names = list(asked) if asked is not None else [*resolved_rankers(cfg, num_items), *REPORT_BASELINES]
     return [name for name in dict.fromkeys(names) if name not in REPORT_OWN]
 

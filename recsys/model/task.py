@@ -61,7 +61,8 @@ class RetrievalTask(nn.Module):
         super().__init__()
         self.model = model
         self.loss = loss
-        self.bias_columns = int(getattr(model, "item_bias", False))  # the candidates' last column is the item's bias (model.item_bias)
+        # with model.item_bias the candidates' last column is the item's bias, the queries' a constant 1
+        self.bias_columns = int(getattr(model, "item_bias", False))
         self.whole_catalogue = num_negatives == WHOLE_CATALOGUE
         self.num_negatives = max(num_negatives, 0)
         counts = item_counts.to(torch.float64)

@@ -33,7 +33,7 @@ from recsys.rankers.cost import RankerCost
 from recsys.rankers.fusion import FusionRanker
 from recsys.rankers.parts import servable
 from recsys.rankers.resources import Resources
-from recsys.ranking.scoring import POPULARITY_ROW, TRAINED_ROW
+from recsys.ranking.scoring import TRAINED_ROW
 
 SETTINGS = "eval.settings"  # where each ranker's settings live: eval.settings.<name>
 FUSION = "fusion"  # the settings of every fusion a+b
@@ -44,9 +44,10 @@ EASE_FUSION = f"{TRAINED}+ease"  # and on a small catalogue, served when valid p
 # on 2 CPU cores at 4,096 items, and it led the graph filter's fusion on cut-down Gowalla and Yelp2018 samples
 # (docs/quality.md, "EASE in the served fusion")
 DEFAULT_EASE_MAX_ITEMS = 4096
+POPULARITY = "popularity"  # the floor every report ranks (recsys/rankers/popularity), through the stage as the others
 # recsys.evaluate's rows beside the run's own rankers when it is not told which (its rankers=null)
 REPORT_BASELINES = ("graph_filter", DEFAULT_FUSION, "ease", "ials")
-REPORT_OWN = (TRAINED, POPULARITY_ROW)  # rows the report ranks itself, with its breakdowns
+REPORT_OWN = (TRAINED,)  # the row the report ranks itself (the embeddings it was given), with its breakdowns
 
 
 @dataclass

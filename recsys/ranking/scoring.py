@@ -4,8 +4,8 @@
     rank_and_score(queries [U, D], items [I, D], k, exclude=CSR [U, I], relevant=CSR [U, I], ...)
       -> ranked {model: (scores [U, k], ids [U, k])}, metrics {model: {"recall@10": ..., ...}}
 
-The model ranks by inner product (``exact_topk``); with ``item_counts`` the popularity baseline
-ranks too (``popularity_topk``); ``others`` adds further rankers (the report's EASE, iALS).
+The model ranks by inner product (``exact_topk``); ``others`` adds further rankers (the report's: each the
+evaluation stage's top k, popularity's among them).
 Excluded items are never ranked; ids are -1 where fewer than k items remain.
 """
 
@@ -17,10 +17,9 @@ import torch
 
 from recsys.ranking.interactions import UserItemCSR
 from recsys.ranking.metrics import compute_metrics
-from recsys.ranking.retrieval import exact_topk, popularity_topk
+from recsys.ranking.retrieval import exact_topk
 
 TRAINED_ROW = "two_tower"  # the trained model's row: the name its ranker has in eval.rankers and results.json
-POPULARITY_ROW = "popularity"  # the row ``item_counts`` adds: the popularity ranker's name
 Ranked = tuple[torch.Tensor, torch.Tensor]  # (scores [U, k], item ids [U, k])
 Metrics = dict[str, float]
 Scorer = Callable[..., Metrics]  # (topk ids [U, k] numpy, relevant CSR, ks, num_items=...) -> metrics
@@ -35,15 +34,14 @@ def rank_and_score(
     relevant: UserItemCSR,
     ks: Sequence[int],
     chunk_size: int,
-    item_counts: torch.Tensor | None = None,
     model: str = TRAINED_ROW,
     others: Mapping[str, Callable[[], Ranked]] = {},
     score: Scorer = compute_metrics,
     unranked: torch.Tensor | None = None,
 ) -> tuple[dict[str, Ranked], dict[str, Metrics]]:
-    """The top ``k`` of ``model`` (and popularity, and ``others``) for every query, and ``score``'s metrics of each.
+    """The top ``k`` of ``model`` (and ``others``) for every query, and ``score``'s metrics of each.
 
-    ``item_counts``: [I] training interactions per item; None leaves popularity out. ``score``:
+    ``score``:
     ``compute_metrics`` (all users here) or a stand-in that combines ranks' users (the Evaluator's).
     ``unranked``: bool [I], items ``model`` leaves out (never-trained ids: recsys/ranking/untrained.py).
     """
@@ -51,10 +49,6 @@ def rank_and_score(
     ranked: dict[str, Ranked] = {
         model: exact_topk(queries, items, k, exclude=exclude, chunk_size=chunk_size, unranked=unranked)
     }
-    if item_counts is not None:
-        ranked[POPULARITY_ROW] = popularity_topk(
-            item_counts, queries.shape[0], k, exclude=exclude, chunk_size=chunk_size
-        )
     for name, rank in others.items():
         ranked[name] = rank()
     metrics = {name: score(ids.cpu().numpy(), relevant, ks, num_items=num_items) for name, (_, ids) in ranked.items()}

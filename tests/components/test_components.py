@@ -81,7 +81,9 @@ def test_a_new_loss_is_its_module_alone(tmp_path, monkeypatch):
         with pytest.raises(ValueError, match=r"model.loss.scale=-1.0: must be > 0"):
             check_values(replace(base, model=replace(base.model, loss={"name": "scaled_ccl", "scale": -1})))
         q = torch.nn.functional.normalize(torch.randn(4, 3), dim=1)
-        args = dict(labels=torch.arange(4), query_item_ids=torch.arange(4), candidate_item_ids=torch.arange(4), unit_dims=3)
+        args = dict(
+            labels=torch.arange(4), query_item_ids=torch.arange(4), candidate_item_ids=torch.arange(4), unit_dims=3
+        )
         plain = component_configs(LOSSES)["ccl"]().build()(q, q, **args, log_q=None)
         assert cfg.model.loss.build()(q, q, **args, log_q=None) == pytest.approx(3 * plain.item())
     finally:

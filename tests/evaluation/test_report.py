@@ -145,7 +145,8 @@ def test_json_numbers_equal_compute_metrics(written):
     assert ease["grid"][f"lambda={ease['point']['lambda']:g}"] == max(ease["grid"].values())  # the best on valid
     assert ease["fit_on"] == {"valid": "train", "test": "train + valid"}  # refit for test, as the run does
     # one row per stage ranker, in the order asked for, each its results.json row
-    assert list(on_disk["stage"]["rankers"]) == list(dict.fromkeys(ReportOptions().stage_rankers))
+    # popularity, every report's floor, through the stage as the others
+    assert list(on_disk["stage"]["rankers"]) == ["popularity", *dict.fromkeys(ReportOptions().stage_rankers)]
     assert on_disk["ann"]["indexes"]["flat"]["recall_vs_exact"] == 1.0
     assert 0.0 <= on_disk["ann"]["indexes"]["hnsw"]["recall_vs_exact"] <= 1.0
     assert len(on_disk["gaps"]) == 2 and "× popularity's" in on_disk["gaps"][1]
@@ -207,7 +208,7 @@ def test_ease_and_ann_skipped_with_reasons(monkeypatch):
     assert result.report["stage"]["rankers"]["ease"]["skipped"].startswith(
         "eval.settings.ease.max_items=50: EASE over 80 items"
     )
-    assert list(result.report["stage"]["rankers"]) == ["ease"]  # only the rankers asked for
+    assert list(result.report["stage"]["rankers"]) == ["popularity", "ease"]  # the floor and the rankers asked for
     assert "pip install faiss-cpu" in result.report["ann"]["skipped"]
     assert set(result.report["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}
     assert "EASE not run" in result.report["gaps"][0]
@@ -332,5 +333,21 @@ def test_graph_filter_alone_and_fused_are_chosen_on_valid(written):
     assert "## The evaluation stage's rankers" in md and f"### two-tower + graph filter (`{FUSED_MODEL}`)" in md
     assert "fitted on train for valid and train + valid for test; servable by the bundle: yes." in md
     off = compute_report(inputs, ReportOptions(stage_rankers=[], ann_kinds=())).report
-    assert "graph_filter" not in off["splits"]["test"]["metrics"] and off["stage"]["rankers"] == {}
-    assert "None asked for" in format_markdown(json.loads(json.dumps(off, default=float)))
+    assert "graph_filter" not in off["splits"]["test"]["metrics"] and list(off["stage"]["rankers"]) == ["popularity"]
+    assert "### popularity" in format_markdown(json.loads(json.dumps(off, default=float)))
+
+
+def test_without_valid_popularity_ranks_test_through_the_stage_and_a_grid_is_skipped():
+    """A run that trained on its valid split is reported on test alone: popularity (one point) is ranked through the
+    stage as the run ranked it (popularity_topk of the training counts), a ranker with a grid to choose is skipped
+    saying why."""
+    inputs = _inputs()
+    inputs = EvalInputs(**{**inputs.__dict__, "splits": {"test": inputs.splits["test"]}})
+    report = compute_report(inputs, ReportOptions(stage_rankers=["ease"], ann_kinds=())).report
+    assert report["stage"]["rankers"]["ease"] == {"skipped": "no 'valid' split given to tune it on"}
+    split = inputs.splits["test"]
+    counts = torch.from_numpy(np.bincount(inputs.train.indices, minlength=NUM_ITEMS)).float()
+    ids = popularity_topk(counts, len(split.users), max(KS), exclude=split.exclude, chunk_size=64)[1]
+    expected = compute_metrics(ids.numpy(), split.relevant, KS, num_items=NUM_ITEMS)
+    assert report["splits"]["test"]["metrics"]["popularity"] == pytest.approx(expected)
+    assert set(report["splits"]["test"]["metrics"]) == {"two_tower", "popularity"}

@@ -20,11 +20,11 @@ from recsys.evaluation.ann import compare_ann
 from recsys.evaluation.breakdowns import breakdowns
 from recsys.evaluation.report.stage_rankers import rank_stage_rankers
 from recsys.evaluation.report.types import EvalInputs, EvalReport, ReportOptions, SplitInputs
-from recsys.rankers.registry import ranker_label
+from recsys.rankers.registry import POPULARITY, ranker_label
 from recsys.ranking.interactions import UserItemCSR
 from recsys.ranking.metrics import compute_metrics, hit_matrix
 from recsys.ranking.retrieval import exact_topk
-from recsys.ranking.scoring import POPULARITY_ROW, rank_and_score
+from recsys.ranking.scoring import rank_and_score
 
 log = logging.getLogger("recsys.evaluation.report")  # one line per stage: the report's steps take seconds to minutes
 
@@ -189,12 +189,11 @@ def _rank_split(
         "%s: ranking %d users (%s), metrics, breakdowns",
         name,
         split.relevant.num_users,
-        ", ".join([model, POPULARITY_ROW, *others]),
+        ", ".join([model, *others]),
     )
     ranked, metrics = rank_and_score(
         _tensor(split.user_emb, options.device), items, kmax, exclude=split.exclude, relevant=split.relevant, ks=ks,
-        chunk_size=options.chunk_size, item_counts=torch.from_numpy(item_counts).to(options.device), model=model,
-        others=others, unranked=None if inputs.unranked_items is None else torch.from_numpy(inputs.unranked_items),
+        chunk_size=options.chunk_size, model=model, others=others, unranked=None if inputs.unranked_items is None else torch.from_numpy(inputs.unranked_items),
     )  # fmt: skip
     ids = {m: r[1].cpu().numpy() for m, r in ranked.items()}
     section = _split_section(split, ids, metrics, ks, inputs.train.lengths(), item_counts, options)
@@ -298,6 +297,8 @@ def _gap_statements(splits_out: dict, model: str, k: int, stage_rows: dict) -> l
         r = metrics[model][key]
         parts = []
         for ranker, row in stage_rows.items():
+            if ranker == POPULARITY:  # a multiple of the floor, below
+                continue
             label = ranker_label(ranker)
             if ranker in metrics:
                 b = metrics[ranker][key]
@@ -305,7 +306,7 @@ def _gap_statements(splits_out: dict, model: str, k: int, stage_rows: dict) -> l
                     parts.append(f"{100 * r / b:.1f}% of {label}'s ({b:.4f})")
             else:
                 parts.append(f"{label} not run: {row.get('skipped', 'n/a')}")
-        p = metrics[POPULARITY_ROW][key]
+        p = metrics[POPULARITY][key] if POPULARITY in metrics else math.nan
         if math.isfinite(p) and p > 0:
             parts.append(f"{r / p:.2f}× popularity's ({p:.4f})")
         elif math.isfinite(p):

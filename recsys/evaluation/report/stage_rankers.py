@@ -20,7 +20,7 @@ from recsys.evaluation.report.types import EvalInputs, ReportOptions
 from recsys.evaluation.stage import evaluate_rankers
 from recsys.rankers.base import EvalSplit
 from recsys.rankers.ease.plan import available_memory_bytes
-from recsys.rankers.registry import SETTINGS, RankerContext, build_rankers, ranker_specs, settings_of
+from recsys.rankers.registry import POPULARITY, SETTINGS, RankerContext, build_rankers, ranker_specs, settings_of
 from recsys.rankers.resources import Resources
 from recsys.rankers.stage_cost import StagePlan, plan_stage
 
@@ -28,8 +28,8 @@ log = logging.getLogger("recsys.evaluation.report")
 
 
 def stage_names(options: ReportOptions) -> list[str]:
-    """The rankers the report ranks through the stage, each once."""
-    return list(dict.fromkeys(options.stage_rankers))
+    """The rankers the report ranks through the stage, each once: popularity (every report's floor) first."""
+    return list(dict.fromkeys([POPULARITY, *options.stage_rankers]))
 
 
 def _plan(names: list[str], inputs: EvalInputs, options: ReportOptions) -> StagePlan:
@@ -97,9 +97,10 @@ def rank_stage_rankers(inputs: EvalInputs, options: ReportOptions) -> tuple[dict
     }
 
 
+NO_VALID = "no 'valid' split given to tune it on"
+
+
 def _missing_inputs(inputs: EvalInputs) -> str:
-    if "valid" not in inputs.splits:
-        return "no 'valid' split given to tune it on"
     graphs = inputs.graphs or {"valid": inputs.train}
     missing = [n for n in inputs.splits if n not in graphs]
     return f"no interaction graph given for {', '.join(missing)}" if missing else ""
@@ -112,22 +113,31 @@ def _evaluate(
     items = torch.as_tensor(inputs.item_emb).float()
     context = RankerContext(
         eval=options.ranker_config,
-        train_counts=np.bincount(inputs.train.indices, minlength=inputs.train.num_items),
+        train_counts=(  # the run's own counts (its stage's popularity), else the training graph's
+            np.asarray(inputs.item_train_counts)
+            if inputs.item_train_counts is not None
+            else np.bincount(inputs.train.indices, minlength=inputs.train.num_items)
+        ),
         embeddings={n: (torch.as_tensor(s.user_emb).float(), items) for n, s in inputs.splits.items()},
         seed=options.seed,
         unranked_items=None if inputs.unranked_items is None else torch.from_numpy(inputs.unranked_items),
         available_bytes=options.available_bytes,
     )
     rankers, parts = build_rankers(names, context)
+    untuned = {}
+    if "valid" not in inputs.splits:  # a ranker with one point (popularity) is ranked on test; one with a grid is not
+        untuned = {r.name: {"skipped": NO_VALID} for r in rankers if len(r.grid()) > 1}
+        rankers = [r for r in rankers if r.name not in untuned]
     splits = {
         n: EvalSplit(n, s.users, s.exclude, graphs[n], s.relevant, tuple(s.masked_splits))
         for n, s in inputs.splits.items()
     }
     metric = options.ranker_config.valid_metric
     out = evaluate_rankers(
-        rankers, valid=splits["valid"], test=splits.get("test", splits["valid"]), ks=inputs.ks, metric=metric,
+        rankers, valid=splits.get("valid"), test=splits.get("test", splits.get("valid")), ks=inputs.ks, metric=metric,
         chunk_size=options.chunk_size, parts=parts, keep_ids=True, estimate=plan.estimate if plan else None,
     )  # fmt: skip
     kmax = max(inputs.ks)  # the stage ranks at least the tuning metric's cut-off: the report's own depth here
-    ids = {n: {r: out["ids"]["valid" if n == "valid" else "test"][r][:, :kmax] for r in names} for n in splits}
-    return ids, out["rankers"]
+    ranked = [r.name for r in rankers]
+    ids = {n: {r: out["ids"]["valid" if n == "valid" else "test"][r][:, :kmax] for r in ranked} for n in splits}
+    return ids, {**out["rankers"], **untuned}

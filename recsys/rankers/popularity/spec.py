@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from recsys.rankers.cost import RankerCost
 from recsys.rankers.popularity.ranker import PopularityRanker
-from recsys.rankers.registry import register_ranker
+from recsys.rankers.registry import POPULARITY, register_ranker
 from recsys.rankers.resources import Resources
-from recsys.ranking.scoring import POPULARITY_ROW
 
 
 def estimate(settings: None, r: Resources) -> RankerCost:
     return RankerCost(pairwise=False, user_s=2e-5)  # the head of one global order a user (popularity_topk)
 
 
-register_ranker(POPULARITY_ROW, lambda c, s: PopularityRanker(c.train_counts), estimate=estimate)
+register_ranker(POPULARITY, lambda c, s: PopularityRanker(c.train_counts), estimate=estimate)
