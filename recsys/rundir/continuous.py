@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from recsys.config import Config, IdMapping
+from recsys.config import Config, DataConfig, IdMapping, ModelConfig
 from recsys.data.dataset import RetrievalData
 from recsys.data.slices import slice_range
 from recsys.rundir.checkpoint import CONFIG_FILE, TrainerState, is_complete_checkpoint, latest_checkpoint
@@ -47,9 +47,11 @@ def checkpoint_config(path: Path) -> Config | None:
     return read_config_file(file)
 
 
-def check_managed(key: str, path: Path, saved: Config, cfg: Config, saved_world_size: int, world_size: int) -> None:
-    """The remapping state of ``path`` (saved with ``saved``) can be loaded by this run, or a refusal naming both."""
-    was, now = saved.model, cfg.model
+def check_managed(
+    key: str, path: Path, was: ModelConfig, now: ModelConfig, saved_world_size: int, world_size: int
+) -> None:
+    """The remapping state of ``path`` (saved with the model section ``was``) can be loaded by this run's model
+    section ``now``, or a refusal naming both."""
     if was.id_mapping != now.id_mapping:
         raise RunRefused(
             f"{key}={str(path)!r}: trained with model.id_mapping={was.id_mapping}, this run has "
@@ -78,9 +80,9 @@ def check_managed(key: str, path: Path, saved: Config, cfg: Config, saved_world_
         )
 
 
-def check_slice_order(path: Path, saved: Config, cfg: Config, data: RetrievalData) -> None:
-    """A warm start on the same replayed log must train on a later slice than its source, or be refused."""
-    was, now = saved.data, cfg.data
+def check_slice_order(path: Path, was: DataConfig, now: DataConfig, data: RetrievalData) -> None:
+    """A warm start on the same replayed log (``was``: the source's data section, ``now``: this run's) must train on
+    a later slice than its source, or be refused."""
     if not (was.slices and now.slices and data.slice_bounds is not None):
         return
     same_log = {**vars(was), "slice": 0, "slice_window": 0, "slices": 0, "root": ""} == {

@@ -209,7 +209,12 @@ class CheckpointManager:
         saved_cfg = checkpoint_config(resume_from)
         if saved_cfg is not None:  # another zch_size / policy / world size, named before the fingerprint differs
             check_managed(
-                "trainer.resume", resume_from, saved_cfg, self.cfg, saved_world_size(saved_state), self.env.world_size
+                "trainer.resume",
+                resume_from,
+                saved_cfg.model,
+                self.cfg.model,
+                saved_world_size(saved_state),
+                self.env.world_size,
             )
         if saved_state.fingerprint != self.fingerprint:  # before loading: other shapes would fail inside DCP
             raise RunRefused(
@@ -224,7 +229,9 @@ class CheckpointManager:
         path = init_checkpoint(path)
         state, saved_cfg = read_trainer_state(path), checkpoint_config(path)
         if saved_cfg is not None:
-            check_managed("trainer.init_from", path, saved_cfg, self.cfg, saved_world_size(state), self.env.world_size)
+            check_managed(
+                "trainer.init_from", path, saved_cfg.model, self.cfg.model, saved_world_size(state), self.env.world_size
+            )
         # the run's fingerprint, or (data.slices) the same model on another slice of the same log
         same = state.fingerprint == self.fingerprint or (
             saved_cfg is not None and weights_fingerprint(saved_cfg) == weights_fingerprint(self.cfg)
@@ -235,7 +242,7 @@ class CheckpointManager:
                 f"{state.fingerprint}, now {self.fingerprint})"
             )
         if saved_cfg is not None:
-            check_slice_order(path, saved_cfg, self.cfg, self.data)
+            check_slice_order(path, saved_cfg.data, self.cfg.data, self.data)
         with_optimizer = self.tcfg.init_optimizer
         if with_optimizer and not has_optimizer_state(path):
             raise RunRefused(

@@ -12,15 +12,15 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from omegaconf import OmegaConf
 
 from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
-from recsys.config import Config, ModelConfig
+from recsys.config import ModelConfig
 from recsys.data.dataset import RetrievalData
 from recsys.data.layout import QUERY, FeatureLayout, side_entries, side_specs
 from recsys.evaluation.ann import build_index, require_faiss
@@ -117,7 +117,7 @@ def _items_table(data: RetrievalData) -> pa.Table:
     return pa.table(columns | _side_columns(data, "items"))
 
 
-def _manifest(served: Served, point: dict, index: str, data: RetrievalData, cfg: Config, checkpoint: Path) -> dict:
+def _manifest(served: Served, point: dict, index: str, data: RetrievalData, run: RunRecord) -> dict:
     unranked = served.unranked()
     return {
         "format": BUNDLE_FORMAT,
@@ -146,11 +146,20 @@ def _manifest(served: Served, point: dict, index: str, data: RetrievalData, cfg:
             if len(served.parts) > 1
             else ""
         ),
-        "checkpoint": str(checkpoint.resolve()),
+        "checkpoint": str(run.checkpoint.resolve()),
         # trainer.refit: the selection stage trained on train only, the refit (<run>/refit) on train + valid
-        "trained_on": "train + valid" if cfg.data.train_on_valid else "train",
+        "trained_on": run.trained_on,
         "dataset_dir": str(data.dir),
     }
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the bundle records of the run it comes from."""
+
+    checkpoint: Path  # the weights exported
+    trained_on: str  # "train", or "train + valid" (a refit, data.train_on_valid)
+    config_yaml: str  # the run's whole config, as its checkpoints keep it: the bundle's config.yaml
 
 
 def encoder_entry(model: ModelConfig, layout: FeatureLayout, data: RetrievalData) -> dict:
@@ -174,8 +183,7 @@ def write_bundle(
     served: Served,
     point: dict,
     data: RetrievalData,
-    cfg: Config,
-    checkpoint: Path,
+    run: RunRecord,
     index: str = "flat",
 ) -> None:
     """The bundle of the ``served`` ranker (completed with the run's pieces: ``Served.for_bundle``) at its chosen
@@ -183,7 +191,7 @@ def write_bundle(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        manifest = _manifest(served, point, index, data, cfg, checkpoint)
+        manifest = _manifest(served, point, index, data, run)
         manifest["served"] = served.save(tmp)
         embeddings = served.items().numpy().astype(np.float32)
         np.save(tmp / "item_embeddings.npy", embeddings)
@@ -192,7 +200,7 @@ def write_bundle(
             np.save(tmp / "unranked_items.npy", np.flatnonzero(unranked.numpy()).astype(np.int64))
             ranked = np.flatnonzero(~unranked.numpy()).astype(np.int64)
         require_faiss().write_index(build_index(embeddings, index, ids=ranked), str(tmp / "index.faiss"))
-        _write_catalogue(tmp, data, cfg, manifest)
+        _write_catalogue(tmp, data, run, manifest)
         # every file, those of parts/ and vocab/ too: load_bundle refuses a bundle missing one, naming it
         manifest["files"] = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -212,7 +220,7 @@ def write_bundle(
         raise
 
 
-def _write_catalogue(tmp: Path, data: RetrievalData, cfg: Config, manifest: dict) -> None:
+def _write_catalogue(tmp: Path, data: RetrievalData, run: RunRecord, manifest: dict) -> None:
     """items.parquet, users.parquet, vocab/, config.yaml and (managed ids) every index's raw id."""
     pq.write_table(_items_table(data), tmp / "items.parquet")
     users = _side_columns(data, "users")
@@ -220,7 +228,7 @@ def _write_catalogue(tmp: Path, data: RetrievalData, cfg: Config, manifest: dict
         pq.write_table(pa.table({"user_id": pa.array(np.arange(data.num_users))} | users), tmp / "users.parquet")
     if (data.dir / VOCAB_DIR).is_dir():
         shutil.copytree(data.dir / VOCAB_DIR, tmp / "vocab")
-    (tmp / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    (tmp / "config.yaml").write_text(run.config_yaml)
     if data.raw_user_ids is not None and data.raw_item_ids is not None:  # the bundle maps raw ids to rows itself
         np.save(tmp / "raw_ids_users.npy", data.raw_user_ids.astype(np.int64))
         np.save(tmp / "raw_ids_items.npy", data.raw_item_ids.astype(np.int64))

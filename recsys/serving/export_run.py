@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from recsys.config import ExportConfig, IdMapping, ModelConfig
 from recsys.data.layout import FeatureLayout
 from recsys.distributed.collectives import full_tables
@@ -21,7 +23,7 @@ from recsys.rankers.served_dir import SERVED_DIR, load_served
 from recsys.rankers.two_tower.query_encoder import QueryEncoder
 from recsys.rankers.two_tower.weights import served_from_weights
 from recsys.rundir.config import load_run_config
-from recsys.serving.bundle_writer import check_replaceable, encoder_entry, write_bundle
+from recsys.serving.bundle_writer import RunRecord, check_replaceable, encoder_entry, write_bundle
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,12 @@ def _export_run(ecfg: ExportConfig) -> Path:
         if env.is_main:
             entry = encoder_entry(cfg.model, layout, data)
             run = BundleRun(lambda: query_encoder(cfg.model, layout, tables, model), entry, id_maps)
-            write_bundle(out, served.for_bundle(run), point, data, cfg, trained.checkpoint, index=ecfg.index)
+            record = RunRecord(
+                checkpoint=trained.checkpoint,
+                trained_on="train + valid" if cfg.data.train_on_valid else "train",
+                config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
+            )
+            write_bundle(out, served.for_bundle(run), point, data, record, index=ecfg.index)
             log.info("serving bundle: %s", out)
         return out
     finally:

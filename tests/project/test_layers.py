@@ -117,7 +117,9 @@ def test_the_report_names_no_ranker():
 
 # the evaluation stage and the layers under it take their own config sections and the run plan's decisions
 # (recsys/job/plan.py), never the root Config (shared/STYLE.md 18-19)
-SECTION_LAYERS = ("components", "data", "distributed", "evaluation", "model", "rankers", "ranking", "training")
+SECTION_LAYERS = (
+    "components", "data", "distributed", "evaluation", "model", "rankers", "ranking", "serving", "training",
+)  # fmt: skip
 
 
 def _names_root_config(path: Path) -> bool:
