@@ -243,4 +243,7 @@ def pipeline_data(data: DictConfig) -> tuple[DataConfig, list[str]]:
         typed = OmegaConf.merge(OmegaConf.structured(DataConfig), section)
     except Exception as e:  # a value of the wrong type or outside its set, named with its key
         raise ConfigError(one_line(e).replace("full_key: ", "full_key: data.")) from None
+    missing = sorted(OmegaConf.missing_keys(typed))
+    if missing:
+        raise ConfigError(f"config values required but not set: {', '.join(f'data.{k}' for k in missing)}")
     return to_typed(typed, DataConfig), [f"data.{k}" for k in others]
