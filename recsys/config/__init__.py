@@ -19,6 +19,7 @@ checks beside its dataclass::
     run.py           Config, what the sections imply together
                      (the query's features), check_data, check_values (every section's
                      checks)
+    fingerprint.py   the hash of the data and model settings the weights depend on; the run's identity (RunIdentity)
     need.py          the collector the checks report to
     entry_points.py  recsys.evaluate / recsys.export / plan schemas, register_configs
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from recsys.config import Config
+from recsys.config.fingerprint import config_fingerprint, run_identity
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv, destroy_distributed, init_distributed
 from recsys.job.assemble import load_data, run_evaluator, shard_for_training, train_batches
@@ -49,7 +50,9 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
         load_plugins(cfg.eval.plugins)  # their rankers registered before the names are checked
         check_rankers(cfg)  # a typo or a bad setting fails now, not after training
-        check_finished_evaluation(cfg, Path(run_dir))  # a finished run asked for other eval.*: refused, naming them
+        check_finished_evaluation(
+            Path(run_dir), cfg.trainer, cfg.eval, config_fingerprint(cfg)
+        )  # a finished run asked for other eval.*: refused, naming them
         results, plan = _train_and_test(cfg, Path(run_dir), env, record=record)
         if plan.refit:
             refit_cfg = refit_config(cfg, results["train"]["best_epoch"], results["headline"]["ranker"])
@@ -138,7 +141,7 @@ def _trainer(cfg: Config, run_dir: Path, env: DistEnv, opened: _Opened, record, 
     sharded = shard_for_training(cfg, data, plan.layout, env)
     if env.is_main:
         warn_ks_beyond_catalogue(cfg.eval.ks, data.num_items, "eval.ks")
-    checkpoints = CheckpointManager(cfg, run_dir, env, sharded, data)
+    checkpoints = CheckpointManager(cfg.trainer, run_identity(cfg), run_dir, env, sharded, data)
     start = checkpoints.start()
     if start.finished is not None:
         if env.is_main:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from recsys.config import Config
+from recsys.config.fingerprint import config_fingerprint
 from recsys.rundir.checkpoint import CONFIG_FILE, STATE_FILE, read_trainer_state
-from recsys.rundir.fingerprint import config_fingerprint
 from recsys.rundir.saved_config import read_config_file
 from recsys.utils.refusals import MissingPath, RunRefused
 

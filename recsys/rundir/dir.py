@@ -28,9 +28,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from recsys.config import Config
+from recsys.config import EvalConfig, TrainerConfig
 from recsys.rundir.checkpoint import CONFIG_FILE, TrainerState, latest_checkpoint, read_trainer_state
-from recsys.rundir.fingerprint import config_fingerprint
 from recsys.rundir.outputs import drop_records_after
 from recsys.rundir.saved_config import read_config_file
 from recsys.utils.refusals import ANOTHER_RUN_DIR, RunRefused
@@ -188,20 +187,21 @@ def _shown(value: Any) -> str:
     return repr(value) if value == "" else "null" if value is None else str(value)
 
 
-def check_finished_evaluation(cfg: Config, run_dir: Path) -> None:
-    """trainer.resume=auto on a finished run (``completed_results``' test, from its files alone): refuse ``eval.*``
-    settings other than those its evaluation stage used, naming each, before any work. The run is not trained or
-    ranked again, so its results.json, served/ and bundle would say nothing of them."""
+def check_finished_evaluation(run_dir: Path, tcfg: TrainerConfig, ecfg: EvalConfig, fingerprint: str) -> None:
+    """trainer.resume=auto on a finished run (``completed_results``' test, from its files alone, against the run's
+    ``fingerprint``): refuse ``eval.*`` settings (``ecfg``) other than those its evaluation stage used, naming each,
+    before any work. The run is not trained or ranked again, so its results.json, served/ and bundle would say
+    nothing of them."""
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
-    if cfg.trainer.resume != "auto" or checkpoint is None or not (run_dir / RESULTS_FILE).is_file():
+    if tcfg.resume != "auto" or checkpoint is None or not (run_dir / RESULTS_FILE).is_file():
         return
     state = read_trainer_state(checkpoint)
-    if state.fingerprint != config_fingerprint(cfg) or not is_finished(state, cfg.trainer.epochs):
+    if state.fingerprint != fingerprint or not is_finished(state, tcfg.epochs):
         return
     if not (checkpoint / CONFIG_FILE).is_file():  # saved before checkpoints held their config: nothing to compare
         return
     saved = _flat(asdict(read_config_file(checkpoint / CONFIG_FILE).eval), "eval.")
-    now = _flat(asdict(cfg.eval), "eval.")
+    now = _flat(asdict(ecfg), "eval.")
     changed = [
         f"{key}={_shown(now[key])} (the run's: {_shown(saved.get(key))})"
         for key in now

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from omegaconf import OmegaConf
 
-from recsys.config import Config
+from recsys.config import TrainerConfig
+from recsys.config.fingerprint import RunIdentity, weights_fingerprint
 from recsys.data.dataset import RetrievalData
 from recsys.distributed.env import DistEnv
 from recsys.distributed.managed import restore_counts
@@ -51,15 +51,14 @@ from recsys.rundir.dir import (
     set_aside_outputs,
     tidy_earlier_logs,
 )
-from recsys.rundir.fingerprint import config_fingerprint, weights_fingerprint
 from recsys.utils.refusals import ANOTHER_RUN_DIR, MissingPath, RunRefused
 
 log = logging.getLogger(__name__)
 
 
-def resume_path(cfg: Config, ckpt_root: Path, env: DistEnv) -> Path | None:
-    """The checkpoint trainer.resume names (None: start over), after setting aside an earlier run for resume=none."""
-    resume = cfg.trainer.resume
+def resume_path(resume: str, ckpt_root: Path, env: DistEnv) -> Path | None:
+    """The checkpoint trainer.resume (``resume``) names (None: start over), after setting aside an earlier run for
+    resume=none."""
     if resume == "none":
         if env.is_main:  # an earlier run's checkpoints and logs in this dir: set aside together, never deleted
             set_aside_earlier_run(ckpt_root.parent)
@@ -121,20 +120,25 @@ class Start(NamedTuple):
 
 
 class CheckpointManager:
-    """The checkpoints of one run dir (``<run_dir>/checkpoints/``) for one (config, sharded model) pair."""
+    """The checkpoints of one run dir (``<run_dir>/checkpoints/``) for one (run, sharded model) pair: ``identity``
+    (recsys.config.fingerprint.run_identity) is what the run saves with each checkpoint and compares them against,
+    ``tcfg`` its trainer section."""
 
-    def __init__(self, cfg: Config, run_dir: Path, env: DistEnv, sharded: ShardedModel, data: RetrievalData) -> None:
-        self.cfg, self.tcfg, self.run_dir, self.env, self.sharded, self.data = (
-            cfg,
-            cfg.trainer,
-            run_dir,
-            env,
-            sharded,
-            data,
-        )
+    def __init__(
+        self,
+        tcfg: TrainerConfig,
+        identity: RunIdentity,
+        run_dir: Path,
+        env: DistEnv,
+        sharded: ShardedModel,
+        data: RetrievalData,
+    ) -> None:
+        self.tcfg, self.identity, self.run_dir, self.env, self.sharded, self.data = (
+            tcfg, identity, run_dir, env, sharded, data,
+        )  # fmt: skip
         self.root = run_dir / "checkpoints"
-        self.fingerprint = config_fingerprint(cfg)
-        self.config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+        self.fingerprint = identity.fingerprint
+        self.config_yaml = identity.config_yaml
         self.init_path: Path | None = None  # trainer.init_from's checkpoint, once start() has checked it
 
     def step_path(self, step: int) -> Path:
@@ -143,7 +147,7 @@ class CheckpointManager:
     def start(self) -> Start:
         """Which checkpoint the run continues, or (trainer.resume=auto) the results of a finished one. Whatever
         would refuse loading it (or trainer.init_from's) is refused here, before the run writes anything."""
-        resume_from = resume_path(self.cfg, self.root, self.env)
+        resume_from = resume_path(self.tcfg.resume, self.root, self.env)
         if resume_from is not None:
             self._check_resumable(resume_from)
         elif self.tcfg.init_from:
@@ -192,7 +196,12 @@ class CheckpointManager:
             log.info(
                 "resumed from %s: step %d, epoch %d, batch %d", resume_from, state.step, state.epoch, state.next_batch
             )
-        if self.cfg.data.shard_by_user and state.next_batch > 0 and state.world_size != env.world_size and env.is_main:
+        if (
+            self.identity.data.shard_by_user
+            and state.next_batch > 0
+            and state.world_size != env.world_size
+            and env.is_main
+        ):
             log.warning(
                 "data.shard_by_user: resuming mid-epoch on %d ranks, saved on %d: the users' split across ranks "
                 "changed, so the rest of epoch %d is not exactly the remainder of the interrupted one",
@@ -212,7 +221,7 @@ class CheckpointManager:
                 "trainer.resume",
                 resume_from,
                 saved_cfg.model,
-                self.cfg.model,
+                self.identity.model,
                 saved_world_size(saved_state),
                 self.env.world_size,
             )
@@ -230,11 +239,16 @@ class CheckpointManager:
         state, saved_cfg = read_trainer_state(path), checkpoint_config(path)
         if saved_cfg is not None:
             check_managed(
-                "trainer.init_from", path, saved_cfg.model, self.cfg.model, saved_world_size(state), self.env.world_size
+                "trainer.init_from",
+                path,
+                saved_cfg.model,
+                self.identity.model,
+                saved_world_size(state),
+                self.env.world_size,
             )
         # the run's fingerprint, or (data.slices) the same model on another slice of the same log
         same = state.fingerprint == self.fingerprint or (
-            saved_cfg is not None and weights_fingerprint(saved_cfg) == weights_fingerprint(self.cfg)
+            saved_cfg is not None and weights_fingerprint(saved_cfg) == self.identity.weights_fingerprint
         )
         if not same:
             raise RunRefused(
@@ -242,7 +256,7 @@ class CheckpointManager:
                 f"{state.fingerprint}, now {self.fingerprint})"
             )
         if saved_cfg is not None:
-            check_slice_order(path, saved_cfg.data, self.cfg.data, self.data)
+            check_slice_order(path, saved_cfg.data, self.identity.data, self.data)
         with_optimizer = self.tcfg.init_optimizer
         if with_optimizer and not has_optimizer_state(path):
             raise RunRefused(

@@ -11,7 +11,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from recsys.components.query_encoders.sequence import SequenceEncoder, padded_history
 from recsys.config import ExportConfig
-from recsys.rundir.fingerprint import config_fingerprint
+from recsys.config.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config
 
 SASREC = ["data.protocol=loo", "data.query_history=recent", "model/query_encoder=sasrec"]

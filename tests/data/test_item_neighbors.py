@@ -13,13 +13,13 @@ from omegaconf import OmegaConf
 
 from data_pipelines.prepare import prepare_dataset
 from recsys.config import query_layout
+from recsys.config.fingerprint import config_fingerprint
 from recsys.data.dataset import Interactions, load_dataset
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.neighbors import item_neighbors, with_item_neighbors
 from recsys.evaluate import EvaluateConfig, evaluate_run
 from recsys.export import ExportConfig, export_run
 from recsys.rundir.config import load_run_config
-from recsys.rundir.fingerprint import config_fingerprint
 from recsys.serving.bundle import load_bundle
 from tests.data.test_no_categories import fit_given_split
 from tests.helpers.config import tiny_config

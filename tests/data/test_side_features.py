@@ -15,11 +15,11 @@ import torch
 from data_pipelines.prepare import prepare_dataset
 from data_pipelines.synthetic import TINY_SPEC, cache_key, generate
 from recsys.config import query_layout
+from recsys.config.fingerprint import config_fingerprint
 from recsys.data.dataset import load_dataset
 from recsys.data.eval_batches import latest_items
 from recsys.data.feature_builder import FeatureBuilder
 from recsys.data.side_features import with_side_features
-from recsys.rundir.fingerprint import config_fingerprint
 from tests.helpers.config import tiny_config
 from tests.helpers.launch import launch
 from tests.helpers.movielens import OCCUPATIONS_100K, random_ratings, release_files, write_folder

@@ -150,3 +150,32 @@ def test_the_bundle_reader_loads_without_torchrec_or_hydra():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+ASSEMBLY = ("config", "job", "tune")  # the schemas, the run's assembly and the search over runs
+
+
+def _takes_root_config(path: Path) -> list[str]:
+    """The functions of ``path`` with a parameter annotated ``Config``, the root schema (imported from recsys.config;
+    a component's own ``Config`` is not it)."""
+    out = []
+    tree = ast.parse(path.read_text())
+    if not _names_root_config(path) and not path.is_relative_to(ROOT / "recsys" / "config"):
+        return out
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            if any(isinstance(a.annotation, ast.Name) and a.annotation.id == "Config" for a in args):
+                out.append(f"{path.relative_to(ROOT)}::{node.name}")
+    return out
+
+
+def test_the_root_config_is_a_parameter_only_in_the_entry_points_and_the_runs_assembly():
+    offenders = [
+        name
+        for path in sorted((ROOT / "recsys").rglob("*.py"))
+        if path.parent != ROOT / "recsys" and path.relative_to(ROOT / "recsys").parts[0] not in ASSEMBLY
+        for name in _takes_root_config(path)
+    ]
+    assert offenders == []
+    assert _takes_root_config(ROOT / "recsys" / "job" / "plan.py")  # the check sees one

@@ -9,7 +9,7 @@ checkpoint and compared before resuming, initialising from, evaluating or export
   earlier run had, so their run dirs keep their fingerprint (``Absent(value, unless=...)``: also left out
   while another setting makes it unused).
 
-A new field must be added here (tests/rundir/test_fingerprint.py fails until it is). ``FINGERPRINT_VERSION`` says
+A new field must be added here (tests/config/test_fingerprint.py fails until it is). ``FINGERPRINT_VERSION`` says
 which rules a saved fingerprint was made with; changing a rule so that existing runs hash otherwise means a
 new version and a note in the refusal. Run dirs written at version 1 are tested (tests/fixtures/).
 """
@@ -22,7 +22,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from recsys.config import Config, IdMapping, query_uses_neighbors
+from omegaconf import OmegaConf
+
+from recsys.config.data import DataConfig
+from recsys.config.model import IdMapping, ModelConfig
+from recsys.config.run import Config, query_uses_neighbors
 
 FINGERPRINT_VERSION = 1
 
@@ -195,3 +199,25 @@ def weights_fingerprint(cfg: Config) -> str:
     if not cfg.data.slices:
         return config_fingerprint(cfg)
     return config_fingerprint(replace(cfg, data=replace(cfg.data, slice=0, slice_window=1)))
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a run's checkpoints are saved with and compared against (recsys/rundir/manager.py), derived once from the
+    run's config by its assembly: the fingerprints, the data and model sections, the whole config as YAML."""
+
+    fingerprint: str  # config_fingerprint: resuming needs the same
+    weights_fingerprint: str  # weights_fingerprint: a warm start (trainer.init_from) needs the same
+    data: DataConfig
+    model: ModelConfig
+    config_yaml: str  # every checkpoint's config.yaml
+
+
+def run_identity(cfg: Config) -> RunIdentity:
+    return RunIdentity(
+        fingerprint=config_fingerprint(cfg),
+        weights_fingerprint=weights_fingerprint(cfg),
+        data=cfg.data,
+        model=cfg.model,
+        config_yaml=OmegaConf.to_yaml(OmegaConf.structured(cfg)),
+    )

@@ -1,4 +1,4 @@
-"""The weights' fingerprint (recsys/rundir/fingerprint.py): every data / model field is classified, the explicit rules
+"""The weights' fingerprint (recsys/config/fingerprint.py): every data / model field is classified, the explicit rules
 hash as the rules of every earlier version did, and a run dir written by an earlier main still loads."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from recsys.config import Config, query_uses_neighbors
+from recsys.config.fingerprint import FIELDS, config_fingerprint, fingerprint_values
 from recsys.rundir.config import load_run_config
-from recsys.rundir.fingerprint import FIELDS, config_fingerprint, fingerprint_values
 from recsys.rundir.saved_config import read_config_file
 from tests.helpers.config import tiny_config
 
@@ -46,7 +46,7 @@ def _leaves(values: dict, path: str = ""):
 
 def test_every_data_and_model_field_is_classified():
     assert set(_leaves(fingerprint_values(Config()))) == set(FIELDS), (
-        "add the new field to recsys/rundir/fingerprint.py's FIELDS: HASH, SKIP or Absent"
+        "add the new field to recsys/config/fingerprint.py's FIELDS: HASH, SKIP or Absent"
     )
 
 
