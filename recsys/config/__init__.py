@@ -23,7 +23,8 @@ checks beside its dataclass::
     need.py          the collector the checks report to
     entry_points.py  recsys.evaluate / recsys.export / plan schemas, register_configs
 
-Import every name from ``recsys.config``; the modules are its layout, not its interface.
+Import every name from ``recsys.config``; the modules are its layout, not its interface (``fingerprint.py`` aside:
+the run's identity, imported by its own path where a run dir is opened).
 """
 
 from data_pipelines.config import (  # the pipelines' data schema is part of Config's (recsys.config.data)

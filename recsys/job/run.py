@@ -50,9 +50,8 @@ def fit(cfg: Config, run_dir: str | Path, record: Mapping[str, str] | None = Non
         lock = lock_run_dir(Path(run_dir), env)  # a second training in this run dir fails here, naming the owner
         load_plugins(cfg.eval.plugins)  # their rankers registered before the names are checked
         check_rankers(cfg)  # a typo or a bad setting fails now, not after training
-        check_finished_evaluation(
-            Path(run_dir), cfg.trainer, cfg.eval, config_fingerprint(cfg)
-        )  # a finished run asked for other eval.*: refused, naming them
+        # a finished run asked for other eval.*: refused, naming them
+        check_finished_evaluation(Path(run_dir), cfg.trainer, cfg.eval, config_fingerprint(cfg))
         results, plan = _train_and_test(cfg, Path(run_dir), env, record=record)
         if plan.refit:
             refit_cfg = refit_config(cfg, results["train"]["best_epoch"], results["headline"]["ranker"])
