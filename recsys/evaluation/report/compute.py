@@ -107,11 +107,7 @@ def compute_report(inputs: EvalInputs, options: ReportOptions = ReportOptions())
     items = _tensor(inputs.item_emb, options.device)
     if items.shape[0] != num_items:
         raise ValueError(f"item_emb has {items.shape[0]} rows, train has {num_items} items")
-    item_counts = (
-        np.bincount(inputs.train.indices, minlength=num_items)
-        if inputs.item_train_counts is None
-        else np.asarray(inputs.item_train_counts)
-    )
+    item_counts = inputs.item_counts()
     stage_ids, stage_info = rank_stage_rankers(inputs, options)
     stage = {k: v for k, v in stage_info.items() if k != "plan"}  # each ranker's row or why it was skipped
     baselines = _Baselines(stage_ids)
@@ -193,7 +189,8 @@ def _rank_split(
     )
     ranked, metrics = rank_and_score(
         _tensor(split.user_emb, options.device), items, kmax, exclude=split.exclude, relevant=split.relevant, ks=ks,
-        chunk_size=options.chunk_size, model=model, others=others, unranked=None if inputs.unranked_items is None else torch.from_numpy(inputs.unranked_items),
+        chunk_size=options.chunk_size, model=model, others=others,
+        unranked=None if inputs.unranked_items is None else torch.from_numpy(inputs.unranked_items),
     )  # fmt: skip
     ids = {m: r[1].cpu().numpy() for m, r in ranked.items()}
     section = _split_section(split, ids, metrics, ks, inputs.train.lengths(), item_counts, options)

@@ -113,11 +113,7 @@ def _evaluate(
     items = torch.as_tensor(inputs.item_emb).float()
     context = RankerContext(
         eval=options.ranker_config,
-        train_counts=(  # the run's own counts (its stage's popularity), else the training graph's
-            np.asarray(inputs.item_train_counts)
-            if inputs.item_train_counts is not None
-            else np.bincount(inputs.train.indices, minlength=inputs.train.num_items)
-        ),
+        train_counts=inputs.item_counts(),  # the run's own counts: popularity's row is the run's
         embeddings={n: (torch.as_tensor(s.user_emb).float(), items) for n, s in inputs.splits.items()},
         seed=options.seed,
         unranked_items=None if inputs.unranked_items is None else torch.from_numpy(inputs.unranked_items),

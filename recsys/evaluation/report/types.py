@@ -75,6 +75,12 @@ class EvalInputs:
     graphs: dict[str, UserItemCSR] | None = None
     unranked_items: np.ndarray | None = None  # bool [I]: items the model leaves out (recsys/ranking/untrained.py)
 
+    def item_counts(self) -> np.ndarray:
+        """[I] training counts per item: ``item_train_counts``, else distinct training users per item."""
+        if self.item_train_counts is not None:
+            return np.asarray(self.item_train_counts)
+        return np.bincount(self.train.indices, minlength=self.train.num_items)
+
 
 @dataclass
 class ReportOptions:
