@@ -251,7 +251,15 @@ def test_under_torchrun_each_rank_trains_its_own_trial_at_once(tmp_path, data_ro
     assert table["chosen"] == best["number"]
     # the ranks' trials kept their users' figures: the lead's standard error is the paired one
     assert f"paired over {int(results['valid']['two_tower']['num_users_evaluated'])} users" in table["why"]
-    # the run trains the chosen settings on two ranks where its trial trained on one: the same global batches, the
-    # sums in another order (a difference in the 3rd decimal on this tiny split)
-    # its figure is that of what the run serves (tiny's default: the best on valid of the two-tower and its fusions)
-    assert results["valid"][best["served"]]["recall@20"] == pytest.approx(best["valid"], abs=0.01)
+    # a trial's figure is that of what its run serves (tiny's default: the best on valid of the two-tower and its
+    # fusions), as its own evaluation stage logged it
+    served_line = re.search(
+        r"served: (\S+), the best on valid recall@20 \(([\d.]+)\)", logs[best["number"]].read_text()
+    )
+    assert served_line.group(1) == best["served"] and float(served_line.group(2)) == pytest.approx(
+        best["valid"], abs=1e-4
+    )
+    # the run trains the chosen settings on two ranks where its trial trained on one: the same global batches, the sums
+    # in another order, so another two-tower (0.0064 apart on valid on an AVX-512 machine), whose fusion moved 0.012 on
+    # these 400 valid users (the lead's standard error above: 0.014); the two-tower alone ranks 0.06 below the fusion
+    assert results["valid"][best["served"]]["recall@20"] == pytest.approx(best["valid"], abs=0.03)
