@@ -131,7 +131,7 @@ LEGACY_LOSS_FIELDS = {
 }
 LOSS_SKIPPED = ("block_mb",)  # how the loss is computed (row blocks or whole), not what
 # settings a loss gained after runs existed, with the value every earlier run had: hashed only when they differ
-LOSS_ADDED = {"uniformity_weight": 0.0}
+LOSS_ADDED = {"uniformity_weight": 0.0, "mask_history": False}
 
 
 def _flat_loss(loss: dict) -> dict:

@@ -107,6 +107,8 @@ class FeatureBuilder:
             features=build_kjt(self.keys, lengths, values),
             candidate_item_ids=arrays.to_tensor(candidate_item_ids),
             num_queries=len(user_ids),
+            history_lengths=arrays.to_tensor(hist_lengths),
+            history_items=arrays.to_tensor(hist_items),
         )
 
 

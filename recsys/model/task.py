@@ -14,7 +14,7 @@ With model.negatives.num = -1 the candidates are the whole catalogue instead, ea
 softmax, no sampling and so no logQ.
 
 A candidate with the same item as a query's positive (other than the positive itself) is masked
-by the loss. The loss is the mean over this rank's queries; with gathered candidates and
+by the loss, and one whose item is in the query's history bag where the loss reads it (model.loss.mask_history). The loss is the mean over this rank's queries; with gathered candidates and
 torchrec / DDP averaging gradients over ranks, N ranks follow the same curve as one process.
 """
 
@@ -105,8 +105,15 @@ class RetrievalTask(nn.Module):
             candidate_item_ids=all_ids,
             log_q=self.candidate_log_q(all_ids, positives.shape[0]),
             unit_dims=queries.shape[1] - self.bias_columns,
+            **self._history_of(batch),
         )
         return self._scaled(loss, n, global_n)
+
+    def _history_of(self, batch: Batch) -> dict:
+        """The queries' history bags for a loss that masks them (``reads_query_history``), else nothing."""
+        if not getattr(self.loss, "reads_query_history", False):
+            return {}
+        return {"query_history": (batch.history_lengths, batch.history_items)}
 
     def _full_softmax(self, batch: Batch, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """The loss against the whole catalogue: the batch's negatives are every item in item order (rows [n, n + I)),
@@ -122,6 +129,7 @@ class RetrievalTask(nn.Module):
             candidate_item_ids=catalogue_ids,
             log_q=torch.zeros(catalogue_ids.shape, dtype=queries.dtype, device=queries.device),
             unit_dims=queries.shape[1] - self.bias_columns,
+            **self._history_of(batch),
         )
 
     def _scaled(self, loss: torch.Tensor, n: int, global_n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,6 +57,7 @@ def legacy_fingerprint(cfg: Config) -> str:
     model.update({"temperature": 0.1, "logq_correction": True, "logq_weight": 1.0, "margin": 0.9})
     model.update({"negative_weight": 150.0, "loss": loss.pop("name")})
     assert loss.pop("uniformity_weight", 0.0) == 0.0  # added after the table: the earlier rules never saw it
+    assert loss.pop("mask_history", False) is False  # likewise
     model.update({k: v for k, v in loss.items() if k != "block_mb"})
     negatives = model.pop("negatives")  # model.num_uniform_negatives before; only uniform draws then
     assert negatives["exponent"] == 0.0
@@ -135,6 +136,7 @@ def test_where_and_how_rows_are_read_change_nothing_and_what_is_trained_does():
     assert config_fingerprint(tiny_config(["data.root=/else", "data.shard_by_user=true"])) == base
     assert config_fingerprint(tiny_config(["model.loss.temperature=0.2"])) != base
     assert config_fingerprint(tiny_config(["model.loss.uniformity_weight=0.5"])) != base
+    assert config_fingerprint(tiny_config(["model.loss.mask_history=true"])) != base
     assert config_fingerprint(tiny_config(["data.split_seed=3"])) != base
 
 

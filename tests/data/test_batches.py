@@ -52,6 +52,9 @@ def test_training_history_is_the_users_previous_items(tiny_data):
         assert got_cats == expected_cats
     assert batch.num_queries == 64 and batch.candidate_item_ids.numel() == 64 + 3
     assert batch.candidate_item_ids[:64].tolist() == train.item_ids[order].tolist()
+    # the bags again beside the KJT, as dataset indices (what model.loss.mask_history compares with the candidates')
+    assert batch.history_lengths.tolist() == hist.lengths()[:64].tolist()
+    assert batch.history_items.tolist() == hist.values()[: hist.offsets()[64]].tolist()
     # candidate rows [64, 131): no user, one item each (the positives, then the negatives), its categories
     assert batch.features.stride() == 64 + 67
     assert features["user"].lengths()[64:].sum() == 0 and features["user"].lengths()[:64].tolist() == [1] * 64
@@ -65,6 +68,23 @@ def test_training_history_is_the_users_previous_items(tiny_data):
                 tiny_data.item_category_indptr[item] : tiny_data.item_category_indptr[item + 1]
             ].tolist()
         )
+
+
+def test_the_bags_beside_the_kjt_stay_dataset_indices_under_managed_ids(tiny_data):
+    """model.id_mapping=managed: the KJT holds raw ids; the batch's bags, like its candidates' ids, stay indices."""
+    raw = dataclasses.replace(
+        tiny_data,
+        raw_user_ids=np.arange(tiny_data.num_users, dtype=np.int64) * 7 + 10**12,
+        raw_item_ids=np.arange(tiny_data.num_items, dtype=np.int64) * 3 + 10**12,
+    )
+    batch = next(TrainBatches(raw, history_length=4, global_batch_size=64, num_negatives=3, seed=0).epoch(0))
+    plain = next(TrainBatches(tiny_data, history_length=4, global_batch_size=64, num_negatives=3, seed=0).epoch(0))
+    hist = batch.features.to_dict()["item"]
+    assert torch.equal(batch.history_items, plain.history_items) and torch.equal(
+        batch.history_lengths, plain.history_lengths
+    )
+    assert (hist.values()[: hist.offsets()[64]] - 10**12).div(3).tolist() == batch.history_items.tolist()
+    assert batch.history_items.numel() > 64
 
 
 def test_ranks_split_every_global_batch_and_share_negatives(tiny_data):

@@ -67,7 +67,13 @@ JOBS = {
     "uninterrupted": FAULT_TOLERANCE,
     "uninterrupted_by_user": [*FAULT_TOLERANCE, "data.shard_by_user=true"],
     "table_wise_uneven": [*MULTIPROCESS, "sharding=table_wise", *UNEVEN, "trainer.pipeline=none"],
-    "column_wise_pipeline": [*MULTIPROCESS, "sharding=column_wise", "trainer.pipeline=sparse_dist"],
+    # + the loss masking each query's bag (its bags read beside the KJT the pipeline distributes)
+    "column_wise_pipeline": [
+        *MULTIPROCESS,
+        "sharding=column_wise",
+        "trainer.pipeline=sparse_dist",
+        "model.loss.mask_history=true",
+    ],
     "sasrec_pipeline": [*MULTIPROCESS, *SASREC, "sharding=table_wise", "trainer.pipeline=sparse_dist"],
     # + the refit on train + valid, each rank merging its own users' rows (1 more epoch)
     "by_user_uneven": [

@@ -92,7 +92,12 @@ def test_the_full_softmax_is_the_in_batch_one_when_the_batch_holds_each_item_onc
 
 
 @pytest.mark.parametrize(
-    "negatives", [["model.negatives.num=-1"], ["model.negatives.num=64", "model.negatives.exponent=0.75"]]
+    "negatives",
+    [
+        ["model.negatives.num=-1"],
+        ["model.negatives.num=64", "model.negatives.exponent=0.75"],
+        ["model.negatives.num=-1", "model.loss.mask_history=true"],
+    ],
 )
 def test_a_run_trains_with_each_kind_of_negatives(tmp_path, data_root, process_group, negatives):
     from recsys.job.run import fit

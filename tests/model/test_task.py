@@ -84,21 +84,26 @@ def test_loss_gradient_flows_to_both_towers():
     assert q.grad.abs().sum() > 0 and c.grad.abs().sum() > 0
 
 
-def autograd_reference(q, c, labels, q_items, c_items, tau, log_q):
-    """The loss written the obvious way, differentiated by autograd."""
+def autograd_reference(q, c, labels, q_items, c_items, tau, log_q, history=None):
+    """The loss written the obvious way, differentiated by autograd; ``history``: (lengths, items) of each query's
+    bag, whose items' candidates are masked too."""
     logits = q @ c.t() / tau - (log_q.unsqueeze(0) if log_q is not None else 0.0)
     hits = c_items.unsqueeze(0) == q_items.unsqueeze(1)
+    if history is not None:
+        for r, bag in enumerate(torch.split(history[1], history[0].tolist())):
+            hits[r] |= torch.isin(c_items, bag)
     hits[torch.arange(labels.numel()), labels] = False
     return torch.nn.functional.cross_entropy(logits.masked_fill(hits, float("-inf")), labels)
 
 
 @pytest.mark.parametrize("block_rows", [0, 64, 10], ids=["dense", "one-block", "blocks-of-10"])
 @pytest.mark.parametrize("device_variant", [False, True], ids=["cpu-variant", "cuda-variant"])
-@pytest.mark.parametrize("use_log_q", [True, False])
-def test_hand_written_backward_equals_autograd(use_log_q, device_variant, block_rows, monkeypatch):
+@pytest.mark.parametrize("use_log_q,mask_history", [(True, False), (False, False), (True, True)])
+def test_hand_written_backward_equals_autograd(use_log_q, mask_history, device_variant, block_rows, monkeypatch):
     """Random batches with many repeated items (accidental hits) and uniform negatives; labels offset as on rank 1.
     ``cuda-variant`` runs on CPU what runs on a GPU (dense hit mask, out-of-place log_softmax); ``block_rows`` > 0:
-    the row-blocked form with a logits budget of that many rows (64, the whole batch, runs the dense form)."""
+    the row-blocked form with a logits budget of that many rows (64, the whole batch, runs the dense form);
+    ``mask_history``: each query's bag of up to 6 items masked too (model.loss.mask_history)."""
     import recsys.components.losses.in_batch_softmax as softmax_module
 
     if device_variant:
@@ -111,11 +116,15 @@ def test_hand_written_backward_equals_autograd(use_log_q, device_variant, block_
     labels = torch.arange(32, 32 + b)  # this rank's positives sit after another rank's
     q_items = c_items[labels]
     log_q = torch.log(torch.rand(c_rows, generator=g) * 0.01 + 1e-4) if use_log_q else None
+    history = None
+    if mask_history:
+        lengths = torch.randint(0, 7, (b,), generator=g)
+        history = (lengths, torch.randint(0, 45, (int(lengths.sum()),), generator=g))
     grads = []
     for fn in (sampled_softmax_loss, None):
         q, c = q0.clone().requires_grad_(), c0.clone().requires_grad_()
         if fn is None:
-            loss = autograd_reference(q, c, labels, q_items, c_items, tau, log_q)
+            loss = autograd_reference(q, c, labels, q_items, c_items, tau, log_q, history)
         else:
             loss = fn(
                 q,
@@ -126,6 +135,7 @@ def test_hand_written_backward_equals_autograd(use_log_q, device_variant, block_
                 temperature=tau,
                 candidate_log_q=log_q,
                 block_mb=block_rows * c_rows * 4 / 2**20,
+                query_history=history,
             )
         (3.0 * loss).backward()  # a non-unit upstream gradient must scale the result
         grads.append((loss.item(), q.grad, c.grad))

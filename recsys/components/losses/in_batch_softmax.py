@@ -14,33 +14,7 @@ from __future__ import annotations
 
 import torch
 
-
-def sorted_candidates(candidate_item_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted ids, their columns): what ``accidental_hits`` searches; sorted once when several row blocks search it."""
-    return torch.sort(candidate_item_ids)
-
-
-def accidental_hits(
-    query_item_ids: torch.Tensor,
-    candidate_item_ids: torch.Tensor,
-    labels: torch.Tensor,
-    candidates_sorted: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, columns) of every candidate whose item is its query's positive, the label itself excepted.
-
-    Found by sorting the candidates' ids (or ``candidates_sorted``, ``sorted_candidates``' result), never as a
-    B_q x C comparison, far slower on CPU at large batches (docs/performance.md, "What changed for
-    speed"). (On CUDA the pair count would need a host sync to size the result; the loss uses the dense mask there.)
-    """
-    sorted_ids, order = candidates_sorted if candidates_sorted is not None else sorted_candidates(candidate_item_ids)
-    first = torch.searchsorted(sorted_ids, query_item_ids)
-    counts = torch.searchsorted(sorted_ids, query_item_ids, right=True) - first
-    rows = torch.repeat_interleave(torch.arange(query_item_ids.numel(), device=counts.device), counts)
-    # position of each pair within its query's run of equal ids, then the candidate column there
-    run_start = torch.cumsum(counts, 0) - counts
-    cols = order[torch.repeat_interleave(first - run_start, counts) + torch.arange(rows.numel(), device=counts.device)]
-    keep = cols != labels[rows]
-    return rows[keep], cols[keep]
+from recsys.components.losses.candidate_hits import QueryHistory, accidental_hits, sorted_candidates
 
 
 def _on_host(t: torch.Tensor) -> bool:
@@ -68,8 +42,11 @@ def masked_logits(
     candidate_log_q: torch.Tensor | None = None,
     candidates_sorted: tuple[torch.Tensor, torch.Tensor] | None = None,
     out: torch.Tensor | None = None,
+    history: QueryHistory | None = None,
+    first_row: int = 0,
 ) -> torch.Tensor:
-    """``B_q x C`` fp32 scores <q, c> / tau - log q(c), accidental hits set to -inf (no autograd).
+    """``B_q x C`` fp32 scores <q, c> / tau - log q(c), accidental hits set to -inf (no autograd), and with
+    ``history`` each query's own history items too (``first_row``: the query rows' offset in ``history``).
 
     Under autocast (trainer.precision=bf16) only the GEMM runs in the autocast dtype (fp32 accumulation):
     the scores are fp32 before the bias, so the softmax never sees bf16's 3 significant digits.
@@ -91,10 +68,16 @@ def masked_logits(
         else:
             logits = torch.mm(queries, candidates.t(), out=out).mul_(1.0 / temperature)
         if _on_host(logits):
+            candidates_sorted = candidates_sorted or sorted_candidates(candidate_item_ids)
             hits = accidental_hits(query_item_ids, candidate_item_ids, labels, candidates_sorted)
             logits.index_put_(hits, torch.tensor(float("-inf")))
+            if history is not None:
+                hits = history.hits(first_row, first_row + labels.numel(), labels, candidates_sorted)
+                logits.index_put_(hits, torch.tensor(float("-inf")))
         else:
             hits = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)
+            if history is not None:
+                hits |= history.mask(first_row, first_row + labels.numel(), candidate_item_ids)
             hits[torch.arange(labels.numel(), device=labels.device), labels] = False
             logits.masked_fill_(hits, float("-inf"))
     return logits
@@ -110,7 +93,9 @@ class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q):
+    def forward(
+        ctx, queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q, history
+    ):
         logits = masked_logits(
             queries,
             candidates,
@@ -119,6 +104,7 @@ class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
             candidate_item_ids=candidate_item_ids,
             temperature=temperature,
             candidate_log_q=candidate_log_q,
+            history=history,
         )
         # in place on CPU (the kernel reads each row before writing it; a fresh 8192 x 8192 tensor
         # would page-fault in every step); out of place on other devices, where that is not verified
@@ -146,7 +132,7 @@ class _InBatchSoftmaxCrossEntropy(torch.autograd.Function):
                 grad_logits, candidates, queries = grad_logits.to(dtype), candidates.to(dtype), queries.to(dtype)
             grad_q = torch.mm(grad_logits, candidates).float().mul_(scale) if ctx.needs_input_grad[0] else None
             grad_c = torch.mm(grad_logits.t(), queries).float().mul_(scale) if ctx.needs_input_grad[1] else None
-        return grad_q, grad_c, None, None, None, None, None
+        return grad_q, grad_c, None, None, None, None, None, None
 
 
 class _BlockedInBatchSoftmaxCrossEntropy(torch.autograd.Function):
@@ -160,7 +146,16 @@ class _BlockedInBatchSoftmaxCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q, block_rows
+        ctx,
+        queries,
+        candidates,
+        labels,
+        query_item_ids,
+        candidate_item_ids,
+        temperature,
+        candidate_log_q,
+        block_rows,
+        history,
     ):
         num_queries, device = queries.shape[0], queries.device
         dtype = matmul_dtype(device)
@@ -190,6 +185,8 @@ class _BlockedInBatchSoftmaxCrossEntropy(torch.autograd.Function):
                     candidate_log_q=candidate_log_q,
                     candidates_sorted=candidates_sorted,
                     out=None if buffer is None else buffer[: hi - lo],
+                    history=history,
+                    first_row=lo,
                 )
                 rows = torch.arange(hi - lo, device=device)
                 log_probs = torch.log_softmax(logits, 1, out=logits) if on_host else torch.log_softmax(logits, 1)
@@ -219,7 +216,7 @@ class _BlockedInBatchSoftmaxCrossEntropy(torch.autograd.Function):
         return (
             grad_q * grad_loss if grad_q is not None else None,
             grad_c * grad_loss if grad_c is not None else None,
-            *([None] * 6),
+            *([None] * 7),
         )
 
 
@@ -255,6 +252,7 @@ def sampled_softmax_loss(
     temperature: float,
     candidate_log_q: torch.Tensor | None = None,
     block_mb: float = 0.0,
+    query_history: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of each query against all candidates (the scores of ``masked_logits``).
 
@@ -264,15 +262,15 @@ def sampled_softmax_loss(
     ``block_mb``: 0 computes the dense B_q x C logits; > 0 the row-blocked form whenever the whole does not
     fit in that many MiB of fp32 logits (the same loss and gradients to float rounding); -1 the device's budget
     (``resolve_block_mb``: resolved here, where the tensors are real, not fx proxies).
+    ``query_history``: (lengths ``B_q``, items) of each query's history bag: those items' candidates are masked too
+    (recsys/components/losses/history_mask.py).
     """
     if candidate_log_q is not None and candidate_log_q.requires_grad:
         raise ValueError("sampled_softmax_loss: candidate_log_q must not require grad")
     block_mb = resolve_block_mb(block_mb, queries.device)
     block_rows = block_rows_for(queries.shape[0], candidates.shape[0], block_mb)
+    history = None if query_history is None else QueryHistory.of(*query_history, candidate_item_ids)
+    args = (queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q)
     if block_rows < queries.shape[0]:
-        return _BlockedInBatchSoftmaxCrossEntropy.apply(
-            queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q, block_rows
-        )
-    return _InBatchSoftmaxCrossEntropy.apply(
-        queries, candidates, labels, query_item_ids, candidate_item_ids, temperature, candidate_log_q
-    )
+        return _BlockedInBatchSoftmaxCrossEntropy.apply(*args, block_rows, history)
+    return _InBatchSoftmaxCrossEntropy.apply(*args, history)

@@ -5,7 +5,8 @@ query's positive against every candidate, accidental hits masked. logQ makes the
 estimate of the full softmax over the catalogue (Yi et al. 2019); ``logq_weight`` shifts the learned scores by
 (w - 1) log q(i): < 1 favours tail items, > 1 head items. ``uniformity_weight`` > 0 adds that weight times the mean
 uniformity of the queries and of their positives (recsys/components/losses/uniformity.py; DirectAU's term), which
-spreads both over the sphere.
+spreads both over the sphere. ``mask_history`` masks a candidate whose item is in the query's own history bag, as an
+accidental hit (recsys/components/losses/candidate_hits.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Config:
     block_mb: int = -1
     # + weight x the uniformity of the queries and of their positives (DirectAU); 0 = the softmax alone
     uniformity_weight: float = 0.0
+    # a candidate whose item is in the query's history bag is no negative (masked as an accidental hit)
+    mask_history: bool = False
 
     def check(self, need, key: str) -> None:
         need(self.temperature > 0, f"{key}.temperature", self.temperature, "must be > 0 (scores are divided by it)")
@@ -49,8 +52,11 @@ class SampledSoftmax(nn.Module):
         self.temperature, self.block_mb = config.temperature, config.block_mb
         self.logq_correction, self.logq_weight = config.logq_correction, config.logq_weight
         self.uniformity_weight = config.uniformity_weight
+        self.reads_query_history = config.mask_history  # RetrievalTask hands the batch's bags over when True
 
-    def forward(self, queries, candidates, *, labels, query_item_ids, candidate_item_ids, log_q, unit_dims):
+    def forward(
+        self, queries, candidates, *, labels, query_item_ids, candidate_item_ids, log_q, unit_dims, query_history=None
+    ):
         if not self.logq_correction:
             log_q = None
         elif self.logq_weight != 1.0:
@@ -64,6 +70,7 @@ class SampledSoftmax(nn.Module):
             temperature=self.temperature,
             candidate_log_q=log_q,
             block_mb=self.block_mb,
+            query_history=query_history,
         )
         if not self.uniformity_weight:
             return loss

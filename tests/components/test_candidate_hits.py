@@ -1,0 +1,81 @@
+"""model.loss.mask_history: a candidate whose item is in its query's history bag is masked, as an accidental hit is,
+on the host (pairs found by search) and on a device (a dense mask built without a host sync) alike."""
+
+import pytest
+import torch
+
+from recsys.components.losses.candidate_hits import QueryHistory
+from recsys.components.losses.in_batch_softmax import masked_logits, sampled_softmax_loss
+from recsys.components.losses.softmax import Config as SoftmaxConfig
+
+
+def brute_force(lengths, items, candidate_item_ids, labels):
+    """[B, C]: True where candidate c's item is one of query r's history items, the label column excepted."""
+    mask = torch.zeros(lengths.numel(), candidate_item_ids.numel(), dtype=torch.bool)
+    bags = torch.split(items, lengths.tolist())
+    for r, bag in enumerate(bags):
+        for c, item in enumerate(candidate_item_ids.tolist()):
+            mask[r, c] = item in bag.tolist() and c != labels[r]
+    return mask
+
+
+def test_a_hand_computed_case():
+    # candidates' items 5 3 5 8 1; query 0's bag {3, 5} (its positive column 0 is item 5: kept), query 1's {8, 9}
+    # (9 is no candidate), query 2's empty
+    candidates = torch.tensor([5, 3, 5, 8, 1])
+    lengths, items = torch.tensor([2, 2, 0]), torch.tensor([3, 5, 8, 9])
+    labels = torch.tensor([0, 4, 1])
+    history = QueryHistory.of(lengths, items, candidates)
+    rows, cols = history.hits(0, 3, labels)
+    assert sorted(zip(rows.tolist(), cols.tolist())) == [(0, 1), (0, 2), (1, 3)]
+    mask = history.mask(0, 3, candidates)
+    mask[torch.arange(3), labels] = False
+    assert sorted(map(tuple, mask.nonzero().tolist())) == [(0, 1), (0, 2), (1, 3)]
+    # a block of rows [1, 3): rows relative to the block
+    rows, cols = history.hits(1, 3, labels[1:])
+    assert list(zip(rows.tolist(), cols.tolist())) == [(0, 3)]
+    assert history.mask(1, 3, candidates).nonzero().tolist() == [[0, 3]]
+
+
+@pytest.mark.parametrize("block", [(0, 40), (0, 17), (17, 40), (39, 40)])
+def test_host_pairs_and_device_mask_equal_a_brute_force(block):
+    g = torch.Generator().manual_seed(3)
+    candidates = torch.randint(0, 25, (90,), generator=g)  # many repeats
+    lengths = torch.randint(0, 8, (40,), generator=g)
+    items = torch.randint(0, 30, (int(lengths.sum()),), generator=g)  # some items no candidate holds
+    labels = torch.randint(0, 90, (40,), generator=g)
+    expected = brute_force(lengths, items, candidates, labels)
+    lo, hi = block
+    history = QueryHistory.of(lengths, items, candidates)
+    rows, cols = history.hits(lo, hi, labels[lo:hi])
+    got = torch.zeros(hi - lo, 90, dtype=torch.bool)
+    got[rows, cols] = True
+    assert torch.equal(got, expected[lo:hi])
+    mask = history.mask(lo, hi, candidates)
+    mask[torch.arange(hi - lo), labels[lo:hi]] = False
+    assert torch.equal(mask, expected[lo:hi])
+    assert expected.sum() > 40  # the case has plenty to find
+
+
+def test_the_loss_masks_the_history_and_nothing_else():
+    g = torch.Generator().manual_seed(4)
+    q = torch.nn.functional.normalize(torch.randn(3, 4, generator=g), dim=-1)
+    c = torch.nn.functional.normalize(torch.randn(5, 4, generator=g), dim=-1)
+    items = torch.tensor([10, 11, 12, 13, 14])
+    args = dict(labels=torch.arange(3), query_item_ids=items[:3], candidate_item_ids=items, temperature=0.5)
+    history = (torch.tensor([1, 0, 2]), torch.tensor([13, 14, 10]))  # query 2 holds query 0's item 10 and item 14
+    plain = masked_logits(q, c, **args)
+    masked = masked_logits(q, c, **args, history=QueryHistory.of(*history, items))
+    assert sorted(map(tuple, torch.isinf(masked).nonzero().tolist())) == [(0, 3), (2, 0), (2, 4)]
+    assert torch.equal(masked[~torch.isinf(masked)], plain[~torch.isinf(masked)])
+    # the loss: each row's cross-entropy over its unmasked columns
+    logits = q @ c.t() / 0.5
+    expected = 0.0
+    for r, keep in enumerate(([0, 1, 2, 4], [0, 1, 2, 3, 4], [1, 2, 3])):
+        expected += torch.logsumexp(logits[r, keep], 0) - logits[r, r]
+    assert sampled_softmax_loss(q, c, **args, query_history=history).item() == pytest.approx(expected.item() / 3)
+
+
+def test_the_softmax_component_reads_the_history_only_when_asked():
+    assert not SoftmaxConfig().build().reads_query_history
+    assert SoftmaxConfig(mask_history=True).build().reads_query_history
