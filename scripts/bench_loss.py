@@ -10,7 +10,9 @@ hits exist to mask), the logQ correction on. The last line printed is a JSON obj
 
 Peak memory is what the loss allocates above its inputs: on CUDA torch.cuda.max_memory_allocated, on CPU the
 profiler's allocation counter (torch.profiler, profile_memory) over one extra, untimed round. ``--precision bf16``
-runs both forms under autocast, as trainer.precision=bf16 does.
+runs both forms under autocast, as trainer.precision=bf16 does. ``--history L`` gives each query a bag of L items drawn
+by the same law and masks them (model.loss.mask_history), and times the blocked form without the mask beside it
+("unmasked_ms", "mask_time_ratio").
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--history", type=int, default=0, help="items in each query's masked bag (0: no mask)")
     return p.parse_args(argv)
 
 
@@ -57,7 +60,7 @@ def make_inputs(args: argparse.Namespace, device: torch.device) -> dict:
     item_ids = torch.pow(float(args.num_items), torch.rand(num_candidates, generator=g)).long() - 1
     item_ids[args.batch :] = torch.randint(0, args.num_items, (args.negatives,), generator=g)
     log_q = torch.log(torch.rand(num_candidates, generator=g) * 1e-3 + 1e-6)
-    return {
+    inputs = {
         "queries": queries.to(device),
         "candidates": candidates.to(device),
         "labels": torch.arange(args.batch, device=device),
@@ -65,6 +68,11 @@ def make_inputs(args: argparse.Namespace, device: torch.device) -> dict:
         "candidate_item_ids": item_ids.to(device),
         "candidate_log_q": log_q.to(device),
     }
+    if args.history:
+        bags = torch.pow(float(args.num_items), torch.rand(args.batch * args.history, generator=g)).long() - 1
+        lengths = torch.full((args.batch,), args.history, dtype=torch.int64)
+        inputs["query_history"] = (lengths.to(device), bags.to(device))
+    return inputs
 
 
 def step(inputs: dict, block_mb: float, precision: str) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -148,6 +156,9 @@ def main(argv: list[str] | None = None) -> dict:
     dense_peak = peak_mb(inputs, 0.0, args.precision)
     forms = {"blocked": args.block_mb} if dense_peak is None else {"blocked": args.block_mb, "dense": 0.0}
     ms = time_forms(inputs, forms, args.rounds, args.precision)
+    if args.history:  # the blocked form without the mask, timed apart (its own warm-up and rounds)
+        unmasked = {k: v for k, v in inputs.items() if k != "query_history"}
+        ms["unmasked"] = time_forms(unmasked, {"blocked": args.block_mb}, args.rounds, args.precision)["blocked"]
     out = {
         "device": str(device),
         "batch": args.batch,
@@ -162,7 +173,11 @@ def main(argv: list[str] | None = None) -> dict:
         "dense_ms": round(ms["dense"], 2) if "dense" in ms else None,
         "max_rel_grad_diff": None,
         "loss_rel_diff": None,
+        "history": args.history,
     }
+    if "unmasked" in ms:
+        out["unmasked_ms"] = round(ms["unmasked"], 2)
+        out["mask_time_ratio"] = round(ms["blocked"] / ms["unmasked"], 3)
     if dense_peak is not None:
         loss_b, gq_b, gc_b = step(inputs, args.block_mb, args.precision)
         loss_d, gq_d, gc_d = step(inputs, 0.0, args.precision)

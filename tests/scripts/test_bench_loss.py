@@ -28,6 +28,15 @@ def test_blocked_loss_under_bf16_autocast_is_the_dense_loss():
     assert out["loss_rel_diff"] < 1e-5 and out["max_rel_grad_diff"] < 1e-2
 
 
+def test_the_history_mask_keeps_the_blocked_form_equal_to_the_dense_one():
+    """--history 10: every query's bag masked in both forms (the same loss and gradients), the unmasked blocked form
+    timed beside them."""
+    out = bench.main(["--batch", "512", "--num-items", "300", "--history", "10", "--block-mb", "0.25", "--rounds", "1"])
+    assert out["history"] == 10 and out["block_rows"] == 128
+    assert out["max_rel_grad_diff"] < 1e-5 and out["loss_rel_diff"] < 1e-6
+    assert out["unmasked_ms"] > 0 and out["mask_time_ratio"] > 0
+
+
 def test_block_budget_by_device_and_rows():
     assert resolve_block_mb(-1, torch.device("cpu")) == AUTO_BLOCK_MB["cpu"]
     assert resolve_block_mb(-1, torch.device("meta")) == AUTO_BLOCK_MB["cuda"]  # any accelerator

@@ -48,13 +48,19 @@ def train(run_dir, data_root, *overrides, nproc=1):
     [
         ["sharding=gpu_row_wise", "trainer.pipeline=sparse_dist", "optim/sparse=adam"],
         ["sharding=uvm_caching", "optim/sparse=partial_rowwise_adam"],
-        ["sharding=table_wise", "sharding.device=cuda", "optim/sparse=rowwise_adagrad", "trainer.pipeline=sparse_dist"],
+        [  # + the loss's history mask, built on the device (no host sync)
+            "sharding=table_wise",
+            "sharding.device=cuda",
+            "optim/sparse=rowwise_adagrad",
+            "trainer.pipeline=sparse_dist",
+            "model.loss.mask_history=true",
+        ],
         ["sharding=table_wise", "data.shard_by_user=true", "trainer.pipeline=sparse_dist"],
     ],
     ids=[
         "row_wise-adam-pipeline",
         "uvm_caching-partial_rowwise_adam",
-        "table_wise-rowwise_adagrad-pipeline",
+        "table_wise-rowwise_adagrad-pipeline-history_mask",
         "shard_by_user-pipeline",
     ],
 )

@@ -8,8 +8,10 @@
   catalogue a batch of 2,048 holds nearly every item, so that is each of a user's ~15 other items every step
   (docs/quality.md, "The query's own items as negatives").
 
-On the host both are (rows, columns) pairs found by searching the candidates' sorted ids; on a device, where sizing
-the pairs would need a host sync, dense boolean masks.
+Accidental hits are (rows, columns) pairs found by searching the candidates' sorted ids on the host and a dense
+comparison on a device (sizing the pairs there would need a host sync); the history is a dense boolean mask built
+without a host sync on both (on the host 4x faster than searching its pairs, which a popular item repeats across the
+batch: scripts/bench_loss.py --history).
 """
 
 from __future__ import annotations
@@ -24,53 +26,38 @@ def sorted_candidates(candidate_item_ids: torch.Tensor) -> tuple[torch.Tensor, t
     return torch.sort(candidate_item_ids)
 
 
-def item_hits(
-    rows: torch.Tensor,
-    item_ids: torch.Tensor,
-    labels: torch.Tensor,
-    candidates_sorted: tuple[torch.Tensor, torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, columns) of every candidate whose item is ``item_ids[p]`` for the pairs (``rows[p]``, ``item_ids[p]``),
-    each row's label column excepted.
-
-    Found by searching the candidates' sorted ids (``sorted_candidates``), never as a rows x C comparison, far slower
-    on CPU at large batches (docs/performance.md, "What changed for speed"). (On CUDA the pair count would need a host
-    sync to size the result; the loss uses dense masks there.)
-    """
-    sorted_ids, order = candidates_sorted
-    first = torch.searchsorted(sorted_ids, item_ids)
-    counts = torch.searchsorted(sorted_ids, item_ids, right=True) - first
-    hit_rows = torch.repeat_interleave(rows, counts)
-    # position of each pair within its item's run of equal ids, then the candidate column there
-    run_start = torch.cumsum(counts, 0) - counts
-    offsets = torch.repeat_interleave(first - run_start, counts) + torch.arange(hit_rows.numel(), device=counts.device)
-    cols = order[offsets]
-    keep = cols != labels[hit_rows]
-    return hit_rows[keep], cols[keep]
-
-
 def accidental_hits(
     query_item_ids: torch.Tensor,
     candidate_item_ids: torch.Tensor,
     labels: torch.Tensor,
     candidates_sorted: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, columns) of every candidate whose item is its query's positive, the label itself excepted
-    (``item_hits`` of each query's own positive; ``candidates_sorted``: ``sorted_candidates``' result, or None)."""
-    if candidates_sorted is None:
-        candidates_sorted = sorted_candidates(candidate_item_ids)
-    rows = torch.arange(query_item_ids.numel(), device=query_item_ids.device)
-    return item_hits(rows, query_item_ids, labels, candidates_sorted)
+    """(rows, columns) of every candidate whose item is its query's positive, the label itself excepted.
+
+    Found by sorting the candidates' ids (or ``candidates_sorted``, ``sorted_candidates``' result), never as a
+    B_q x C comparison, far slower on CPU at large batches (docs/performance.md, "What changed for
+    speed"). (On CUDA the pair count would need a host sync to size the result; the loss uses the dense mask there.)
+    """
+    sorted_ids, order = candidates_sorted if candidates_sorted is not None else sorted_candidates(candidate_item_ids)
+    first = torch.searchsorted(sorted_ids, query_item_ids)
+    counts = torch.searchsorted(sorted_ids, query_item_ids, right=True) - first
+    rows = torch.repeat_interleave(torch.arange(query_item_ids.numel(), device=counts.device), counts)
+    # position of each pair within its query's run of equal ids, then the candidate column there
+    run_start = torch.cumsum(counts, 0) - counts
+    cols = order[torch.repeat_interleave(first - run_start, counts) + torch.arange(rows.numel(), device=counts.device)]
+    keep = cols != labels[rows]
+    return rows[keep], cols[keep]
 
 
 @dataclass
 class QueryHistory:
-    """Each query's history items as (row, item) pairs, rows ascending, and the candidates' ids sorted once for every
-    row block that searches them."""
+    """Each query's history items as (row, item) pairs, found once among the candidates for every row block:
+    ``positions`` is each pair's item's first position among the sorted candidate ids (-1: no candidate holds it),
+    ``column_first`` each candidate column's item's."""
 
-    rows: torch.Tensor  # P, int64, ascending
-    items: torch.Tensor  # P, int64
-    candidates_sorted: tuple[torch.Tensor, torch.Tensor]  # sorted_candidates(candidate ids)
+    rows: torch.Tensor  # P, int64
+    positions: torch.Tensor  # P, int64
+    column_first: torch.Tensor  # C, int64
 
     @classmethod
     def of(cls, lengths: torch.Tensor, items: torch.Tensor, candidate_item_ids: torch.Tensor) -> QueryHistory:
@@ -79,34 +66,25 @@ class QueryHistory:
         rows = torch.repeat_interleave(
             torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=items.numel()
         )
-        return cls(rows, items, sorted_candidates(candidate_item_ids))
-
-    def hits(
-        self, lo: int, hi: int, labels: torch.Tensor, candidates_sorted: tuple[torch.Tensor, torch.Tensor] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rows - lo, columns) of the query rows [lo, hi)'s history items among the candidates, each row's label
-        column excepted (``labels``: rows [lo, hi)'s). Host only (the row range is sliced by host integers)."""
-        start, end = torch.searchsorted(self.rows, torch.tensor([lo, hi], device=self.rows.device)).tolist()
-        return item_hits(
-            self.rows[start:end] - lo, self.items[start:end], labels, candidates_sorted or self.candidates_sorted
-        )
-
-    def mask(self, lo: int, hi: int, candidate_item_ids: torch.Tensor) -> torch.Tensor:
-        """[hi - lo, C] bool: True where candidate c's item is in query row r's history (labels not excepted), with
-        no host sync: each pair marks its item's first sorted position in an (hi - lo + 1) x C grid (pairs outside
-        the rows, or whose item is no candidate, mark the spare last row), and each column reads its item's mark."""
-        sorted_ids, order = self.candidates_sorted
+        sorted_ids, order = sorted_candidates(candidate_item_ids)
         num = sorted_ids.numel()
-        # each sorted position's first position among equal ids, and each column's
+        # each sorted position's first position among equal ids, then each column's
         starts = torch.ones(num, dtype=torch.bool, device=sorted_ids.device)
         starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
         positions = torch.arange(num, device=sorted_ids.device)
         run_first = torch.cummax(torch.where(starts, positions, torch.zeros_like(positions)), 0).values
         column_first = torch.empty_like(run_first)
         column_first[order] = run_first
-        found = torch.searchsorted(sorted_ids, self.items).clamp_(max=max(num - 1, 0))
-        inside = (self.rows >= lo) & (self.rows < hi) & (sorted_ids[found] == self.items)
+        found = torch.searchsorted(sorted_ids, items).clamp_(max=max(num - 1, 0))  # an equal id's first position
+        found = torch.where(sorted_ids[found] == items, found, -1) if num else torch.full_like(items, -1)
+        return cls(rows, found, column_first)
+
+    def mask(self, lo: int, hi: int) -> torch.Tensor:
+        """[hi - lo, C] bool: True where candidate c's item is in query row r's history (labels not excepted), with
+        no host sync: each pair marks its item's first sorted position in an (hi - lo + 1) x C grid (pairs outside
+        the rows, or whose item is no candidate, mark the spare last row), and each column reads its item's mark."""
         spare = hi - lo
-        grid = torch.zeros(spare + 1, max(num, 1), dtype=torch.bool, device=sorted_ids.device)
-        grid[torch.where(inside, self.rows - lo, spare), torch.where(inside, found, 0)] = True
-        return grid[:spare][:, column_first]
+        inside = (self.rows >= lo) & (self.rows < hi) & (self.positions >= 0)
+        grid = torch.zeros(spare + 1, max(self.column_first.numel(), 1), dtype=torch.bool, device=self.rows.device)
+        grid[torch.where(inside, self.rows - lo, spare), torch.where(inside, self.positions, 0)] = True
+        return grid[:spare][:, self.column_first]

@@ -68,16 +68,16 @@ def masked_logits(
         else:
             logits = torch.mm(queries, candidates.t(), out=out).mul_(1.0 / temperature)
         if _on_host(logits):
-            candidates_sorted = candidates_sorted or sorted_candidates(candidate_item_ids)
             hits = accidental_hits(query_item_ids, candidate_item_ids, labels, candidates_sorted)
             logits.index_put_(hits, torch.tensor(float("-inf")))
-            if history is not None:
-                hits = history.hits(first_row, first_row + labels.numel(), labels, candidates_sorted)
-                logits.index_put_(hits, torch.tensor(float("-inf")))
+            if history is not None:  # dense on the host too: 4x faster than searching its pairs (bench_loss.py)
+                mask = history.mask(first_row, first_row + labels.numel())
+                mask[torch.arange(labels.numel(), device=labels.device), labels] = False
+                logits.masked_fill_(mask, float("-inf"))
         else:
             hits = candidate_item_ids.unsqueeze(0) == query_item_ids.unsqueeze(1)
             if history is not None:
-                hits |= history.mask(first_row, first_row + labels.numel(), candidate_item_ids)
+                hits |= history.mask(first_row, first_row + labels.numel())
             hits[torch.arange(labels.numel(), device=labels.device), labels] = False
             logits.masked_fill_(hits, float("-inf"))
     return logits
