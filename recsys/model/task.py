@@ -113,6 +113,11 @@ class RetrievalTask(nn.Module):
         """The queries' history bags for a loss that masks them (``reads_query_history``), else nothing."""
         if not getattr(self.loss, "reads_query_history", False):
             return {}
+        if batch.history_lengths is None or batch.history_items is None:
+            raise ValueError(
+                "model.loss.mask_history=true: this batch carries no history bags (Batch.history_lengths / "
+                "history_items, which recsys.data.feature_builder.FeatureBuilder fills)"
+            )
         return {"query_history": (batch.history_lengths, batch.history_items)}
 
     def _full_softmax(self, batch: Batch, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

@@ -129,6 +129,9 @@ def to_todays_keys(saved_cfg):
     move_ranker_settings(saved_cfg)
     nest_flat_loss(saved_cfg)
     model = OmegaConf.select(saved_cfg, "model")
+    if model is not None and "loss" in model and "mask_history" not in model.loss:
+        # written before model.loss.mask_history existed: those losses kept the query's history among the negatives
+        model.loss.mask_history = False
     if model is not None and "num_uniform_negatives" in model:  # now model.negatives.num (uniform: exponent 0)
         model.negatives = {"num": model.pop("num_uniform_negatives")}
     nest_query_encoder(saved_cfg)

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from recsys.components.losses.candidate_hits import QueryHistory
+from recsys.components.losses.ccl import Config as CclConfig
+from recsys.components.losses.ccl import cosine_contrastive_loss
 from recsys.components.losses.in_batch_softmax import masked_logits, sampled_softmax_loss
 from recsys.components.losses.softmax import Config as SoftmaxConfig
 
@@ -66,6 +68,22 @@ def test_the_loss_masks_the_history_and_nothing_else():
     assert sampled_softmax_loss(q, c, **args, query_history=history).item() == pytest.approx(expected.item() / 3)
 
 
-def test_the_softmax_component_reads_the_history_only_when_asked():
-    assert not SoftmaxConfig().build().reads_query_history
-    assert SoftmaxConfig(mask_history=True).build().reads_query_history
+def test_ccl_leaves_the_history_out_of_its_negatives():
+    g = torch.Generator().manual_seed(5)
+    q = torch.nn.functional.normalize(torch.randn(2, 4, generator=g), dim=-1)
+    c = torch.nn.functional.normalize(torch.randn(4, 4, generator=g), dim=-1)
+    items = torch.tensor([20, 21, 22, 23])
+    args = dict(labels=torch.arange(2), query_item_ids=items[:2], candidate_item_ids=items, margin=-1.0)
+    got = cosine_contrastive_loss(q, c, **args, negative_weight=2.0, query_history=(torch.tensor([1, 0]), items[2:3]))
+    sims = q @ c.t()
+    # margin -1: every negative's hinge is cos + 1; query 0's negatives: column 1 and 3 (22 in its bag), query 1's: 0, 2, 3
+    expected = (1 - sims[0, 0] + 2.0 * (sims[0, [1, 3]] + 1).mean()) + (
+        1 - sims[1, 1] + 2.0 * (sims[1, [0, 2, 3]] + 1).mean()
+    )
+    assert got.item() == pytest.approx(expected.item() / 2, rel=1e-6)
+
+
+def test_each_loss_reads_the_history_only_when_asked():
+    for config in (SoftmaxConfig, CclConfig):
+        assert not config(mask_history=False).build().reads_query_history
+        assert config(mask_history=True).build().reads_query_history

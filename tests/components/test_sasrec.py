@@ -46,14 +46,15 @@ def test_config_refuses_what_sasrec_cannot_use(overrides, message):
 def test_fingerprints_of_bag_runs_do_not_change():
     # the values main computed before the option existed: existing runs resume and evaluate as before
     # (model.query_neighbors=false: what a run from before that option built; tests/data/test_item_neighbors.py)
-    off = ["model.query_neighbors=false", "model.item_bias=false"]  # before the item bias, too
+    off = ["model.query_neighbors=false", "model.item_bias=false", "model.loss.mask_history=false"]  # before both
     assert config_fingerprint(tiny_config(off)) == "53abeecc055bb0bf"
     # a run saved then holds the synthetic data's 0.25 dropout (the protocol now resolves loo's 0.0 when unset)
     loo = ["data.protocol=loo", "data.query_history=recent", "data.history_dropout=0.25", *off]
     assert config_fingerprint(tiny_config(loo)) == "1e07c644d9d1ea89"
     # the values main computed before query encoders were components (model.query_encoder=sasrec, model.sasrec.*)
-    assert config_fingerprint(tiny_config([*SASREC, "model.item_bias=false"])) == "0cb099397fd2e82c"
-    settings = ["model.query_encoder.dim=32", "model.query_encoder.dropout=0.1", "model.item_bias=false"]
+    before = ["model.item_bias=false", "model.loss.mask_history=false"]
+    assert config_fingerprint(tiny_config([*SASREC, *before])) == "0cb099397fd2e82c"
+    settings = ["model.query_encoder.dim=32", "model.query_encoder.dropout=0.1", *before]
     assert config_fingerprint(tiny_config([*SASREC, *settings])) == "5a941a2a6207d84f"
 
 

@@ -50,8 +50,8 @@ def side_data(root, overrides=()):
 def test_defaults_keep_their_fingerprints_and_dataset_dirs():
     # computed on main before model.features and data.synthetic.num_user_groups existed
     # (and data.item_neighbors: tiny and the random-split protocols now turn it on; off, they keep theirs; and
-    # model.item_bias, on by default since: off, they keep theirs)
-    old = ["data.item_neighbors=0", "model.item_bias=false"]
+    # model.item_bias and model.loss.mask_history, on by default since: off, they keep theirs)
+    old = ["data.item_neighbors=0", "model.item_bias=false", "model.loss.mask_history=false"]
     assert config_fingerprint(tiny_config(old)) == "aba86887940c0bfb"
     assert config_fingerprint(tiny_config(["data=movielens_100k", *old])) == "3c9f12bf3098fe57"
     assert config_fingerprint(tiny_config()) != "aba86887940c0bfb"

@@ -26,7 +26,7 @@ def make_sharded(process_group, sharding_type="table_wise", optimizer="rowwise_a
     task = RetrievalTask(
         TwoTower(configs, query_tables=feature_layout(history_length=5).tower_keys("query"), tower_dims=[12, 8]),
         item_counts=torch.ones(NUM_ROWS["item"]),
-        loss=SoftmaxConfig(temperature=0.2).build(),
+        loss=SoftmaxConfig(temperature=0.2, mask_history=False).build(),  # a hand-built batch: no bags
         num_negatives=0,
     )
     sharding = ShardingConfig(

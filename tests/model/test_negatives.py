@@ -38,14 +38,22 @@ def test_the_pools_log_q_is_its_sampling_distributions():
     ids = torch.arange(5)
     for exponent in (0.0, 0.75, 1.0):
         task = RetrievalTask(
-            nn.Identity(), item_counts=counts, loss=SoftmaxConfig().build(), num_negatives=3, negative_exponent=exponent
+            nn.Identity(),
+            item_counts=counts,
+            loss=SoftmaxConfig(mask_history=False).build(),
+            num_negatives=3,
+            negative_exponent=exponent,
         )
         p, s = COUNTS / COUNTS.sum(), sampling_probs(COUNTS, exponent)
         expected = np.log(np.maximum((8 * p + 3 * s) / 11, 1e-12))
         assert task.candidate_log_q(ids, global_batch_size=8).numpy() == pytest.approx(expected, rel=1e-5)
     # exponent 1: the pool is drawn as the positives are, so q is the training frequency itself
     task = RetrievalTask(
-        nn.Identity(), item_counts=counts, loss=SoftmaxConfig().build(), num_negatives=3, negative_exponent=1
+        nn.Identity(),
+        item_counts=counts,
+        loss=SoftmaxConfig(mask_history=False).build(),
+        num_negatives=3,
+        negative_exponent=1,
     )
     assert task.candidate_log_q(ids[:3], 8).exp().numpy() == pytest.approx(COUNTS[:3] / COUNTS.sum(), rel=1e-5)
 
@@ -67,7 +75,9 @@ def _batch(positives: torch.Tensor, negatives: torch.Tensor) -> Batch:
     return Batch(features=features, candidate_item_ids=ids, num_queries=len(positives))
 
 
-@pytest.mark.parametrize("loss", [SoftmaxConfig(temperature=0.3, logq_correction=False), CclConfig(margin=0.2)])
+@pytest.mark.parametrize(
+    "loss", [SoftmaxConfig(temperature=0.3, logq_correction=False, mask_history=False), CclConfig(margin=0.2)]
+)
 def test_the_full_softmax_is_the_in_batch_one_when_the_batch_holds_each_item_once(loss):
     torch.manual_seed(0)
     num_items, dim = 6, 4

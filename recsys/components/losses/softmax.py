@@ -34,8 +34,9 @@ class Config:
     block_mb: int = -1
     # + weight x the uniformity of the queries and of their positives (DirectAU); 0 = the softmax alone
     uniformity_weight: float = 0.0
-    # a candidate whose item is in the query's history bag is no negative (masked as an accidental hit)
-    mask_history: bool = False
+    # a candidate whose item is in the query's history bag is no negative (masked as an accidental hit; the measures:
+    # docs/quality.md, "The query's own items as negatives")
+    mask_history: bool = True
 
     def check(self, need, key: str) -> None:
         need(self.temperature > 0, f"{key}.temperature", self.temperature, "must be > 0 (scores are divided by it)")
