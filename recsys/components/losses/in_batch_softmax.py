@@ -191,18 +191,10 @@ class _BlockedInBatchSoftmaxCrossEntropy(torch.autograd.Function):
                 rows = torch.arange(hi - lo, device=device)
                 log_probs = torch.log_softmax(logits, 1, out=logits) if on_host else torch.log_softmax(logits, 1)
                 label_log_prob += log_probs[rows, block_labels].sum()
-                if not (want_q or want_c):
-                    continue
-                probs = log_probs.exp_()
-                probs[rows, block_labels] -= 1.0
-                if dtype is not None:
-                    probs = probs.to(dtype)
-                if want_q and dtype is None:
-                    torch.mm(probs, c_mm, out=grad_q[lo:hi])
-                elif want_q:
-                    grad_q[lo:hi] = torch.mm(probs, c_mm)
-                if want_c:
-                    grad_c.add_(torch.mm(probs.t(), q_mm[lo:hi]))
+                if want_q or want_c:
+                    probs = log_probs.exp_()
+                    probs[rows, block_labels] -= 1.0
+                    _add_block_gradients(probs if dtype is None else probs.to(dtype), q_mm, c_mm, lo, grad_q, grad_c)
         scale = 1.0 / (num_queries * temperature)
         ctx.grads = (
             grad_q.mul_(scale) if grad_q is not None else None,
@@ -218,6 +210,17 @@ class _BlockedInBatchSoftmaxCrossEntropy(torch.autograd.Function):
             grad_c * grad_loss if grad_c is not None else None,
             *([None] * 7),
         )
+
+
+def _add_block_gradients(probs, q_mm, c_mm, lo, grad_q, grad_c) -> None:
+    """A block's share of the two gradients (unscaled): dq[block] = P c, dc += P^T q[block] (None: not wanted)."""
+    hi = lo + probs.shape[0]
+    if grad_q is not None and probs.dtype == torch.float32 and c_mm.dtype == torch.float32:
+        torch.mm(probs, c_mm, out=grad_q[lo:hi])
+    elif grad_q is not None:
+        grad_q[lo:hi] = torch.mm(probs, c_mm)
+    if grad_c is not None:
+        grad_c.add_(torch.mm(probs.t(), q_mm[lo:hi]))
 
 
 # model.loss.block_mb=-1's budgets. CPU: blocks that stay near the caches ran faster than the dense form;
@@ -263,7 +266,7 @@ def sampled_softmax_loss(
     fit in that many MiB of fp32 logits (the same loss and gradients to float rounding); -1 the device's budget
     (``resolve_block_mb``: resolved here, where the tensors are real, not fx proxies).
     ``query_history``: (lengths ``B_q``, items) of each query's history bag: those items' candidates are masked too
-    (recsys/components/losses/history_mask.py).
+    (recsys/components/losses/candidate_hits.py).
     """
     if candidate_log_q is not None and candidate_log_q.requires_grad:
         raise ValueError("sampled_softmax_loss: candidate_log_q must not require grad")
