@@ -14,7 +14,8 @@ With model.negatives.num = -1 the candidates are the whole catalogue instead, ea
 softmax, no sampling and so no logQ.
 
 A candidate with the same item as a query's positive (other than the positive itself) is masked
-by the loss, and one whose item is in the query's history bag where the loss reads it (model.loss.mask_history). The loss is the mean over this rank's queries; with gathered candidates and
+by the loss, and one whose item is in the query's history bag where the loss reads the bags
+(model.loss.mask_history). The loss is the mean over this rank's queries; with gathered candidates and
 torchrec / DDP averaging gradients over ranks, N ranks follow the same curve as one process.
 """
 
