@@ -187,7 +187,10 @@ def memory(args: argparse.Namespace) -> dict:
                 values=torch.from_numpy(np.concatenate([users, items])),
                 lengths=torch.from_numpy(np.r_[np.ones(b), np.zeros(b), np.zeros(b), np.ones(b)].astype(np.int32)),
             )
-            loss, _ = dmp(Batch(features, torch.from_numpy(items), b))
+            no_history = torch.zeros(b, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)  # the user id alone
+            loss, _ = dmp(
+                Batch(features, torch.from_numpy(items), b, history_lengths=no_history[0], history_items=no_history[1])
+            )
             loss.backward()
             sharded.optimizer.step()
             sharded.optimizer.zero_grad()

@@ -57,6 +57,7 @@ The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import logging
@@ -121,7 +122,8 @@ TEMPERATURE = 0.05
 MODEL = ModelConfig(
     tables={"user": TableConfig(64, "sum"), "item": TableConfig(64, "mean"), "category": TableConfig(32, "mean")},
     tower_dims=TOWER_DIMS,
-    loss={"name": "softmax", "temperature": TEMPERATURE, "logq_correction": True},
+    # the plain loss below masks the accidental hits only, as a user writes it: the same loss needs no history mask
+    loss={"name": "softmax", "temperature": TEMPERATURE, "logq_correction": True, "mask_history": False},
     item_bias=False,  # the plain model below ends both towers unit vectors, as a user writes it
 )
 
@@ -186,7 +188,7 @@ def with_side_features(batch: Batch, shape: Shape, rng: np.random.Generator) -> 
         values=torch.cat([kjt.values(), side_values]),
         lengths=torch.cat([kjt.lengths(), side_lengths.reshape(-1)]),
     )
-    return Batch(features=features, candidate_item_ids=batch.candidate_item_ids, num_queries=n)
+    return dataclasses.replace(batch, features=features)
 
 
 @dataclass
