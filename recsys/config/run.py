@@ -55,12 +55,7 @@ def query_not_exportable(cfg: Config) -> str:
             "looks the history up in the item and neighbour tables by the same ids, and managed tables give an id "
             "another row in each"
         )
-    if uses_sequence_encoder(cfg):
-        return (
-            f"model.query_encoder.name={cfg.model.query_encoder.name} runs cannot be exported yet: the serving "
-            "bundle's query encoder (recsys/serving/bundle.py) pools a history bag and has no sequence encoder"
-        )
-    return ""
+    return ""  # a sequence encoder beside managed ids is refused before training (recsys/config/model.py)
 
 
 def uses_sequence_encoder(cfg: Config) -> bool:

@@ -90,7 +90,8 @@ def full_tables(module: nn.Module, rank: int, device: torch.device = torch.devic
     """
     out = {}
     for key, value in module.state_dict().items():
-        if ".embedding_bags." not in key:
+        # EmbeddingBagCollections' tables, and an EmbeddingCollection's (the sequence table, looked up per position)
+        if ".embedding_bags." not in key and ".ec.embeddings." not in key:
             continue
         table = key.split(".")[-2]
         if isinstance(value, ShardedTensor):

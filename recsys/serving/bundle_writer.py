@@ -22,9 +22,10 @@ import pyarrow.parquet as pq
 from data_pipelines.dataset_dir import ITEMS_VOCAB, VOCAB_DIR
 from recsys.config import ModelConfig
 from recsys.data.dataset import RetrievalData
-from recsys.data.layout import QUERY, FeatureLayout, side_entries, side_specs
+from recsys.data.layout import QUERY, USER, FeatureLayout, side_entries, side_specs
 from recsys.evaluation.ann import build_index, require_faiss
 from recsys.rankers.served import Served
+from recsys.rankers.two_tower.query_encoder import sequence_entry
 from recsys.serving.bundle import BUNDLE_FORMAT
 from recsys.utils.atomic import replace_dir
 from recsys.utils.refusals import PathTaken, RunRefused
@@ -175,7 +176,16 @@ def encoder_entry(model: ModelConfig, layout: FeatureLayout, data: RetrievalData
         ],
         "temperature": getattr(model.loss, "temperature", None),  # the loss's (None: a loss without one)
         "item_bias": model.uses_item_bias,  # the query vector ends with a constant 1 (recsys/model/two_tower.py)
-    }
+    } | (  # a query encoder that reads the history per position: its Config and sizes (recsys.model.build's)
+        {"sequence_encoder": sequence_entry(model.query_encoder, layout.history_length, _blend_width(model))}
+        if layout.sequence
+        else {}
+    )
+
+
+def _blend_width(model: ModelConfig) -> int:
+    """The user table's width where the query encoder blends the user id in (what recsys.model.build gives it)."""
+    return model.tables[USER].embedding_dim if model.query_encoder.user else 0
 
 
 def write_bundle(

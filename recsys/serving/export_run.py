@@ -30,12 +30,15 @@ log = logging.getLogger(__name__)
 
 def query_encoder(model: ModelConfig, layout: FeatureLayout, tables: dict, two_tower) -> QueryEncoder:
     """The two-tower's query side as the bundle serves it: unsharded tables (``full_tables``) and the tower."""
+    sequence_encoder = two_tower.sequence_encoder
     return QueryEncoder(
         tables,
         {t: c.pooling for t, c in model.tables.items()},
         two_tower.query_tower.cpu(),
         layout.tower_specs("query"),
         item_bias=model.uses_item_bias,
+        sequence_encoder=None if sequence_encoder is None else sequence_encoder.cpu(),
+        blend_user=two_tower.blend_key is not None,
     ).eval()
 
 

@@ -172,7 +172,9 @@ def test_a_run_whose_query_encoder_the_bundle_cannot_serve_says_so(data_root, tm
     from recsys.job.run import fit
     from recsys.rundir.outputs import format_results_table
 
-    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", "model/query_encoder=attention"])
+    # managed ids with the history pooled through the neighbour table too (the tiny data has neighbours)
+    managed = ["model.id_mapping=managed", "model.managed.zch_size.user=512", "model.managed.zch_size.item=512"]
+    cfg = tiny_config([f"data.root={data_root}", "trainer.epochs=1", *managed])
     results = fit(cfg, tmp_path)
     assert results["headline"]["servable"] is False
     assert "cannot be exported yet" in results["headline"]["not_servable"]

@@ -1,5 +1,6 @@
 """model/query_encoder=sasrec: the config's refusals, the sequence encoder's shapes and padding invariance, and a tiny
-temporal leave-one-out run that trains, beats popularity and is reproduced by ``recsys.evaluate``."""
+temporal leave-one-out run that trains, beats popularity, is reproduced by ``recsys.evaluate`` and whose exported
+bundle recommends the run's own test ranking."""
 
 import json
 
@@ -10,8 +11,14 @@ from omegaconf import OmegaConf
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
 from recsys.components.query_encoders.sequence import SequenceEncoder, padded_history
-from recsys.config import ExportConfig
+from recsys.config import ExportConfig, query_layout
 from recsys.config.fingerprint import config_fingerprint
+from recsys.data.eval_batches import latest_items
+from recsys.data.feature_builder import FeatureBuilder
+from recsys.job.trained import load_trained
+from recsys.rankers.served_dir import served_ranking
+from recsys.ranking.sharded import Evaluator
+from recsys.serving.bundle import load_bundle
 from tests.helpers.config import tiny_config
 
 SASREC = ["data.protocol=loo", "data.query_history=recent", "model/query_encoder=sasrec"]
@@ -123,8 +130,18 @@ def test_tiny_loo_run_beats_popularity_and_evaluate_reproduces_it(tmp_path, data
         for name, value in results[split]["two_tower"].items():
             assert value == pytest.approx(report["splits"][split]["metrics"]["two_tower"][name], rel=1e-6, abs=1e-9)
 
-    with pytest.raises(ValueError, match="model.query_encoder.name=sasrec runs cannot be exported"):
-        export_run(ExportConfig(run_dir=str(run_dir)))
+    # the bundle serves the run's test ranking: each user's latest items through the exported encoder
+    bundle_dir = export_run(ExportConfig(run_dir=str(run_dir)))
+    bundle = load_bundle(bundle_dir)
+    assert json.loads((bundle_dir / "manifest.json").read_text())["ranker"] == results["headline"]["ranker"]
+    run_users, run_topk = served_ranking(run_dir)
+    data, _, _, _ = load_trained(cfg, run_dir, "", process_group)
+    builder = FeatureBuilder(data, cfg.data.history_length, **query_layout(cfg))
+    users, _, _, timeline = Evaluator(data, builder, ks=[20], batch_size=64, chunk_size=64).protocol("test")
+    lengths, items = latest_items(timeline, users, data.num_users, len(timeline))  # every item before the test one
+    histories = np.split(items, np.cumsum(lengths)[:-1])
+    ids, _ = bundle.recommend_batch(histories, 20, user_ids=users if bundle.reads_users else None)
+    assert np.array_equal(run_users, users) and np.array_equal(ids, run_topk[:, :20])
 
 
 def test_resume_continues_the_uninterrupted_run(tmp_path, data_root, process_group):

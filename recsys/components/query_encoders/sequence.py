@@ -18,9 +18,13 @@ per-position otherwise, and only a real position's output is read.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
-from torchrec.sparse.jagged_tensor import JaggedTensor
+
+if TYPE_CHECKING:  # the serving bundle builds these modules without torchrec
+    from torchrec.sparse.jagged_tensor import JaggedTensor
 
 
 def padded_history(history: JaggedTensor, num_rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
