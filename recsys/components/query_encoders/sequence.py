@@ -35,13 +35,22 @@ def padded_history(history: JaggedTensor, num_rows: int, length: int) -> tuple[t
     row_lengths = lengths[:num_rows]
     if lengths.numel() > num_rows and bool((lengths[num_rows:] != 0).any()):
         raise ValueError("padded_history: rows past the queries carry sequence ids (expected only query rows)")
-    rows = torch.repeat_interleave(torch.arange(num_rows, device=values.device), row_lengths)
-    starts = torch.cumsum(row_lengths, 0) - row_lengths
-    cols = torch.arange(rows.numel(), device=values.device) - starts[rows]
-    out = values.new_zeros(num_rows, length, values.shape[-1])
-    keep = cols < length  # the batch builders already cut histories to ``length``; a longer one keeps its oldest
-    out = out.index_put((rows[keep], cols[keep]), values[keep])
-    return out, row_lengths.clamp(max=length)
+    return padded_rows(values, torch.cumsum(row_lengths, 0) - row_lengths, row_lengths, length)
+
+
+def padded_rows(
+    values: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row b's items ``values[starts[b] : starts[b] + lengths[b]]`` (values ``N x D``) as ``B x length x D``, zeros
+    after them, and the lengths cut to ``length``; a longer row keeps its oldest ``length`` (the batch builders and
+    the serving bundle already cut histories). One gather, no data-dependent shape: what the serving bundle's
+    query encoder (recsys/rankers/two_tower/query_encoder.py) and torch.export also run."""
+    lengths = lengths.clamp(max=length)
+    positions = torch.arange(length, device=values.device)
+    real = positions[None, :] < lengths[:, None]
+    # a padded position reads the zero row appended after the values
+    index = torch.where(real, starts[:, None] + positions[None, :], values.shape[0])
+    return torch.cat([values, values.new_zeros(1, values.shape[-1])])[index], lengths
 
 
 class SequenceEncoder(nn.Module):

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from recsys.components.query_encoders.sequence import padded_rows
 from recsys.components.registry import component_configs
 from recsys.data.layout import (
     HISTORY,
@@ -115,17 +116,10 @@ class QueryEncoder(nn.Module):
         return torch.cat([query, query.new_ones(query.shape[0], 1)], dim=1) if self.item_bias else query
 
     def _padded_history(self, ids: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each bag's items (oldest first) looked up per position: ``B x L x D_s``, zeros after a row's items, and
-        its lengths; a bag longer than L keeps its oldest L (as recsys.components.query_encoders.sequence's
-        padded_history; the bundle's part hands over at most the latest L)."""
-        length = self.sequence_encoder.max_length
-        lengths = torch.diff(offsets, append=offsets.new_full((1,), ids.shape[0])).clamp(max=length)
-        positions = torch.arange(length, device=ids.device)
-        real = positions[None, :] < lengths[:, None]
-        # a padded position reads the zero row appended after the bag's rows
-        index = torch.where(real, offsets[:, None] + positions[None, :], ids.shape[0])
-        rows = torch.cat([self.sequence(ids), self.sequence.weight.new_zeros(1, self.sequence.weight.shape[1])])
-        return rows[index], lengths
+        """Each bag's items (oldest first) looked up per position: ``B x L x D_s`` and its lengths, padded as training
+        pads them (the bundle's part hands over at most the latest L)."""
+        lengths = torch.diff(offsets, append=offsets.new_full((1,), ids.shape[0]))
+        return padded_rows(self.sequence(ids), offsets, lengths, self.sequence_encoder.max_length)
 
 
 def example_inputs(num_side: int = 0) -> tuple:
